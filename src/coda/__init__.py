@@ -1,0 +1,3 @@
+"""Coda: admission and routing for serving LLM coding agents on self-hosted engines."""
+
+__version__ = "0.1.0"

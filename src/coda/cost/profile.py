@@ -1,0 +1,160 @@
+"""Cost profiles: the GPU, the model, the KV tiers and the links of one worker, with provenance.
+
+A profile is a JSON file validated by pydantic. Every numeric constant must carry a provenance
+entry (``datasheet: ...``, ``paper: ...``, ``measured: ...``, ``fitted: ...``, ``assumed: ...``)
+under the same dotted name in ``provenance``; a profile without it does not load.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+from coda.errors import CodaError
+
+GiB = 1024**3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Strict):
+    name: str
+    hbm_bw_bytes_s: PositiveFloat
+    peak_flops: PositiveFloat = Field(description="dense bf16 tensor FLOP/s")
+    num_sms: PositiveInt
+    mem_efficiency: float = Field(gt=0, le=1, description="achievable share of HBM bandwidth for streaming reads")
+    compute_efficiency: float = Field(gt=0, le=1, description="achieved share of peak FLOP/s in dense/MoE GEMMs")
+    attn_compute_efficiency: float = Field(gt=0, le=1, description="achieved share of peak FLOP/s in prefill attention")
+
+
+class ModelSpec(_Strict):
+    name: str
+    num_layers: PositiveInt
+    num_q_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    kv_dtype_bytes: PositiveInt
+    active_params: PositiveFloat = Field(description="parameters used per token (FLOPs = 2 x this)")
+    dense_weight_bytes: float = Field(ge=0, description="weights read every step whatever the batch (attention, router, lm_head)")
+    num_experts: int = Field(ge=0, description="routed experts per MoE layer (0 = dense model)")
+    experts_per_token: int = Field(ge=0)
+    expert_bytes: float = Field(ge=0, description="bytes of one expert in one layer")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+
+class TierSpec(_Strict):
+    hbm_kv_bytes: PositiveFloat = Field(description="usable HBM for KV per worker")
+    dram_kv_bytes: float = Field(ge=0, description="DRAM KV store per node (shared by its workers)")
+    ssd_kv_bytes: float = Field(ge=0, description="SSD KV store per node (0 = none)")
+    workers_per_node: PositiveInt
+
+
+class LinkCurve(_Strict):
+    """Transfer time as a piecewise-linear function of bytes; past the last point, the last slope."""
+
+    points: list[tuple[float, float]] = Field(min_length=2, description="(bytes, seconds), increasing")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> LinkCurve:
+        xs = [p[0] for p in self.points]
+        ys = [p[1] for p in self.points]
+        if any(b <= a for a, b in zip(xs, xs[1:])) or any(b < a for a, b in zip(ys, ys[1:])) or ys[-1] <= ys[-2]:
+            raise ValueError("points must increase in bytes, not decrease in seconds, and end with a positive slope")
+        return self
+
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, float]:
+        xs = np.array([p[0] for p in self.points], dtype=float)
+        ys = np.array([p[1] for p in self.points], dtype=float)
+        return xs, ys, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+
+    def seconds(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        xs, ys, slope = self._arrays
+        if nbytes >= xs[-1]:
+            return float(ys[-1] + (nbytes - xs[-1]) * slope)
+        return float(np.interp(nbytes, xs, ys))
+
+
+class Overheads(_Strict):
+    step_s: float = Field(ge=0, description="fixed time per engine step (scheduling, sampling, launch)")
+    decode_per_request_s: float = Field(ge=0, description="attention cost per decoding request per step")
+    attn_launch_per_layer_s: float = Field(ge=0, description="launch cost of one attention kernel per layer")
+
+
+class Profile(_Strict):
+    name: str
+    description: str
+    kind: Literal["analytic", "fitted", "measured"]
+    gpu: GpuSpec
+    model: ModelSpec
+    tiers: TierSpec
+    h2d: LinkCurve
+    d2h: LinkCurve
+    ssd_read: LinkCurve
+    overheads: Overheads
+    provenance: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_constant_has_provenance(self) -> Profile:
+        missing = [k for k in _numeric_fields(self) if k not in self.provenance]
+        if missing:
+            raise ValueError(f"provenance missing for: {', '.join(missing)} (say where each number comes from)")
+        return self
+
+    def provenance_of(self, field: str) -> str:
+        return self.provenance[field]
+
+
+def _numeric_fields(profile: Profile) -> list[str]:
+    out: list[str] = []
+    for section in ("gpu", "model", "tiers", "overheads"):
+        for key, value in getattr(profile, section).model_dump().items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(f"{section}.{key}")
+    out += ["h2d", "d2h", "ssd_read"]
+    return out
+
+
+BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8"
+
+
+def builtin_profiles() -> list[str]:
+    folder = resources.files("coda.cost") / "profiles"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(name_or_path: str | Path = BUILTIN_DEFAULT) -> Profile:
+    """Load a built-in profile by name or a profile JSON file by path."""
+    text: str
+    source = str(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            raise CodaError(f"profile {source}: no such file; built-in profiles: {', '.join(builtin_profiles())}")
+        text = path.read_text()
+    else:
+        res = resources.files("coda.cost") / "profiles" / f"{source}.json"
+        if not res.is_file():
+            raise CodaError(f"unknown profile {source!r}; built-in profiles: {', '.join(builtin_profiles())}, or a path to a .json file")
+        text = res.read_text()
+    try:
+        return Profile.model_validate(json.loads(text))
+    except json.JSONDecodeError as err:
+        raise CodaError(f"profile {source}: not valid JSON at line {err.lineno}: {err.msg}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(profile)"
+        raise CodaError(f"profile {source}: {loc}: {first['msg']}") from None

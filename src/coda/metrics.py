@@ -1,0 +1,127 @@
+"""Serving metrics with one definition for the simulator and the benchmark harness.
+
+Throughput counts what *finished* inside the measurement window [t0, t1] (so work deferred past
+the window never inflates it), divided by the window length. Latencies are over the requests
+that became *ready* inside the window and completed. A request meets its SLO when its TTFT and
+its mean inter-token gap are both within their SLOs. TBT percentiles pool every inter-token gap
+of every measured request. Goodput = SLO-meeting requests / offered requests (ready in window),
+so rejecting or never finishing a request counts against it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LATENCY_KEYS = ("ttft", "e2e")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    start_s: float
+    end_s: float
+
+    @property
+    def length_s(self) -> float:
+        return max(self.end_s - self.start_s, 1e-9)
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs: Sequence[float]) -> list[float | None]:
+    """Quantiles of a weighted sample (lower interpolation on the weighted CDF)."""
+    if values.size == 0 or weights.sum() <= 0:
+        return [None for _ in qs]
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cdf = np.cumsum(w) / w.sum()
+    return [float(v[min(int(np.searchsorted(cdf, q, side="left")), v.size - 1)]) for q in qs]
+
+
+def _pct(arr: np.ndarray, p: float) -> float | None:
+    return float(np.percentile(arr, p)) if arr.size else None
+
+
+def _col(records: Sequence[Mapping[str, Any]], key: str, default: float = math.nan) -> np.ndarray:
+    return np.array([default if r.get(key) is None else r[key] for r in records], dtype=float)
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    window: Window,
+    *,
+    ttft_slo_s: float,
+    tbt_slo_s: float,
+    gaps: tuple[np.ndarray, np.ndarray] | None = None,
+    decode_concurrency: float | None = None,
+) -> dict[str, Any]:
+    """Metrics of DESIGN.md from per-request records.
+
+    ``records`` carry ``ready_s``, ``first_token_s``, ``finish_s``, ``output_tokens``,
+    ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` and, where known,
+    ``*_hit_tokens`` and ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
+    without it, each record's ``gaps_s`` list is pooled.
+    """
+    ready = _col(records, "ready_s")
+    first = _col(records, "first_token_s")
+    finish = _col(records, "finish_s")
+    out = _col(records, "output_tokens", 0.0)
+    prompt = _col(records, "prompt_tokens", 0.0)
+    new_in = _col(records, "new_input_tokens", 0.0)
+    rnd = _col(records, "round", 1.0)
+    tbt = _col(records, "tbt_mean_s")
+    completed = np.array([r.get("state", "completed") == "completed" and r.get("finish_s") is not None for r in records], dtype=bool)
+    t0, t1 = window.start_s, window.end_s
+    W = window.length_s
+
+    offered = (ready >= t0) & (ready <= t1)
+    done_in = completed & (finish >= t0) & (finish <= t1)
+    ttft = first - ready
+    e2e = finish - ready
+    slo_ok = completed & (ttft <= ttft_slo_s) & ((out <= 1) | (np.nan_to_num(tbt, nan=np.inf) <= tbt_slo_s))
+    useful = new_in + out + np.where(rnd == 0, prompt - new_in, 0.0)
+
+    lat = offered & completed
+    res: dict[str, Any] = {
+        "output_tps": float(out[done_in].sum() / W),
+        "slo_tps": float(out[done_in & slo_ok].sum() / W),
+        "useful_tps": float(useful[done_in].sum() / W),
+        "request_tps": float(done_in.sum() / W),
+        "offered": int(offered.sum()),
+        "completed": int(lat.sum()),
+        "unfinished": int((offered & ~completed).sum()),
+        "slo_met": int((offered & slo_ok).sum()),
+        "goodput": float((offered & slo_ok).sum() / max(offered.sum(), 1)),
+    }
+    for name, arr in (("ttft", ttft[lat]), ("e2e", e2e[lat])):
+        for p in (50, 95, 99):
+            res[f"{name}_p{p}_s"] = _pct(arr, p)
+        res[f"{name}_mean_s"] = float(arr.mean()) if arr.size else None
+    if gaps is None:
+        pooled = [g for r, m in zip(records, lat) if m for g in (r.get("gaps_s") or ())]
+        gaps = (np.array(pooled, dtype=float), np.ones(len(pooled)))
+    q = weighted_quantiles(gaps[0], gaps[1], (0.5, 0.95, 0.99))
+    res["tbt_p50_s"], res["tbt_p95_s"], res["tbt_p99_s"] = q
+    res["tbt_mean_s"] = float(np.average(gaps[0], weights=gaps[1])) if gaps[0].size and gaps[1].sum() > 0 else None
+    hits = {k: _col(records, f"{k}_hit_tokens", 0.0) for k in ("hbm", "dram", "ssd")}
+    denom = max(prompt[lat].sum(), 1.0)
+    res["reuse_rate"] = float(sum(h[lat].sum() for h in hits.values()) / denom)
+    res["reuse_hbm"] = float(hits["hbm"][lat].sum() / denom)
+    res["reuse_store"] = float((hits["dram"][lat].sum() + hits["ssd"][lat].sum()) / denom)
+    if decode_concurrency is not None:
+        res["decode_concurrency"] = decode_concurrency
+    return res
+
+
+def mean_ci(values: Iterable[float]) -> dict[str, float | None]:
+    """Mean and 95% confidence half-width (Student t) over seeds."""
+    arr = np.array([v for v in values if v is not None], dtype=float)
+    if arr.size == 0:
+        return {"mean": None, "ci95": None, "n": 0}
+    if arr.size == 1:
+        return {"mean": float(arr[0]), "ci95": None, "n": 1}
+    # two-sided 97.5% t quantiles for small n (df = n - 1)
+    t = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}.get(arr.size - 1, 1.96)
+    return {"mean": float(arr.mean()), "ci95": float(t * arr.std(ddof=1) / math.sqrt(arr.size)), "n": int(arr.size)}

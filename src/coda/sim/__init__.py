@@ -1,0 +1,1 @@
+"""Discrete-event simulator of a cluster of engine workers (the default shell)."""

@@ -1,0 +1,78 @@
+"""Simulator configuration (pydantic): CLI flags and YAML/TOML config files map onto it."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from coda.errors import CodaError
+
+
+class SloConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ttft_s: PositiveFloat = Field(5.0, description="time-to-first-token SLO per request")
+    tbt_s: PositiveFloat = Field(0.1, description="SLO on each request's mean inter-token gap")
+
+
+class SimConfig(BaseModel):
+    """Everything that defines a simulation besides the workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system: str = "vllm"
+    workers: PositiveInt = 1
+    seed: int = 0
+    profile: str = "a100-qwen3coder30b-fp8"
+    chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens")
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    warmup_s: float | None = Field(None, ge=0, description="excluded from metrics; default a third of the arrival window")
+    drain_s: float | None = Field(None, ge=0, description="time allowed after the window for its requests to finish; default the window")
+    slo: SloConfig = SloConfig()
+    # Tier overrides (None = the system preset's choice).
+    dram: bool | None = None
+    ssd: bool | None = None
+    cpu_shadow: bool | None = None
+    per_worker_tiers: bool = Field(False, description="each worker gets its own DRAM/SSD store instead of sharing a node's")
+    hbm_kv_gib: PositiveFloat | None = None
+    dram_kv_gib: float | None = Field(None, ge=0)
+    ssd_kv_gib: float | None = Field(None, ge=0)
+    decode_run_max: PositiveInt = Field(1024, description="longest run of pure-decode steps advanced at once")
+    sample_every_s: PositiveFloat = Field(10.0, description="occupancy time-series sampling period")
+    policy_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-policy keyword parameters")
+
+    def with_overrides(self, **kw: Any) -> SimConfig:
+        """A copy with the given non-None fields replaced (CLI flags over a config file)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in kw.items() if v is not None})
+        return validate_config(data, "command line")
+
+
+def validate_config(data: dict[str, Any], source: str) -> SimConfig:
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
+        raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or TOML config file into a dict (validated by the caller)."""
+    path = Path(path)
+    if not path.exists():
+        raise CodaError(f"config {path}: no such file")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:
+        raise CodaError(f"config {path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {err}".splitlines()[0]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CodaError(f"config {path}: the top level must be a mapping of option names to values")
+    return data

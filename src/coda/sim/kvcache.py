@@ -1,0 +1,226 @@
+"""Chunk-granular KV bookkeeping: a per-worker HBM pool and LRU stores for DRAM and SSD.
+
+Chunks are identified by integer ids of their content (a prefix-hash chain: a chunk's id is
+the same only when its whole prefix is the same). An id's high bits name its *owner* (a
+session, a prefix group or a trace's shared blocks); every residency change bumps the owner's
+version so cached prefix matches of waiting requests are invalidated exactly when they change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+OWNER_SHIFT = 32
+
+KVListener = Callable[[str, int, str, Sequence[int]], None]
+"""Called as ``listener(event, worker_or_-1, tier, chunk_ids)`` with event ``stored``/``removed``."""
+
+
+def owner_of(chunk: int) -> int:
+    return chunk >> OWNER_SHIFT
+
+
+class Versions:
+    """Residency version per owner; a prefix match cached under older versions is stale."""
+
+    __slots__ = ("v",)
+
+    def __init__(self) -> None:
+        self.v: list[int] = []
+
+    def new_owner(self) -> int:
+        self.v.append(0)
+        return len(self.v) - 1
+
+    def bump(self, chunks: Iterable[int]) -> None:
+        v = self.v
+        last = -1
+        for c in chunks:
+            o = c >> OWNER_SHIFT
+            if o != last:
+                v[o] += 1
+                last = o
+
+
+class HbmPool:
+    """One worker's HBM KV: hashed chunks (refcounted; ref 0 = cached and evictable in LRU order)
+    plus private chunks (partial tails and decode growth not yet hashed)."""
+
+    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener")
+
+    def __init__(self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None) -> None:
+        if capacity <= 0:
+            raise ValueError("HBM capacity must be at least one chunk")
+        self.worker = worker
+        self.capacity = capacity
+        self.resident: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.private = 0
+        self.versions = versions
+        self.listener = listener
+
+    @property
+    def used(self) -> int:
+        return len(self.resident) + self.private
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.resident) - self.private
+
+    @property
+    def reclaimable(self) -> int:
+        return self.free + len(self.lru)
+
+    def leading_hits(self, chain: Sequence[int], start: int = 0) -> tuple[int, int]:
+        """(chunks of ``chain[start:]`` resident in a row, how many of those are evictable)."""
+        res = self.resident
+        n = idle = 0
+        for i in range(start, len(chain)):
+            r = res.get(chain[i])
+            if r is None:
+                break
+            n += 1
+            idle += r == 0
+        return n, idle
+
+    def acquire(self, chunks: Sequence[int]) -> None:
+        """Reference resident chunks (prefix hits); idle ones leave the LRU."""
+        res, lru = self.resident, self.lru
+        woke = []
+        for c in chunks:
+            r = res[c]
+            if r == 0:
+                del lru[c]
+                woke.append(c)
+            res[c] = r + 1
+        if woke:
+            self.versions.bump(woke)
+
+    def evict(self, n: int) -> list[int]:
+        """Evict ``n`` idle chunks in LRU order; returns their ids."""
+        out = []
+        res, lru = self.resident, self.lru
+        for _ in range(min(n, len(lru))):
+            c, _ = lru.popitem(last=False)
+            del res[c]
+            out.append(c)
+        if out:
+            self.versions.bump(out)
+            if self.listener:
+                self.listener("removed", self.worker, "hbm", out)
+        return out
+
+    def make_room(self, n: int) -> list[int]:
+        """Evict what it takes to have ``n`` free chunks (caller checked ``reclaimable``)."""
+        short = n - self.free
+        return self.evict(short) if short > 0 else []
+
+    def insert(self, chunks: Sequence[int]) -> None:
+        """Reference chunks being filled (room must have been made); ones already resident are shared."""
+        res, lru = self.resident, self.lru
+        new = []
+        for c in chunks:
+            r = res.get(c)
+            if r is None:
+                res[c] = 1
+                new.append(c)
+            else:
+                if r == 0:
+                    del lru[c]
+                res[c] = r + 1
+        if chunks:
+            self.versions.bump(chunks)
+        if new and self.listener:
+            self.listener("stored", self.worker, "hbm", new)
+        assert self.used <= self.capacity, "HBM over capacity"
+
+    def release(self, chunks: Sequence[int]) -> None:
+        """Drop one reference per chunk; idle chunks join the LRU tail-first (evicted first)."""
+        res, lru = self.resident, self.lru
+        idle = []
+        for c in reversed(chunks):
+            r = res[c] - 1
+            res[c] = r
+            if r == 0:
+                lru[c] = None
+                idle.append(c)
+        if idle:
+            self.versions.bump(idle)
+
+    def discard(self, chunks: Sequence[int]) -> None:
+        """Release and remove chunks whose content was never computed (a preempted prefill)."""
+        res = self.resident
+        gone = []
+        for c in chunks:
+            r = res[c] - 1
+            if r == 0:
+                del res[c]
+                gone.append(c)
+            else:
+                res[c] = r
+        if gone:
+            self.versions.bump(gone)
+            if self.listener:
+                self.listener("removed", self.worker, "hbm", gone)
+
+
+class KVStore:
+    """An LRU chunk store (DRAM or SSD) with a capacity in chunks; evictions spill to ``lower``."""
+
+    __slots__ = ("name", "node", "capacity", "chunks", "lower", "versions", "listener")
+
+    def __init__(self, name: str, node: int, capacity: int, versions: Versions, lower: KVStore | None = None, listener: KVListener | None = None) -> None:
+        self.name = name
+        self.node = node
+        self.capacity = capacity
+        self.chunks: OrderedDict[int, None] = OrderedDict()
+        self.lower = lower
+        self.versions = versions
+        self.listener = listener
+
+    def __contains__(self, c: int) -> bool:
+        return c in self.chunks
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def leading(self, chain: Sequence[int], start: int) -> int:
+        chunks = self.chunks
+        n = 0
+        for i in range(start, len(chain)):
+            if chain[i] not in chunks:
+                break
+            n += 1
+        return n
+
+    def touch(self, chain: Sequence[int]) -> None:
+        move = self.chunks.move_to_end
+        for c in chain:
+            move(c)
+
+    def put(self, chain: Sequence[int]) -> None:
+        """Store chunks (already-present ones are refreshed); LRU chunks spill to the lower tier."""
+        if self.capacity <= 0:
+            return
+        chunks = self.chunks
+        new = []
+        for c in chain:
+            if c in chunks:
+                chunks.move_to_end(c)
+            else:
+                chunks[c] = None
+                new.append(c)
+        if not new:
+            return
+        self.versions.bump(new)
+        if self.listener:
+            self.listener("stored", -1, self.name, new)
+        over = len(chunks) - self.capacity
+        if over > 0:
+            evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
+            self.versions.bump(evicted)
+            if self.listener:
+                self.listener("removed", -1, self.name, evicted)
+            if self.lower is not None:
+                self.lower.put(evicted)

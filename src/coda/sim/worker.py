@@ -1,0 +1,451 @@
+"""One simulated engine worker: a vLLM-like iteration scheduler over a chunked HBM KV pool.
+
+Each step: running requests first (decodes take one token, partial prefills the rest of the
+token budget), then, if nothing was preempted, waiting requests in the state-admission policy's
+order while seats and budget last. A request admitted with part of its prefix in DRAM or on SSD
+holds its HBM chunks and a seat while its transfer runs on the worker's H2D link (queued behind
+earlier transfers), then joins the running set. Decode growth that does not fit preempts the
+newest running request (recompute), as vLLM does.
+
+Runs of pure-decode steps whose batch membership cannot change (nothing admissible, no prefill)
+are advanced together: their durations come from ``cost.decode_steps_s`` in one call, and an
+arrival or finished transfer interrupts the run at the next step boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from coda.cost.model import CohortPlan, CostModel
+from coda.policy.execution import ExecutionPolicy
+from coda.policy.state import StatePolicy
+from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.loop import EventLoop
+from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
+from coda.types import AdmissionCandidate, AdmissionSnapshot
+
+if TYPE_CHECKING:
+    from coda.sim.metrics import Recorder
+
+
+class NodeLinks:
+    """Links shared by the workers of a node (the SSD read queue)."""
+
+    __slots__ = ("ssd_busy",)
+
+    def __init__(self) -> None:
+        self.ssd_busy = 0.0
+
+
+class Worker:
+    def __init__(
+        self,
+        wid: int,
+        loop: EventLoop,
+        cost: CostModel,
+        hbm: HbmPool,
+        dram: KVStore | None,
+        ssd: KVStore | None,
+        links: NodeLinks,
+        versions: Versions,
+        state_policy: StatePolicy,
+        execution: ExecutionPolicy,
+        recorder: Recorder,
+        on_finish: Callable[[SimRequest], None],
+        *,
+        chunk_tokens: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        decode_run_max: int,
+        cpu_shadow: bool,
+    ) -> None:
+        self.id = wid
+        self.loop = loop
+        self.cost = cost
+        self.hbm = hbm
+        self.dram = dram
+        self.ssd = ssd
+        self.links = links
+        self.versions = versions
+        self.state_policy = state_policy
+        self.execution = execution
+        self.recorder = recorder
+        self.on_finish = on_finish
+        self.C = chunk_tokens
+        self.max_num_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.run_max = decode_run_max
+        self.cpu_shadow = cpu_shadow
+        self.chunk_bytes = cost.kv_bytes(chunk_tokens)
+
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.n_restoring = 0
+        self.h2d_busy = 0.0
+        self.d2h_busy = 0.0
+        self._admit_seq = 0
+        # current batch
+        self.busy = False
+        self._kick_pending = False
+        self._gen = 0
+        self._prefills: list[tuple[SimRequest, int]] = []
+        self._decoders: list[SimRequest] = []
+        self._plan: CohortPlan | None = None
+        self._start = 0.0
+        self._ends: np.ndarray = np.empty(0)
+        self._k = 0
+        self.steps = 0
+        self.decode_steps = 0
+
+    # --- views -----------------------------------------------------------------------------
+    @property
+    def active_requests(self) -> int:
+        return len(self.running) + self.n_restoring + len(self.waiting)
+
+    def decode_contexts(self) -> tuple[int, ...]:
+        return tuple(r.computed + 1 for r in self.running if r.computed >= r.prompt_tokens)
+
+    # --- arrivals --------------------------------------------------------------------------
+    def enqueue(self, req: SimRequest) -> None:
+        req.worker = self.id
+        req.state = WAITING
+        self.waiting.append(req)
+        self.kick()
+
+    def kick(self) -> None:
+        """Something changed: start a step if idle, else end a decode run at its next boundary."""
+        if not self.busy:
+            if not self._kick_pending:
+                self._kick_pending = True
+                self.loop.at(self.loop.now, self._kicked)
+        elif self._k > 1:
+            now = self.loop.now
+            i = int(np.searchsorted(self._ends, now, side="left"))
+            if i < self._k - 1:
+                self._k = i + 1
+                self._gen += 1
+                self.loop.at(float(self._ends[i]), self._step_end, self._gen)
+
+    def _kicked(self, _: object) -> None:
+        self._kick_pending = False
+        if not self.busy:
+            self._schedule()
+
+    # --- admission -------------------------------------------------------------------------
+    def _match(self, req: SimRequest) -> tuple[int, int, int, int]:
+        """(HBM hits, idle HBM hits, DRAM hits, SSD hits) in chunks, cached until residency changes."""
+        v = self.versions.v
+        key = (self.id, *[v[o] for o in req.owners])
+        if req.match_key == key:
+            return req.match
+        chain = req.chain
+        h, idle = self.hbm.leading_hits(chain)
+        d = self.dram.leading(chain, h) if self.dram is not None else 0
+        s = self.ssd.leading(chain, h + d) if self.ssd is not None else 0
+        req.match_key = key
+        req.match = (h, idle, d, s)
+        return req.match
+
+    def _plan_hits(self, req: SimRequest) -> tuple[int, int, int, int, int]:
+        """Usable hits (h, idle, d, s) capped so at least the prompt's last token is computed, and extra chunks."""
+        h, idle, d, s = self._match(req)
+        cap = (req.prompt_tokens - 1) // self.C
+        if h + d + s > cap:
+            s = max(0, min(s, cap - h - d))
+            d = max(0, min(d, cap - h))
+            if h > cap:
+                idle = min(idle, cap)
+                h = cap
+        total = -(-(req.prompt_tokens + 1) // self.C)
+        return h, idle, d, s, total - h
+
+    def candidate(self, req: SimRequest) -> AdmissionCandidate:
+        h, idle, d, s, extra = self._plan_hits(req)
+        C = self.C
+        return AdmissionCandidate(
+            request_id=req.rid,
+            ready_s=req.ready_s,
+            prompt_tokens=req.prompt_tokens,
+            hbm_tokens=h * C,
+            dram_tokens=d * C,
+            ssd_tokens=s * C,
+            extra_blocks=extra,
+            fits=extra <= self.hbm.reclaimable - idle,
+        )
+
+    def snapshot(self) -> AdmissionSnapshot:
+        now = self.loop.now
+        front = self.waiting[: self.state_policy.frontier]
+        return AdmissionSnapshot(
+            now_s=now,
+            candidates=tuple(self.candidate(r) for r in front),
+            free_blocks=self.hbm.free,
+            h2d_outstanding_s=max(0.0, self.h2d_busy - now),
+            ssd_outstanding_s=max(0.0, self.links.ssd_busy - now),
+        )
+
+    def _admit(self, req: SimRequest) -> None:
+        now = self.loop.now
+        C = self.C
+        h, idle, d, s, extra = self._plan_hits(req)
+        if extra > self.hbm.reclaimable - idle:
+            raise AssertionError(f"policy admitted request {req.rid}, which does not fit in HBM")
+        chain = req.chain
+        self.hbm.acquire(chain[:h])
+        evicted = self.hbm.make_room(extra)
+        self.hbm.insert(chain[h:])
+        req.held = len(chain)
+        req.private = extra - (len(chain) - h)
+        self.hbm.private += req.private
+        self.waiting.remove(req)
+        self._admit_seq += 1
+        req.admit_seq = self._admit_seq
+        req.admitted_s = now
+        req.computed = min((h + d + s) * C, req.prompt_tokens - 1)
+        if req.hbm_hit < 0:  # first admission decides the preparation path
+            req.hbm_hit, req.dram_hit, req.ssd_hit = h * C, d * C, s * C
+            reusable_chunks = req.reused_tokens // C
+            if req.round_idx == 0 and reusable_chunks == 0:
+                req.path = "cold"
+            elif h + d + s < min(reusable_chunks, (req.prompt_tokens - 1) // C):
+                req.path = "recompute"
+            elif s:
+                req.path = "ssd"
+            elif d:
+                req.path = "dram"
+            else:
+                req.path = "hbm"
+        ready = now
+        if s and self.ssd is not None:
+            ssd_part = chain[h + d : h + d + s]
+            done = max(now, self.links.ssd_busy) + self.cost.ssd_read_s(s * self.chunk_bytes)
+            self.links.ssd_busy = done
+            ready = done
+            if self.dram is not None:
+                self.dram.put(ssd_part)
+        if d or s:
+            if self.dram is not None:
+                self.dram.touch(chain[h : h + d])
+            start = max(ready, self.h2d_busy)
+            self.h2d_busy = start + self.cost.h2d_s((d + s) * self.chunk_bytes)
+            ready = self.h2d_busy
+        if evicted and not self.cpu_shadow and self.dram is not None:
+            # No shadow copy: evicted chunks are copied out before their HBM is reused.
+            start = max(now, self.d2h_busy)
+            self.d2h_busy = start + self.cost.d2h_s(len(evicted) * self.chunk_bytes)
+            self.dram.put(evicted)
+            ready = max(ready, self.d2h_busy)
+        req.state_ready_s = ready
+        if ready > now:
+            req.state = RESTORING
+            self.n_restoring += 1
+            self.loop.at(ready, self._restored, req)
+        else:
+            req.state = RUNNING
+            self.running.append(req)
+
+    def _restored(self, req: SimRequest) -> None:
+        self.n_restoring -= 1
+        req.state = RUNNING
+        self.running.append(req)
+        self.kick()
+
+    # --- KV growth and preemption ----------------------------------------------------------
+    def _grow(self, req: SimRequest, tokens_after: int) -> bool:
+        need = -(-tokens_after // self.C) - req.held - req.private
+        if need <= 0:
+            return True
+        if need > self.hbm.reclaimable:
+            return False
+        self.hbm.make_room(need)
+        req.private += need
+        self.hbm.private += need
+        return True
+
+    def _release(self, req: SimRequest) -> None:
+        """Free a request's chunks: computed ones stay cached, uncomputed ones are dropped."""
+        done = min(req.computed // self.C, req.held)
+        self.hbm.release(req.chain[:done])
+        if req.held > done:
+            self.hbm.discard(req.chain[done : req.held])
+        self.hbm.private -= req.private
+        req.held = req.private = 0
+
+    def _preempt(self, victim: SimRequest) -> None:
+        """Recompute preemption: the request returns to the front of the queue with its output so far."""
+        self.running.remove(victim)
+        self._release(victim)
+        if victim.emitted:
+            # Its generated tokens become part of the prompt to recompute.
+            victim.prompt_tokens = victim.orig_prompt_tokens + victim.emitted
+            full = victim.prompt_tokens // self.C
+            if full > len(victim.chain):
+                victim.chain = victim.chain + victim.sess.fresh_ids(full - len(victim.chain))
+        victim.computed = 0
+        victim.state = WAITING
+        victim.preemptions += 1
+        victim.match_key = None
+        self.waiting.insert(0, victim)
+
+    # --- the step --------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        budget = self.budget
+        prefills: list[tuple[SimRequest, int]] = []
+        decoders: list[SimRequest] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            if r.computed < r.prompt_tokens:
+                n = min(r.prompt_tokens - r.computed, budget)
+                prefills.append((r, n))
+                budget -= n
+                i += 1
+                continue
+            while not self._grow(r, r.computed + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if r.state != RUNNING:
+                break
+            decoders.append(r)
+            budget -= 1
+            i += 1
+        admissible_later = True
+        if not preempted:
+            policy = self.state_policy
+            while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
+                snap = self.snapshot()
+                idx = policy.choose(snap)
+                if idx is None:
+                    admissible_later = False
+                    break
+                req = self.waiting[idx]
+                self._admit(req)
+                if req.state == RUNNING:
+                    n = min(req.prompt_tokens - req.computed, budget)
+                    prefills.append((req, n))
+                    budget -= n
+            else:
+                admissible_later = bool(self.waiting) and len(self.running) + self.n_restoring < self.max_num_seqs
+        if not prefills and not decoders:
+            self.busy = False
+            self._k = 0
+            return
+        self.busy = True
+        now = self.loop.now
+        k = 1
+        plan = None
+        if not prefills:
+            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
+            plan = self.execution.plan(ctx)
+            if not admissible_later:
+                k = self._run_length(decoders, ctx)
+            durs = self.cost.decode_steps_s(ctx, k, plan)
+        else:
+            chunks = [(n, r.computed) for r, n in prefills]
+            ctx = [r.computed + 1 for r in decoders]
+            durs = np.array([self.cost.step_s(chunks, ctx, None)])
+        self._prefills, self._decoders, self._plan = prefills, decoders, plan
+        self._start = now
+        self._ends = now + np.cumsum(durs)
+        self._k = k
+        self._gen += 1
+        self.loop.at(float(self._ends[k - 1]), self._step_end, self._gen)
+
+    def _run_length(self, decoders: list[SimRequest], ctx: np.ndarray) -> int:
+        """Steps the batch can run unchanged: until the first finish, within free KV, at most ``run_max``."""
+        k = min(self.run_max, min(r.output_tokens - r.emitted for r in decoders))
+        if k <= 1:
+            return 1
+        held = np.fromiter((r.held + r.private for r in decoders), dtype=np.int64, count=len(decoders))
+        comp = ctx - 1
+        C = self.C
+
+        def need(steps: int) -> int:
+            return int(np.maximum(-(-(comp + steps) // C) - held, 0).sum())
+
+        avail = self.hbm.reclaimable
+        if need(k) > avail:
+            lo, hi = 1, k  # need(lo) fits (ensured by _grow), need(hi) does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if need(mid) <= avail:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        for r in decoders:
+            self._grow(r, r.computed + k)
+        return k
+
+    def _step_end(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        now = self.loop.now
+        k = self._k
+        ends = self._ends[:k]
+        durs = np.diff(ends, prepend=self._start)
+        C = self.C
+        finished: list[SimRequest] = []
+        for r, n in self._prefills:
+            r.computed += n
+            if r.computed >= r.prompt_tokens:
+                if self.cpu_shadow and self.dram is not None:
+                    self.dram.put(r.chain[: r.held])
+                if r.emitted == 0:
+                    r.first_token_s = now
+                else:
+                    gap = now - r.last_token_s
+                    r.tbt_max = max(r.tbt_max, gap)
+                    self.recorder.gap(r, gap)
+                r.emitted += 1
+                r.last_token_s = now
+                if r.emitted >= r.output_tokens:
+                    finished.append(r)
+        decoders = self._decoders
+        if decoders:
+            self.decode_steps += k if not self._prefills else 0
+            dmax = float(durs.max())
+            for r in decoders:
+                r.computed += k
+                r.emitted += k
+                r.last_token_s = now
+                if dmax > r.tbt_max:
+                    r.tbt_max = dmax
+                if self._plan is not None:
+                    r.cohort_steps += k
+                if r.emitted >= r.output_tokens:
+                    finished.append(r)
+            self.recorder.steps(decoders, self._start, durs)
+        self.steps += k
+        for r in finished:
+            self._finish(r, C)
+        self._k = 0
+        self._schedule()
+
+    def _finish(self, req: SimRequest, C: int) -> None:
+        now = self.loop.now
+        self.running.remove(req)
+        req.finish_s = now
+        # The KV of prompt + output (all but the last sampled token) becomes cached content.
+        full = req.computed // C
+        sess = req.sess
+        out_ids = sess.fresh_ids(full - len(req.chain)) if full > len(req.chain) else []
+        take = min(len(out_ids), req.private)
+        if take:
+            self.hbm.private -= take
+            req.private -= take
+            self.hbm.insert(out_ids[:take])
+            req.chain = req.chain + out_ids[:take]
+            req.held += take
+        if self.cpu_shadow and self.dram is not None and take:
+            self.dram.put(out_ids[:take])
+        sess.chain = req.chain
+        self._release(req)
+        self.on_finish(req)

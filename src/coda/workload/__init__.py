@@ -1,0 +1,1 @@
+"""Workloads: session/round schema, synthetic generator, loaders, subsampling, statistics."""

@@ -1,0 +1,141 @@
+"""Hypothesis properties of the simulator: tokens conserved, KV never negative or over capacity
+in any tier, every request ends completed, same seed same JSON, decisions blind to hidden fields."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coda.sim.cluster import Simulation
+from coda.sim.config import SimConfig
+from coda.sim.request import RESTORING, RUNNING
+from coda.sim.worker import Worker
+from coda.workload.schema import Round, Session, ToolCall, Workload
+
+CHUNK_GIB = 96 * 1024 * 64 / 2**30  # one 64-token chunk of the paper profile
+
+
+def check_worker(w: Worker) -> None:
+    hbm = w.hbm
+    assert 0 <= hbm.private and 0 <= hbm.used <= hbm.capacity
+    assert all(r >= 0 for r in hbm.resident.values())
+    assert set(hbm.lru) == {c for c, r in hbm.resident.items() if r == 0}
+    holders = list(w.running) + [r for r in w.sim_requests if r.state == RESTORING and r.worker == w.id]
+    assert sum(r.private for r in holders) == hbm.private
+    for store in (w.dram, w.ssd):
+        if store is not None:
+            assert len(store) <= store.capacity
+
+
+rounds_st = st.lists(
+    st.tuples(st.integers(1, 900), st.integers(1, 120), st.floats(0, 5), st.sampled_from(["user", "tool_followup"])),
+    min_size=1,
+    max_size=5,
+)
+sessions_st = st.lists(st.tuples(st.floats(0, 20), rounds_st, st.booleans()), min_size=1, max_size=6)
+
+
+def build(sessions) -> Workload:
+    out = []
+    for i, (start, rounds, grouped) in enumerate(sessions):
+        rs = [
+            Round(new_input_tokens=n, output_tokens=o, kind=k, tool_duration_s=t, tools=[ToolCall(name="Bash", duration_s=t)] if t else [],
+                  prefix_tokens=128 if (j == 0 and grouped) else None)
+            for j, (n, o, t, k) in enumerate(rounds)
+        ]
+        out.append(Session(session_id=f"s{i}", start_s=start, rounds=rs, prefix_group="g" if grouped else None))
+    # a window longer than any run: every request is offered and measured
+    return Workload(sessions=out, meta={"duration_s": 1e5})
+
+
+def largest_chunks(wl: Workload, chunk: int) -> int:
+    from coda.workload.schema import session_prompts
+
+    return max(-(-(p + r.output_tokens + 1) // chunk) for s in wl.sessions for (_, p), r in zip(session_prompts(s), s.rounds))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sessions=sessions_st,
+    workers=st.integers(1, 3),
+    spare=st.integers(0, 40),
+    max_seqs=st.integers(1, 6),
+    budget=st.sampled_from([128, 512, 4096]),
+    dram=st.booleans(),
+    dram_chunks=st.integers(0, 60),
+    ssd=st.booleans(),
+    shadow=st.booleans(),
+    run_max=st.sampled_from([1, 7, 1024]),
+)
+def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max):
+    wl = build(sessions)
+    need = largest_chunks(wl, 64)
+    cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
+                    max_num_batched_tokens=budget, dram=dram, dram_kv_gib=dram_chunks * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=20 * CHUNK_GIB * 4,
+                    cpu_shadow=shadow, warmup_s=0, drain_s=1e6, decode_run_max=run_max, per_worker_tiers=False)
+    sim = Simulation(wl, cfg)
+    for w in sim.workers:
+        w.sim_requests = sim.requests
+        orig = w._step_end
+
+        def checked(gen, _orig=orig, _w=w):
+            _orig(gen)
+            check_worker(_w)
+
+        w._step_end = checked
+    res = sim.run()
+    assert len(res.records) == wl.num_requests
+    for req in sim.requests:
+        assert req.finish_s >= req.first_token_s >= req.ready_s
+        assert req.emitted == req.output_tokens
+        # KV holds prompt + output except the last sampled token
+        assert req.computed == req.prompt_tokens + req.output_tokens - 1 - (req.prompt_tokens - req.orig_prompt_tokens)
+    for w in sim.workers:
+        assert w.hbm.private == 0 and not w.running and not w.waiting
+        assert all(r == 0 for r in w.hbm.resident.values()), "leaked a reference"
+    s = res.summary()
+    assert s["completed"] == s["offered"] == wl.num_requests and s["unfinished"] == 0
+
+
+@settings(max_examples=15, deadline=None)
+@given(sessions=sessions_st, workers=st.integers(1, 3))
+def test_same_seed_gives_identical_json(sessions, workers):
+    wl = build(sessions)
+    cfg = SimConfig(workers=workers, chunk_tokens=64, warmup_s=0)
+
+    def run():
+        s = Simulation(wl, cfg).run().summary()
+        for k in ("wall_s", "speed_x"):
+            s.pop(k)
+        return json.dumps(s, sort_keys=True, default=str)
+
+    assert run() == run()
+
+
+@settings(max_examples=25, deadline=None)
+@given(sessions=sessions_st, stop_at=st.floats(0.5, 25), perm_seed=st.integers(0, 1000))
+def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_seed):
+    """Permuting future output lengths and tool durations leaves every snapshot a policy sees unchanged."""
+    import random
+
+    wl = build(sessions)
+    sim = Simulation(wl, SimConfig(workers=2, chunk_tokens=64, warmup_s=0))
+    for sess in sim.sessions:
+        sim.loop.at(sess.session.start_s, sim._start_session, sess)
+    sim.loop.run(until=stop_at)
+
+    def snapshots():
+        snaps = [w.snapshot() for w in sim.workers]
+        views = [(w.active_requests, w.hbm.used, len(w.waiting), w.decode_contexts()) for w in sim.workers]
+        return snaps, views
+
+    before = snapshots()
+    rng = random.Random(perm_seed)
+    live = [r for w in sim.workers for r in list(w.waiting) + list(w.running)]
+    outs = [r.output_tokens for r in live]
+    rng.shuffle(outs)
+    for r, o in zip(live, outs):
+        r.output_tokens = o + rng.randint(0, 500)
+    assert snapshots() == before
