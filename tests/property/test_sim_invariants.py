@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
-from coda.sim.request import RESTORING, RUNNING
+from coda.sim.request import RESTORING
 from coda.sim.worker import Worker
 from coda.workload.schema import Round, Session, ToolCall, Workload
 

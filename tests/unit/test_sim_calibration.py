@@ -8,7 +8,6 @@ from coda.cost.profile import load_profile
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload
-
 from tests.conftest import make_session
 
 

@@ -24,8 +24,9 @@ SUMMARY_METRICS = RATIO_METRICS + (
 
 
 def versions() -> dict[str, str]:
-    import numpy
     import platform
+
+    import numpy
 
     return {"coda": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
 
