@@ -58,3 +58,26 @@ def test_evicted_context_is_restored_from_dram_through_h2d():
     a1 = next(r for r in res.records if r["session_id"] == "a" and r["round"] == 1)
     assert a1["path"] == "dram" and a1["dram_hit_tokens"] > 0
     assert a1["state_ready_s"] - a1["admitted_s"] == pytest.approx(cost.h2d_s(cost.kv_bytes(a1["dram_hit_tokens"])), rel=1e-9)
+
+
+def test_observers_see_every_batch_and_routing_decision():
+    class Obs:
+        needs = frozenset({"decode_contexts"})
+
+        def __init__(self):
+            self.steps = 0
+            self.routes = []
+
+        def on_step(self, worker, start_s, durations_s, prefill_chunks, decode_contexts, plan):
+            assert len(durations_s) >= 1 and (prefill_chunks or len(decode_contexts))
+            self.steps += len(durations_s)
+
+        def on_route(self, snap, chosen):
+            self.routes.append((snap.request.session_id, chosen))
+
+    ob = Obs()
+    wl = Workload(sessions=[make_session("a", 0.0, [(3000, 100, 2.0), (400, 10, 0.0)])], meta={"duration_s": 100.0})
+    sim = Simulation(wl, SimConfig(warmup_s=0), observers=[ob])
+    sim.run()
+    assert ob.steps == sum(w.steps for w in sim.workers)
+    assert ob.routes == [("a", 0), ("a", 0)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from coda.sim.config import SimConfig
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.metrics import Recorder
+from coda.sim.observe import SimObserver
 from coda.sim.request import SessionState, SimRequest
 from coda.sim.worker import NodeLinks, Worker
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
@@ -80,7 +81,15 @@ def resolve_tiers(config: SimConfig, preset: SystemPreset, profile: Profile, chu
 class Simulation:
     """Build once, ``run()`` once."""
 
-    def __init__(self, workload: Workload, config: SimConfig, *, cost: CostModel | None = None, kv_listener: KVListener | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        config: SimConfig,
+        *,
+        cost: CostModel | None = None,
+        kv_listener: KVListener | None = None,
+        observers: Sequence[SimObserver] = (),
+    ) -> None:
         self.workload = workload
         self.config = config
         self.preset = system_preset(config.system)
@@ -105,7 +114,8 @@ class Simulation:
         params = config.policy_params
         pp = self.preset
         self.router = make_router(pp.router, params.get(pp.router))
-        self.router_needs = frozenset(getattr(self.router, "needs", ()))
+        self.observers = tuple(observers)
+        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(*(ob.needs for ob in self.observers))
 
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
@@ -134,6 +144,7 @@ class Simulation:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 decode_run_max=config.decode_run_max,
                 cpu_shadow=self.tiers.cpu_shadow,
+                observers=self.observers,
             )
             for w in range(config.workers)
         ]
@@ -253,7 +264,10 @@ class Simulation:
             new_tokens=req.new_input_tokens,
             last_worker=sess.last_worker,
         )
-        wid = self.router.route(RoutingSnapshot(self.loop.now, rr, tuple(views)))
+        snap = RoutingSnapshot(self.loop.now, rr, tuple(views))
+        wid = self.router.route(snap)
+        for ob in self.observers:
+            ob.on_route(snap, wid)
         if not 0 <= wid < len(self.workers):
             raise AssertionError(f"router {self.router.name} chose worker {wid} outside 0..{len(self.workers) - 1}")
         return wid

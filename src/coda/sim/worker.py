@@ -14,7 +14,7 @@ arrival or finished transfer interrupts the run at the next step boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +24,7 @@ from coda.policy.execution import ExecutionPolicy
 from coda.policy.state import StatePolicy
 from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.loop import EventLoop
+from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
 from coda.types import AdmissionCandidate, AdmissionSnapshot
 
@@ -61,6 +62,7 @@ class Worker:
         max_num_batched_tokens: int,
         decode_run_max: int,
         cpu_shadow: bool,
+        observers: Sequence[SimObserver] = (),
     ) -> None:
         self.id = wid
         self.loop = loop
@@ -79,6 +81,7 @@ class Worker:
         self.budget = max_num_batched_tokens
         self.run_max = decode_run_max
         self.cpu_shadow = cpu_shadow
+        self.observers = tuple(observers)
         self.chunk_bytes = cost.kv_bytes(chunk_tokens)
 
         self.waiting: list[SimRequest] = []
@@ -349,8 +352,10 @@ class Worker:
             durs = self.cost.decode_steps_s(ctx, k, plan)
         else:
             chunks = [(n, r.computed) for r, n in prefills]
-            ctx = [r.computed + 1 for r in decoders]
+            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
+        for ob in self.observers:
+            ob.on_step(self.id, now, durs[:k], [(n, r.computed) for r, n in prefills], ctx, plan)
         self._prefills, self._decoders, self._plan = prefills, decoders, plan
         self._start = now
         self._ends = now + np.cumsum(durs)
