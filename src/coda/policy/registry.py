@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -9,7 +10,7 @@ from typing import Any, Literal
 from coda.cost.model import CostModel
 from coda.errors import CodaError
 from coda.policy.execution import ExecutionPolicy, FullBatch
-from coda.policy.routing import RoundRobin, Router
+from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, Router, SMetric
 from coda.policy.state import Fifo, StatePolicy
 
 StateFactory = Callable[[CostModel, dict[str, Any]], StatePolicy]
@@ -18,7 +19,34 @@ RouterFactory = Callable[[dict[str, Any]], Router]
 
 STATE_POLICIES: dict[str, StateFactory] = {"fifo": lambda cost, params: Fifo()}
 EXECUTION_POLICIES: dict[str, ExecutionFactory] = {"full": lambda cost, params: FullBatch()}
-ROUTERS: dict[str, RouterFactory] = {"round_robin": lambda params: RoundRobin()}
+
+
+def with_params(cls: type, params: dict[str, Any], kind: str) -> Any:
+    """Build a policy dataclass from user parameters; unknown or ill-typed ones name the valid fields."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "needs")}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise CodaError(f"{kind}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(fields) or '(none)'}")
+    for key, value in params.items():
+        default = fields[key].default
+        if isinstance(default, (int, float)) and not isinstance(value, (int, float)) or isinstance(value, bool) != isinstance(default, bool):
+            raise CodaError(f"{kind}: parameter {key}={value!r} must be a {type(default).__name__}")
+    return cls(**params)
+
+
+def _coda_router(params: dict[str, Any]) -> Router:
+    params = dict(params)
+    parent = with_params(SMetric, params.pop("parent", None) or {}, "router coda.parent")
+    return dataclasses.replace(with_params(CodaRouter, params, "router coda"), parent=parent)
+
+
+ROUTERS: dict[str, RouterFactory] = {
+    "round_robin": lambda params: with_params(RoundRobin, params, "router round_robin"),
+    "least_loaded": lambda params: with_params(LeastLoaded, params, "router least_loaded"),
+    "smetric": lambda params: with_params(SMetric, params, "router smetric"),
+    "dynamo_kv": lambda params: with_params(DynamoKV, params, "router dynamo_kv"),
+    "coda": _coda_router,
+}
 EVICTIONS = ("lru",)
 
 
@@ -54,6 +82,28 @@ SYSTEMS: dict[str, SystemPreset] = {
         cpu_shadow=True,
         description="vLLM with prefix caching and a CPU KV store written as blocks complete "
         "(as vLLM's offloading connector or LMCache do): round-robin routing, FCFS admission, one attention launch",
+    ),
+    "smetric": SystemPreset(
+        name="smetric",
+        router="smetric",
+        state="fifo",
+        execution="full",
+        eviction="lru",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="session affinity with a load guard (SMetric) in front of vLLM-like workers",
+    ),
+    "dynamo": SystemPreset(
+        name="dynamo",
+        router="dynamo_kv",
+        state="fifo",
+        execution="full",
+        eviction="lru",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="NVIDIA Dynamo's KV-aware router (w * prefill_blocks + decode_blocks, host/disk hit credits) in front of vLLM-like workers",
     ),
 }
 

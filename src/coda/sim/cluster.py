@@ -248,7 +248,7 @@ class Simulation:
                 WorkerView(
                     worker_id=w.id,
                     active_requests=w.active_requests,
-                    active_kv_blocks=w.hbm.used,
+                    active_kv_blocks=w.hbm.used - len(w.hbm.lru),
                     waiting_requests=len(w.waiting),
                     decode_contexts=w.decode_contexts() if "decode_contexts" in needs else (),
                     match=match,

@@ -1,0 +1,105 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coda.errors import CodaError
+from coda.policy.registry import make_router
+from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric, context_distance
+from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
+
+
+def snap(workers, *, cont=True, prompt_blocks=10, reusable=0, new=0, seq=0):
+    req = RouteRequest(seq=seq, session_id="s", is_continuation=cont, prompt_tokens=prompt_blocks * 256, prompt_blocks=prompt_blocks,
+                       reusable_tokens=reusable, new_tokens=new)
+    return RoutingSnapshot(0.0, req, tuple(workers))
+
+
+def W(i, load=0, kv=0, hbm=0, dram=0, ssd=0, ctx=(), healthy=True):
+    return WorkerView(worker_id=i, active_requests=load, active_kv_blocks=kv, waiting_requests=0, decode_contexts=tuple(ctx),
+                      match=PrefixMatch(hbm, dram, ssd), healthy=healthy)
+
+
+def test_dynamo_worked_example_second_worker_wins():
+    # overlaps 8/10, 6/10, 2/10, 0/10 with decode loads 12, 4, 3, 1: costs 14, 8, 11, 11
+    ws = [W(0, kv=12, hbm=8), W(1, kv=4, hbm=6), W(2, kv=3, hbm=2), W(3, kv=1, hbm=0)]
+    r = DynamoKV(weight=1.0)
+    assert [r.cost(w, 10) for w in ws] == [14, 8, 11, 11]
+    assert r.route(snap(ws)) == 1
+
+
+def test_dynamo_credits_host_and_disk_hits_partially():
+    r = DynamoKV()
+    assert r.cost(W(0, dram=8), 10) == pytest.approx(10 - 6)
+    assert r.cost(W(0, ssd=8), 10) == pytest.approx(10 - 2)
+
+
+def test_dynamo_softmax_is_seeded_by_request():
+    ws = [W(0, kv=5), W(1, kv=6)]
+    r = DynamoKV(temperature=2.0)
+    picks = [r.route(snap(ws, seq=i)) for i in range(400)]
+    assert picks == [r.route(snap(ws, seq=i)) for i in range(400)]  # deterministic
+    assert 0.45 < picks.count(0) / 400 < 0.75  # exp(-0)/(1+exp(-0.5)) = 0.62
+
+
+def test_smetric_affinity_and_guard():
+    r = SMetric(slack=2, ratio=0.0)
+    holder_ok = [W(0, load=3, hbm=40), W(1, load=1), W(2, load=2)]
+    assert r.route(snap(holder_ok)) == 0
+    holder_busy = [W(0, load=4, hbm=40), W(1, load=1), W(2, load=2)]
+    assert r.route(snap(holder_busy)) == 1  # over the bound: least loaded
+    assert r.route(snap(holder_ok, cont=False)) == 1  # first request of a session
+    assert r.route(snap([W(0, load=1), W(1, load=0)])) == 1  # no hit anywhere
+
+
+def test_coda_sends_48k_arrival_to_the_closest_decoders():
+    ws = [
+        W(0, load=3, ctx=(2_000, 3_000, 4_000)),
+        W(1, load=3, ctx=(40_000, 52_000, 60_000)),
+        W(2, load=2, ctx=(8_000, 9_000)),
+        W(3, load=5, ctx=(48_000,)),  # closest but two above the minimum load
+    ]
+    s = snap(ws, cont=False, reusable=45_000, new=3_000)
+    assert CodaRouter().route(s) == 1
+    assert SMetric().route(s) == 2  # the parent would have taken the least loaded
+    assert context_distance((48_000,), 48_000) == 0
+
+
+def test_coda_falls_back_without_telemetry_and_keeps_affinity():
+    no_tel = [W(0, load=1, ctx=(10_000,)), W(1, load=1)]
+    assert CodaRouter().route(snap(no_tel, cont=False, reusable=10_000)) == SMetric().route(snap(no_tel, cont=False))
+    aff = [W(0, load=1, hbm=20, ctx=(1_000,)), W(1, load=1, ctx=(50_000,))]
+    assert CodaRouter().route(snap(aff, reusable=50_000)) == 0
+
+
+def test_unhealthy_workers_are_skipped():
+    ws = [W(0, load=0, healthy=False), W(1, load=5), W(2, load=4)]
+    for r in (RoundRobin(), LeastLoaded(), SMetric(), DynamoKV(), CodaRouter()):
+        assert r.route(snap(ws, seq=0)) in (1, 2)
+
+
+def test_registry_params_are_validated():
+    assert make_router("smetric", {"slack": 5}).slack == 5
+    with pytest.raises(CodaError, match="unknown parameter"):
+        make_router("dynamo_kv", {"wieght": 2})
+    with pytest.raises(CodaError, match="must be a float"):
+        make_router("dynamo_kv", {"weight": "heavy"})
+    with pytest.raises(CodaError, match="valid: "):
+        make_router("nope")
+
+
+workers_st = st.lists(
+    st.builds(W, i=st.just(0), load=st.integers(0, 20), kv=st.integers(0, 500), hbm=st.integers(0, 40), dram=st.integers(0, 40),
+              ssd=st.integers(0, 40), ctx=st.lists(st.integers(1, 200_000), max_size=6), healthy=st.booleans()),
+    min_size=1, max_size=8,
+).map(lambda ws: [WorkerView(i, w.active_requests, w.active_kv_blocks, 0, w.decode_contexts, w.match, w.healthy) for i, w in enumerate(ws)])
+
+
+@given(ws=workers_st, cont=st.booleans(), seq=st.integers(0, 100), arrival=st.integers(1, 200_000))
+def test_routers_stay_in_the_candidate_set_and_coda_respects_affinity(ws, cont, seq, arrival):
+    s = snap(ws, cont=cont, seq=seq, reusable=arrival)
+    healthy = {w.worker_id for w in ws if w.healthy} or {w.worker_id for w in ws}
+    for r in (RoundRobin(), LeastLoaded(), SMetric(), DynamoKV(), DynamoKV(temperature=1.0), CodaRouter()):
+        assert r.route(s) in healthy
+    chosen = SMetric().affinity(s)
+    if chosen is not None:
+        assert CodaRouter().route(s) == chosen.worker_id
