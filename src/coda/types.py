@@ -3,12 +3,15 @@ observe at that moment: never a round's future output length or tool duration.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(slots=True, frozen=True)
 class AdmissionCandidate:
-    """A ready request waiting for KV-state preparation on one worker.
+    """One ready request waiting for KV-state preparation on a worker (a row of a snapshot).
 
     ``hbm_tokens`` / ``dram_tokens`` / ``ssd_tokens``: the longest reusable prefix found in
     this worker's HBM, then continuing in the DRAM store, then on SSD. ``extra_blocks``: HBM
@@ -24,25 +27,73 @@ class AdmissionCandidate:
     extra_blocks: int
     fits: bool
 
-    @property
-    def compute_tokens(self) -> int:
-        """Tokens to prefill: the missing prefix plus the new input."""
-        return self.prompt_tokens - self.hbm_tokens - self.dram_tokens - self.ssd_tokens
 
-    @property
-    def cached_tokens(self) -> int:
-        return self.hbm_tokens + self.dram_tokens + self.ssd_tokens
-
-
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class AdmissionSnapshot:
-    """One admission opportunity on one worker; candidates are ordered oldest-ready first."""
+    """One admission opportunity on one worker, column-wise (numpy arrays, oldest-ready first)
+    so that a policy can score a whole frontier in a few vector operations."""
 
     now_s: float
-    candidates: tuple[AdmissionCandidate, ...]
-    free_blocks: int
+    request_ids: np.ndarray
+    ready_s: np.ndarray
+    prompt_tokens: np.ndarray
+    hbm_tokens: np.ndarray
+    dram_tokens: np.ndarray
+    ssd_tokens: np.ndarray
+    extra_blocks: np.ndarray
+    fits: np.ndarray
+    free_blocks: int = 0
     h2d_outstanding_s: float = 0.0
     ssd_outstanding_s: float = 0.0
+
+    @classmethod
+    def from_rows(cls, now_s: float, rows: Sequence[tuple[int, float, int, int, int, int, int, bool]], **kw: float) -> AdmissionSnapshot:
+        """Rows as ``(request_id, ready_s, prompt, hbm, dram, ssd, extra_blocks, fits)``."""
+        cols = list(zip(*rows)) if rows else [()] * 8
+        ints = [np.array(c, dtype=np.int64) for c in cols]
+        return cls(
+            now_s=now_s,
+            request_ids=ints[0],
+            ready_s=np.array(cols[1], dtype=np.float64),
+            prompt_tokens=ints[2],
+            hbm_tokens=ints[3],
+            dram_tokens=ints[4],
+            ssd_tokens=ints[5],
+            extra_blocks=ints[6],
+            fits=np.array(cols[7], dtype=bool),
+            **kw,  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def from_candidates(cls, now_s: float, rows: Sequence[AdmissionCandidate], **kw: float) -> AdmissionSnapshot:
+        return cls.from_rows(now_s, [(c.request_id, c.ready_s, c.prompt_tokens, c.hbm_tokens, c.dram_tokens, c.ssd_tokens, c.extra_blocks, c.fits) for c in rows], **kw)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        return self.hbm_tokens + self.dram_tokens + self.ssd_tokens
+
+    @property
+    def compute_tokens(self) -> np.ndarray:
+        """Tokens to prefill: the missing prefix plus the new input."""
+        return self.prompt_tokens - self.cached_tokens
+
+    def row(self, i: int) -> AdmissionCandidate:
+        return AdmissionCandidate(
+            int(self.request_ids[i]), float(self.ready_s[i]), int(self.prompt_tokens[i]), int(self.hbm_tokens[i]),
+            int(self.dram_tokens[i]), int(self.ssd_tokens[i]), int(self.extra_blocks[i]), bool(self.fits[i]),
+        )
+
+    def rows(self) -> list[AdmissionCandidate]:
+        return [self.row(i) for i in range(len(self))]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AdmissionSnapshot):
+            return NotImplemented
+        return (self.now_s, self.free_blocks, self.h2d_outstanding_s, self.ssd_outstanding_s, self.rows()) == (
+            other.now_s, other.free_blocks, other.h2d_outstanding_s, other.ssd_outstanding_s, other.rows())
 
 
 @dataclass(slots=True, frozen=True)

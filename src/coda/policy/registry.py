@@ -9,21 +9,23 @@ from typing import Any, Literal
 
 from coda.cost.model import CostModel
 from coda.errors import CodaError
-from coda.policy.execution import ExecutionPolicy, FullBatch
+from coda.policy.execution import Cohort, ExecutionPolicy, FullBatch
 from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, Router, SMetric
-from coda.policy.state import Fifo, StatePolicy
+from coda.policy.state import FewestBlocks, Fifo, StatePolicy, TieredAging
 
 StateFactory = Callable[[CostModel, dict[str, Any]], StatePolicy]
 ExecutionFactory = Callable[[CostModel, dict[str, Any]], ExecutionPolicy]
 RouterFactory = Callable[[dict[str, Any]], Router]
 
-STATE_POLICIES: dict[str, StateFactory] = {"fifo": lambda cost, params: Fifo()}
-EXECUTION_POLICIES: dict[str, ExecutionFactory] = {"full": lambda cost, params: FullBatch()}
 
 
-def with_params(cls: type, params: dict[str, Any], kind: str) -> Any:
-    """Build a policy dataclass from user parameters; unknown or ill-typed ones name the valid fields."""
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "needs")}
+
+def with_params(cls: type, params: dict[str, Any], kind: str, **fixed: Any) -> Any:
+    """Build a policy dataclass from user parameters; unknown or ill-typed ones name the valid fields.
+
+    ``fixed`` are arguments Coda supplies itself (the cost model), not user parameters.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "needs", *fixed)}
     unknown = sorted(set(params) - set(fields))
     if unknown:
         raise CodaError(f"{kind}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(fields) or '(none)'}")
@@ -31,7 +33,21 @@ def with_params(cls: type, params: dict[str, Any], kind: str) -> Any:
         default = fields[key].default
         if isinstance(default, (int, float)) and not isinstance(value, (int, float)) or isinstance(value, bool) != isinstance(default, bool):
             raise CodaError(f"{kind}: parameter {key}={value!r} must be a {type(default).__name__}")
-    return cls(**params)
+    try:
+        return cls(**fixed, **params)
+    except ValueError as err:
+        raise CodaError(f"{kind}: {err}") from None
+
+
+STATE_POLICIES: dict[str, StateFactory] = {
+    "fifo": lambda cost, params: with_params(Fifo, params, "state policy fifo"),
+    "fewest_blocks": lambda cost, params: with_params(FewestBlocks, params, "state policy fewest_blocks"),
+    "tiered_aging": lambda cost, params: with_params(TieredAging, params, "state policy tiered_aging", cost=cost),
+}
+EXECUTION_POLICIES: dict[str, ExecutionFactory] = {
+    "full": lambda cost, params: with_params(FullBatch, params, "execution policy full"),
+    "cohort": lambda cost, params: with_params(Cohort, params, "execution policy cohort", cost=cost),
+}
 
 
 def _coda_router(params: dict[str, Any]) -> Router:
@@ -47,7 +63,7 @@ ROUTERS: dict[str, RouterFactory] = {
     "dynamo_kv": lambda params: with_params(DynamoKV, params, "router dynamo_kv"),
     "coda": _coda_router,
 }
-EVICTIONS = ("lru",)
+EVICTIONS = ("lru", "tool_aware")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,72 @@ SYSTEMS: dict[str, SystemPreset] = {
         ssd=False,
         cpu_shadow=True,
         description="session affinity with a load guard (SMetric) in front of vLLM-like workers",
+    ),
+    "cachewise": SystemPreset(
+        name="cachewise",
+        router="least_loaded",
+        state="fewest_blocks",
+        execution="full",
+        eviction="tool_aware",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow",
+    ),
+    "cachewise+ta": SystemPreset(
+        name="cachewise+ta",
+        router="least_loaded",
+        state="tiered_aging",
+        execution="full",
+        eviction="tool_aware",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks",
+    ),
+    "coda-single": SystemPreset(
+        name="coda-single",
+        router="coda",
+        state="tiered_aging",
+        execution="cohort",
+        eviction="tool_aware",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="Coda's single-worker admission layer: Tiered-Aging, Compatibility-Aware cohorts, tool-aware reclaim",
+    ),
+    "coda": SystemPreset(
+        name="coda",
+        router="coda",
+        state="tiered_aging",
+        execution="cohort",
+        eviction="tool_aware",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim",
+    ),
+    "coda-route-only": SystemPreset(
+        name="coda-route-only",
+        router="coda",
+        state="fifo",
+        execution="full",
+        eviction="lru",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)",
+    ),
+    "coda-admit-only": SystemPreset(
+        name="coda-admit-only",
+        router="smetric",
+        state="tiered_aging",
+        execution="cohort",
+        eviction="tool_aware",
+        dram=True,
+        ssd=False,
+        cpu_shadow=True,
+        description="ablation: Coda's engine admission behind the SMetric router",
     ),
     "dynamo": SystemPreset(
         name="dynamo",

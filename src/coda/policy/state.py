@@ -1,9 +1,17 @@
-"""State admission: which waiting request prepares its KV state next on a worker."""
+"""State admission: which waiting request prepares its KV state next on a worker.
+
+Every policy reads an ``AdmissionSnapshot`` (oldest-ready first) and returns the index of the
+request to admit now, or ``None`` to admit nothing at this opportunity.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
+from coda.cost.model import CostModel
 from coda.types import AdmissionSnapshot
 
 
@@ -17,13 +25,117 @@ class StatePolicy(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
 class Fifo:
     """vLLM's first-come-first-served: the oldest ready request, and nothing while it does not fit."""
 
-    name = "fifo"
-    frontier = 1
+    name: str = "fifo"
+    frontier: int = 1
 
     def choose(self, snap: AdmissionSnapshot) -> int | None:
-        if snap.candidates and snap.candidates[0].fits:
+        if len(snap) and snap.fits[0]:
             return 0
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class FewestBlocks:
+    """CacheWise-style prefix-aware order: among requests that fit, the one needing the fewest
+    additional KV blocks (ties: oldest)."""
+
+    frontier: int = 64
+    name: str = "fewest_blocks"
+
+    def choose(self, snap: AdmissionSnapshot) -> int | None:
+        feasible = np.flatnonzero(snap.fits)
+        if not feasible.size:
+            return None
+        return int(feasible[np.argmin(snap.extra_blocks[feasible])])  # argmin keeps the first (oldest) tie
+
+
+@dataclass(slots=True)
+class StateCost:
+    """State-preparation cost C = T_restore + T_load + T_prefill of each candidate, per the cost model.
+
+    T_restore: DRAM->HBM bytes through the H2D curve plus the time the link is already committed;
+    T_load: SSD->DRAM bytes through the SSD curve plus the SSD queue; T_prefill: the missing
+    prefix and new tokens over the cached ones. The link curves and the prefill time depend only
+    on token counts, so they are memoized per count (a bounded table).
+    """
+
+    cost: CostModel
+    _restore: dict[int, float] = field(default_factory=dict)
+    _load: dict[int, float] = field(default_factory=dict)
+    _prefill: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def _memo(self, table: dict, key: object, fn, *args: int) -> float:  # type: ignore[no-untyped-def]
+        v = table.get(key)
+        if v is None:
+            if len(table) > 200_000:
+                table.clear()
+            v = table[key] = fn(*args)
+        return v
+
+    def seconds(self, snap: AdmissionSnapshot) -> np.ndarray:
+        kv = self.cost.kv_bytes(1)
+        restore_tokens = (snap.dram_tokens + snap.ssd_tokens).tolist()
+        ssd_tokens = snap.ssd_tokens.tolist()
+        compute = snap.compute_tokens.tolist()
+        cached = snap.cached_tokens.tolist()
+        h2d, ssd, pre = self.cost.h2d_s, self.cost.ssd_read_s, self.cost.prefill_only_s
+        out = np.empty(len(snap))
+        for i in range(len(snap)):
+            t = self._memo(self._prefill, (compute[i], cached[i]), pre, compute[i], cached[i])
+            if restore_tokens[i]:
+                t += self._memo(self._restore, restore_tokens[i], h2d, restore_tokens[i] * kv) + snap.h2d_outstanding_s
+            if ssd_tokens[i]:
+                t += self._memo(self._load, ssd_tokens[i], ssd, ssd_tokens[i] * kv) + snap.ssd_outstanding_s
+            out[i] = t
+        return out
+
+
+@dataclass(slots=True)
+class TieredAging:
+    """Coda's Tiered-Aging state admission.
+
+    Among ready requests that fit in HBM now, admit the one with the least age-adjusted cost
+    ``C / (1 + wait / tau)`` (wait: time since the request became logically ready; tool time is
+    not in it); ties by raw cost, then extra KV blocks, then ready time. Once the oldest feasible
+    request has waited ``w_max_s`` it goes first. Starvation guard (beyond the paper): when the
+    oldest ready request has waited ``w_max_s`` but does not fit, nothing else is admitted until
+    it fits, so memory drains for it and a large session cannot be bypassed forever.
+    """
+
+    cost: CostModel
+    tau_s: float = 5.0
+    w_max_s: float = 20.0
+    frontier: int = 64
+    starvation_guard: bool = True
+    name: str = "tiered_aging"
+    _costs: StateCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.tau_s <= 0 or self.w_max_s < 0 or self.frontier < 1:
+            raise ValueError("tiered_aging needs tau_s > 0, w_max_s >= 0 and frontier >= 1")
+        self._costs = StateCost(self.cost)
+
+    def choose(self, snap: AdmissionSnapshot) -> int | None:
+        if not len(snap):
+            return None
+        wait = snap.now_s - snap.ready_s
+        if self.starvation_guard and wait[0] >= self.w_max_s:
+            return 0 if snap.fits[0] else None
+        feasible = np.flatnonzero(snap.fits)
+        if not feasible.size:
+            return None
+        if wait[feasible[0]] >= self.w_max_s:
+            return int(feasible[0])
+        sub = AdmissionSnapshot(
+            snap.now_s, snap.request_ids[feasible], snap.ready_s[feasible], snap.prompt_tokens[feasible], snap.hbm_tokens[feasible],
+            snap.dram_tokens[feasible], snap.ssd_tokens[feasible], snap.extra_blocks[feasible], snap.fits[feasible],
+            snap.free_blocks, snap.h2d_outstanding_s, snap.ssd_outstanding_s,
+        )
+        raw = self._costs.seconds(sub)
+        aged = raw / (1.0 + wait[feasible] / self.tau_s)
+        best = np.lexsort((sub.ready_s, sub.extra_blocks, raw, aged))[0]
+        return int(feasible[best])

@@ -18,8 +18,9 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.metrics import Window, summarize
 from coda.policy.registry import SystemPreset, make_execution_policy, make_router, make_state_policy, system_preset
+from coda.policy.tools import ToolPredictor
 from coda.sim.config import SimConfig
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
+from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, ToolAwareEvictor, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
@@ -115,7 +116,13 @@ class Simulation:
         pp = self.preset
         self.router = make_router(pp.router, params.get(pp.router))
         self.observers = tuple(observers)
-        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(*(ob.needs for ob in self.observers))
+        self.shadow_router = make_router(config.shadow_router, params.get(config.shadow_router)) if config.shadow_router else None
+        self.router_shadow = {"decisions": 0, "differs": 0}
+        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(
+            *(ob.needs for ob in self.observers), getattr(self.shadow_router, "needs", frozenset())
+        )
+        self.tool_predictor = ToolPredictor() if pp.eviction == "tool_aware" else None
+        self._owner_session: dict[int, SessionState] = {}
 
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
@@ -130,7 +137,7 @@ class Simulation:
                 w,
                 self.loop,
                 self.cost,
-                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener),
+                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._evictor()),
                 self.dram_stores[w // wpn],
                 self.ssd_stores[w // wpn],
                 links[w // wpn],
@@ -145,6 +152,7 @@ class Simulation:
                 decode_run_max=config.decode_run_max,
                 cpu_shadow=self.tiers.cpu_shadow,
                 observers=self.observers,
+                shadow=make_state_policy(config.shadow_state, self.cost, params.get(config.shadow_state)) if config.shadow_state else None,
             )
             for w in range(config.workers)
         ]
@@ -152,11 +160,24 @@ class Simulation:
         self._trace_owner = self.versions.new_owner()
         self._interned: dict[tuple[int, int], int] = {}
         self.sessions = [SessionState(i, s, self.versions.new_owner()) for i, s in enumerate(workload.sessions)]
+        self._owner_session.update((sess.owner, sess) for sess in self.sessions)
         self.requests: list[SimRequest] = []
         self._route_seq = 0
         self.live_sessions = 0
         self.open_measured = 0
         self.wall_s = 0.0
+
+    def _evictor(self) -> ToolAwareEvictor | None:
+        if self.tool_predictor is None:
+            return None
+        return ToolAwareEvictor(self.config.eviction_window_chunks, self._predicted_out)
+
+    def _predicted_out(self, owner: int) -> float:
+        """Predicted remaining tool (or user) time of the session owning a chunk; 0 if not out."""
+        sess = self._owner_session.get(owner)
+        if sess is None or sess.out_since is None or self.tool_predictor is None:
+            return 0.0
+        return self.tool_predictor.remaining(sess.out_tools, self.loop.now - sess.out_since)
 
     # --- validation ------------------------------------------------------------------------
     def _check_workload(self) -> None:
@@ -217,6 +238,10 @@ class Simulation:
 
     def _ready(self, sess: SessionState) -> None:
         now = self.loop.now
+        if sess.out_since is not None:
+            if self.tool_predictor is not None:
+                self.tool_predictor.observe(sess.out_tools, now - sess.out_since)
+            sess.out_since = None
         k = sess.next_round
         rnd = sess.session.rounds[k]
         req = SimRequest(len(self.requests), sess, k, rnd.kind, now)
@@ -266,6 +291,9 @@ class Simulation:
         )
         snap = RoutingSnapshot(self.loop.now, rr, tuple(views))
         wid = self.router.route(snap)
+        if self.shadow_router is not None:
+            self.router_shadow["decisions"] += 1
+            self.router_shadow["differs"] += self.shadow_router.route(snap) != wid
         for ob in self.observers:
             ob.on_route(snap, wid)
         if not 0 <= wid < len(self.workers):
@@ -279,6 +307,10 @@ class Simulation:
         self.open_measured -= req.measured
         k = req.round_idx
         rounds = sess.session.rounds
+        # Observable: the response ended, with these tool calls (none: the session waits on its user,
+        # which is also how a session that has ended looks to an engine).
+        sess.out_since = self.loop.now
+        sess.out_tools = req.tools
         if k + 1 < len(rounds):
             sess.next_round = k + 1
             nxt = rounds[k + 1]
@@ -352,10 +384,24 @@ class SimResult:
                 "events": sim.loop.events_run,
                 "preemptions": sum(r["preemptions"] for r in self.records),
                 "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
+                "shadow": self.shadow_block(),
                 "window_s": [sim.window.start_s, sim.window.end_s],
                 "config": self.config_block(),
             }
         )
+        return out
+
+    def shadow_block(self) -> dict[str, Any]:
+        """How often a shadow policy, on the same snapshots, would have decided differently."""
+        sim, cfg = self.sim, self.sim.config
+        out: dict[str, Any] = {}
+        if cfg.shadow_state:
+            n = sum(w.shadow_decisions for w in sim.workers)
+            d = sum(w.shadow_differs for w in sim.workers)
+            out["state"] = {"policy": cfg.shadow_state, "decisions": n, "differs": d, "differs_frac": d / n if n else None}
+        if cfg.shadow_router:
+            n, d = sim.router_shadow["decisions"], sim.router_shadow["differs"]
+            out["router"] = {"policy": cfg.shadow_router, "decisions": n, "differs": d, "differs_frac": d / n if n else None}
         return out
 
     def config_block(self) -> dict[str, Any]:

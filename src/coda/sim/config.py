@@ -44,6 +44,9 @@ class SimConfig(BaseModel):
     decode_run_max: PositiveInt = Field(1024, description="longest run of pure-decode steps advanced at once")
     sample_every_s: PositiveFloat = Field(10.0, description="occupancy time-series sampling period")
     policy_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-policy keyword parameters")
+    shadow_state: str | None = Field(None, description="state-admission policy evaluated in shadow on every admission snapshot")
+    shadow_router: str | None = Field(None, description="router evaluated in shadow on every routing snapshot")
+    eviction_window_chunks: PositiveInt = Field(2048, description="victim window of tool-aware HBM reclaim")
 
     def with_overrides(self, **kw: Any) -> SimConfig:
         """A copy with the given non-None fields replaced (CLI flags over a config file)."""

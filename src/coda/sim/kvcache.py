@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
+from typing import Protocol
+
+import numpy as np
 
 OWNER_SHIFT = 32
 
@@ -43,13 +47,42 @@ class Versions:
                 last = o
 
 
+class Evictor(Protocol):
+    def victims(self, lru: OrderedDict[int, None], n: int) -> list[int]:
+        """``n`` idle chunks to evict (``lru`` is oldest first and holds at least ``n``)."""
+        ...
+
+
+class ToolAwareEvictor:
+    """CacheWise-style reclaim: within the first ``window`` idle chunks in LRU order, evict first
+    the chunks of sessions whose current tool call is predicted to stay out longest; the rest
+    (shared chunks, sessions not out on a tool) in LRU order. Within a session, LRU order keeps
+    its tail going first, so its prefix survives longest."""
+
+    __slots__ = ("window", "remaining")
+
+    def __init__(self, window: int, remaining: Callable[[int], float]) -> None:
+        self.window = window
+        self.remaining = remaining
+
+    def victims(self, lru: OrderedDict[int, None], n: int) -> list[int]:
+        w = min(max(self.window, n), len(lru))
+        chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
+        owners, inverse = np.unique(chunks >> OWNER_SHIFT, return_inverse=True)
+        score = np.array([self.remaining(int(o)) for o in owners])
+        if not (score > 0).any():
+            return chunks[:n].tolist()
+        order = np.lexsort((np.arange(w), -score[inverse]))
+        return chunks[order[:n]].tolist()
+
+
 class HbmPool:
     """One worker's HBM KV: hashed chunks (refcounted; ref 0 = cached and evictable in LRU order)
     plus private chunks (partial tails and decode growth not yet hashed)."""
 
-    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener")
+    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor")
 
-    def __init__(self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None) -> None:
+    def __init__(self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None, evictor: Evictor | None = None) -> None:
         if capacity <= 0:
             raise ValueError("HBM capacity must be at least one chunk")
         self.worker = worker
@@ -59,6 +92,7 @@ class HbmPool:
         self.private = 0
         self.versions = versions
         self.listener = listener
+        self.evictor = evictor
 
     @property
     def used(self) -> int:
@@ -98,13 +132,17 @@ class HbmPool:
             self.versions.bump(woke)
 
     def evict(self, n: int) -> list[int]:
-        """Evict ``n`` idle chunks in LRU order; returns their ids."""
-        out = []
+        """Evict ``n`` idle chunks (LRU order, or the evictor's choice); returns their ids."""
         res, lru = self.resident, self.lru
-        for _ in range(min(n, len(lru))):
-            c, _ = lru.popitem(last=False)
+        n = min(n, len(lru))
+        if self.evictor is None or n == 0:
+            out = [lru.popitem(last=False)[0] for _ in range(n)]
+        else:
+            out = self.evictor.victims(lru, n)
+            for c in out:
+                del lru[c]
+        for c in out:
             del res[c]
-            out.append(c)
         if out:
             self.versions.bump(out)
             if self.listener:

@@ -11,7 +11,8 @@ STATE_NAMES = ("waiting", "restoring", "running", "finished")
 class SessionState:
     """A session's progress: its content chain (chunk ids of the context so far) and next round."""
 
-    __slots__ = ("index", "session", "owner", "next_id", "chain", "next_round", "context_tokens", "last_worker", "done", "started_s")
+    __slots__ = ("index", "session", "owner", "next_id", "chain", "next_round", "context_tokens", "last_worker", "done", "started_s",
+                 "out_since", "out_tools")
 
     def __init__(self, index: int, session: Any, owner: int) -> None:
         self.index = index
@@ -24,6 +25,9 @@ class SessionState:
         self.last_worker: int | None = None
         self.done = False
         self.started_s = session.start_s
+        # observable: when the session's last response ended and which tools it called (() = user turn)
+        self.out_since: float | None = None
+        self.out_tools: tuple[str, ...] = ()
 
     def fresh_ids(self, n: int) -> list[int]:
         base = (self.owner << 32) | self.next_id

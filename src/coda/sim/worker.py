@@ -26,7 +26,7 @@ from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
-from coda.types import AdmissionCandidate, AdmissionSnapshot
+from coda.types import AdmissionSnapshot
 
 if TYPE_CHECKING:
     from coda.sim.metrics import Recorder
@@ -63,6 +63,7 @@ class Worker:
         decode_run_max: int,
         cpu_shadow: bool,
         observers: Sequence[SimObserver] = (),
+        shadow: StatePolicy | None = None,
     ) -> None:
         self.id = wid
         self.loop = loop
@@ -82,6 +83,10 @@ class Worker:
         self.run_max = decode_run_max
         self.cpu_shadow = cpu_shadow
         self.observers = tuple(observers)
+        self.shadow = shadow
+        self.shadow_decisions = 0
+        self.shadow_differs = 0
+        self.frontier = max(state_policy.frontier, shadow.frontier if shadow is not None else 1)
         self.chunk_bytes = cost.kv_bytes(chunk_tokens)
 
         self.waiting: list[SimRequest] = []
@@ -165,30 +170,30 @@ class Worker:
         total = -(-(req.prompt_tokens + 1) // self.C)
         return h, idle, d, s, total - h
 
-    def candidate(self, req: SimRequest) -> AdmissionCandidate:
+    def _row(self, req: SimRequest) -> tuple[int, float, int, int, int, int, int, bool]:
         h, idle, d, s, extra = self._plan_hits(req)
         C = self.C
-        return AdmissionCandidate(
-            request_id=req.rid,
-            ready_s=req.ready_s,
-            prompt_tokens=req.prompt_tokens,
-            hbm_tokens=h * C,
-            dram_tokens=d * C,
-            ssd_tokens=s * C,
-            extra_blocks=extra,
-            fits=extra <= self.hbm.reclaimable - idle,
-        )
+        return (req.rid, req.ready_s, req.prompt_tokens, h * C, d * C, s * C, extra, extra <= self.hbm.reclaimable - idle)
 
     def snapshot(self) -> AdmissionSnapshot:
+        """What the state-admission policy (and its shadow) may see: the oldest-ready frontier."""
         now = self.loop.now
-        front = self.waiting[: self.state_policy.frontier]
-        return AdmissionSnapshot(
-            now_s=now,
-            candidates=tuple(self.candidate(r) for r in front),
+        return AdmissionSnapshot.from_rows(
+            now,
+            [self._row(r) for r in self.waiting[: self.frontier]],
             free_blocks=self.hbm.free,
             h2d_outstanding_s=max(0.0, self.h2d_busy - now),
             ssd_outstanding_s=max(0.0, self.links.ssd_busy - now),
         )
+
+    def _decide(self) -> int | None:
+        snap = self.snapshot()
+        idx = self.state_policy.choose(snap)
+        if self.shadow is not None:
+            sidx = self.shadow.choose(snap)
+            self.shadow_decisions += 1
+            self.shadow_differs += (None if idx is None else int(snap.request_ids[idx])) != (None if sidx is None else int(snap.request_ids[sidx]))
+        return idx
 
     def _admit(self, req: SimRequest) -> None:
         now = self.loop.now
@@ -321,10 +326,8 @@ class Worker:
             i += 1
         admissible_later = True
         if not preempted:
-            policy = self.state_policy
             while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
-                snap = self.snapshot()
-                idx = policy.choose(snap)
+                idx = self._decide()
                 if idx is None:
                     admissible_later = False
                     break
