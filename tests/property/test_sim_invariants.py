@@ -68,13 +68,15 @@ def largest_chunks(wl: Workload, chunk: int) -> int:
     ssd=st.booleans(),
     shadow=st.booleans(),
     run_max=st.sampled_from([1, 7, 1024]),
+    system=st.sampled_from(["vllm", "cachewise", "coda-single", "dynamo"]),
 )
-def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max):
+def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max, system):
     wl = build(sessions)
     need = largest_chunks(wl, 64)
     cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
                     max_num_batched_tokens=budget, dram=dram, dram_kv_gib=dram_chunks * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=20 * CHUNK_GIB * 4,
-                    cpu_shadow=shadow, warmup_s=0, drain_s=1e6, decode_run_max=run_max, per_worker_tiers=False)
+                    cpu_shadow=shadow, warmup_s=0, drain_s=1e6, decode_run_max=run_max, per_worker_tiers=False, system=system,
+                    eviction_window_chunks=8)
     sim = Simulation(wl, cfg)
     for w in sim.workers:
         w.sim_requests = sim.requests
@@ -139,3 +141,30 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
     for r, o in zip(live, outs):
         r.output_tokens = o + rng.randint(0, 500)
     assert snapshots() == before
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]))
+def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max):
+    """With the starvation guard, once the oldest waiting request has waited W_max, no other request
+    on its worker is admitted before it."""
+    wl = build(sessions)
+    need = largest_chunks(wl, 64)
+    cfg = SimConfig(system="coda-single", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
+                    warmup_s=0, policy_params={"tiered_aging": {"w_max_s": w_max}})
+    sim = Simulation(wl, cfg)
+    w = sim.workers[0]
+    orig = w._admit
+    violations = []
+
+    def admit(req, _orig=orig):
+        now = sim.loop.now
+        for other in w.waiting:
+            if other is not req and now - other.ready_s >= w_max and other.ready_s < req.ready_s:
+                violations.append((req.rid, other.rid, now))
+        _orig(req)
+
+    w._admit = admit
+    sim.run()
+    assert not violations
+    assert all(r.finish_s >= 0 for r in sim.requests)
