@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from coda.types import RoutingSnapshot, WorkerView
 
 
@@ -130,8 +132,8 @@ class DynamoKV:
 
 def context_distance(contexts: Sequence[int], arrival_tokens: int) -> float:
     """Mean |log2(l / L)| over a worker's active decoders: how far its contexts are from the arrival's."""
-    L = max(arrival_tokens, 1)
-    return sum(abs(math.log2(max(c, 1) / L)) for c in contexts) / len(contexts)
+    logs = np.log2(np.maximum(np.asarray(contexts, dtype=np.float64), 1.0))
+    return float(np.abs(logs - math.log2(max(arrival_tokens, 1))).mean())
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,30 +68,36 @@ class StateCost:
     _load: dict[int, float] = field(default_factory=dict)
     _prefill: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def _memo(self, table: dict, key: object, fn, *args: int) -> float:  # type: ignore[no-untyped-def]
-        v = table.get(key)
-        if v is None:
-            if len(table) > 200_000:
-                table.clear()
-            v = table[key] = fn(*args)
-        return v
+    def seconds(self, snap: AdmissionSnapshot, rows: np.ndarray | None = None) -> np.ndarray:
+        """C of each candidate (or of ``rows`` only)."""
+        def pick(a: np.ndarray) -> list[int]:
+            return (a if rows is None else a[rows]).tolist()
 
-    def seconds(self, snap: AdmissionSnapshot) -> np.ndarray:
+        dram, ssd, hbm, prompt = pick(snap.dram_tokens), pick(snap.ssd_tokens), pick(snap.hbm_tokens), pick(snap.prompt_tokens)
         kv = self.cost.kv_bytes(1)
-        restore_tokens = (snap.dram_tokens + snap.ssd_tokens).tolist()
-        ssd_tokens = snap.ssd_tokens.tolist()
-        compute = snap.compute_tokens.tolist()
-        cached = snap.cached_tokens.tolist()
-        h2d, ssd, pre = self.cost.h2d_s, self.cost.ssd_read_s, self.cost.prefill_only_s
-        out = np.empty(len(snap))
-        for i in range(len(snap)):
-            t = self._memo(self._prefill, (compute[i], cached[i]), pre, compute[i], cached[i])
-            if restore_tokens[i]:
-                t += self._memo(self._restore, restore_tokens[i], h2d, restore_tokens[i] * kv) + snap.h2d_outstanding_s
-            if ssd_tokens[i]:
-                t += self._memo(self._load, ssd_tokens[i], ssd, ssd_tokens[i] * kv) + snap.ssd_outstanding_s
-            out[i] = t
-        return out
+        restore_t, load_t, prefill_t = self._restore, self._load, self._prefill
+        if len(prefill_t) > 200_000:  # bounded memo
+            for table in (restore_t, load_t, prefill_t):
+                table.clear()
+        out = []
+        for d, s, h, p in zip(dram, ssd, hbm, prompt):
+            cached = h + d + s
+            key = (p - cached, cached)
+            t = prefill_t.get(key)
+            if t is None:
+                t = prefill_t[key] = self.cost.prefill_only_s(p - cached, cached)
+            if d or s:
+                r = restore_t.get(d + s)
+                if r is None:
+                    r = restore_t[d + s] = self.cost.h2d_s((d + s) * kv)
+                t += r + snap.h2d_outstanding_s
+            if s:
+                lo = load_t.get(s)
+                if lo is None:
+                    lo = load_t[s] = self.cost.ssd_read_s(s * kv)
+                t += lo + snap.ssd_outstanding_s
+            out.append(t)
+        return np.array(out)
 
 
 @dataclass(slots=True)
@@ -130,12 +136,7 @@ class TieredAging:
             return None
         if wait[feasible[0]] >= self.w_max_s:
             return int(feasible[0])
-        sub = AdmissionSnapshot(
-            snap.now_s, snap.request_ids[feasible], snap.ready_s[feasible], snap.prompt_tokens[feasible], snap.hbm_tokens[feasible],
-            snap.dram_tokens[feasible], snap.ssd_tokens[feasible], snap.extra_blocks[feasible], snap.fits[feasible],
-            snap.free_blocks, snap.h2d_outstanding_s, snap.ssd_outstanding_s,
-        )
-        raw = self._costs.seconds(sub)
+        raw = self._costs.seconds(snap, feasible)
         aged = raw / (1.0 + wait[feasible] / self.tau_s)
-        best = np.lexsort((sub.ready_s, sub.extra_blocks, raw, aged))[0]
+        best = np.lexsort((snap.ready_s[feasible], snap.extra_blocks[feasible], raw, aged))[0]
         return int(feasible[best])
