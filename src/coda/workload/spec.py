@@ -6,14 +6,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coda.errors import CodaError
+from coda.workload.azure import looks_like_azure, read_azure
+from coda.workload.mooncake import looks_like_mooncake, read_mooncake
 from coda.workload.schema import Workload, read_workload
 from coda.workload.synth import SynthSpec, synthesize
+from coda.workload.tracelab import looks_like_tracelab, read_tracelab
 
 # Readers by format name; loaders of other trace formats register here.
-READERS: dict[str, Callable[[Path], Workload]] = {"coda": read_workload}
+READERS: dict[str, Callable[[Path], Workload]] = {
+    "coda": read_workload,
+    "tracelab": read_tracelab,
+    "mooncake": read_mooncake,
+    "azure": read_azure,
+}
 # Format detectors: each looks at a file's first line and says whether it is its format.
 DETECTORS: list[tuple[str, Callable[[Path, str], bool]]] = [
     ("coda", lambda path, first: '"session_id"' in first and '"rounds"' in first or '"coda_workload"' in first),
+    ("tracelab", looks_like_tracelab),
+    ("mooncake", looks_like_mooncake),
+    ("azure", looks_like_azure),
 ]
 
 
