@@ -54,3 +54,18 @@ def routing_snapshot(workers=16, decoders=64):
 def test_route_16x64(benchmark, router):
     snap = routing_snapshot()
     benchmark(router.route, snap)
+
+
+def test_indexer_match_128k_tokens_16_workers(benchmark):
+    """Goal: <= 100 us to match a 128K-token prompt (500 blocks of 256 tokens) against 16 workers."""
+    from coda.kvindex import KVIndexer, WorkerTiers
+
+    idx = KVIndexer()
+    chain = list(range(10_000, 10_500))
+    for w in range(16):
+        idx.stored(f"hbm:{w}", chain[: 30 * w])  # worker w holds the first 30*w blocks
+        idx.stored(f"hbm:{w}", range(w * 100_000, w * 100_000 + 5_000))  # and other sessions' blocks
+    idx.stored("dram:0", chain)
+    workers = [WorkerTiers(w, f"hbm:{w}", f"dram:{w // 4}") for w in range(16)]
+    got = benchmark(idx.match, chain, workers)
+    assert got[15].hbm_blocks == 450 and got[0].dram_blocks == 500

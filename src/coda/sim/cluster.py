@@ -16,6 +16,7 @@ from typing import Any
 from coda.cost.model import CostModel, build_cost_model
 from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
+from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
 from coda.policy.registry import SystemPreset, make_execution_policy, make_router, make_state_policy, system_preset
 from coda.policy.tools import ToolPredictor
@@ -124,6 +125,9 @@ class Simulation:
         self.tool_predictor = ToolPredictor() if pp.eviction == "tool_aware" else None
         self._owner_session: dict[int, SessionState] = {}
 
+        self.indexer = KVIndexer() if config.indexer else None
+        if self.indexer is not None:
+            kv_listener = self._indexing_listener(kv_listener)
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
         self.ssd_stores = [KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener) if self.tiers.ssd else None for i in range(n_stores)]
@@ -156,6 +160,10 @@ class Simulation:
             )
             for w in range(config.workers)
         ]
+        self._worker_tiers = [
+            WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
+            for w in range(config.workers)
+        ]
         self._group_owner: dict[str, int] = {}
         self._trace_owner = self.versions.new_owner()
         self._interned: dict[tuple[int, int], int] = {}
@@ -166,6 +174,17 @@ class Simulation:
         self.live_sessions = 0
         self.open_measured = 0
         self.wall_s = 0.0
+
+    def _indexing_listener(self, downstream: KVListener | None) -> KVListener:
+        indexer = self.indexer
+        assert indexer is not None
+
+        def listener(event: str, where: int, tier: str, chunks: Sequence[int]) -> None:
+            (indexer.stored if event == "stored" else indexer.removed)(f"{tier}:{where}", chunks)
+            if downstream is not None:
+                downstream(event, where, tier, chunks)
+
+        return listener
 
     def _evictor(self) -> ToolAwareEvictor | None:
         if self.tool_predictor is None:
@@ -261,14 +280,10 @@ class Simulation:
     def _route(self, req: SimRequest, sess: SessionState) -> int:
         self._route_seq += 1
         needs = self.router_needs
+        matches = self._matches(req.chain) if "match" in needs else {}
         views = []
         for w in self.workers:
-            match = PrefixMatch()
-            if "match" in needs:
-                h, _ = w.hbm.leading_hits(req.chain)
-                d = w.dram.leading(req.chain, h) if w.dram is not None else 0
-                s = w.ssd.leading(req.chain, h + d) if w.ssd is not None else 0
-                match = PrefixMatch(h, d, s)
+            match = matches.get(w.id, PrefixMatch())
             views.append(
                 WorkerView(
                     worker_id=w.id,
@@ -299,6 +314,18 @@ class Simulation:
         if not 0 <= wid < len(self.workers):
             raise AssertionError(f"router {self.router.name} chose worker {wid} outside 0..{len(self.workers) - 1}")
         return wid
+
+    def _matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:
+        """The prompt's resident prefix per worker, from the pools or through the indexer."""
+        if self.indexer is not None:
+            return self.indexer.match(chain, self._worker_tiers)
+        out = {}
+        for w in self.workers:
+            h, _ = w.hbm.leading_hits(chain)
+            d = w.dram.leading(chain, h) if w.dram is not None else 0
+            s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
+            out[w.id] = PrefixMatch(h, d, s)
+        return out
 
     def _finished(self, req: SimRequest) -> None:
         sess = req.sess

@@ -46,6 +46,7 @@ class SimConfig(BaseModel):
     policy_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-policy keyword parameters")
     shadow_state: str | None = Field(None, description="state-admission policy evaluated in shadow on every admission snapshot")
     shadow_router: str | None = Field(None, description="router evaluated in shadow on every routing snapshot")
+    indexer: bool = Field(False, description="routers match prefixes through a KV indexer fed by the pools' block events (as the gateway does)")
     eviction_window_chunks: PositiveInt = Field(2048, description="victim window of tool-aware HBM reclaim")
 
     def with_overrides(self, **kw: Any) -> SimConfig:

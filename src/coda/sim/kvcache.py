@@ -18,7 +18,8 @@ import numpy as np
 OWNER_SHIFT = 32
 
 KVListener = Callable[[str, int, str, Sequence[int]], None]
-"""Called as ``listener(event, worker_or_-1, tier, chunk_ids)`` with event ``stored``/``removed``."""
+"""Called as ``listener(event, where, tier, chunk_ids)``: event ``stored``/``removed``, tier
+``hbm`` (``where`` = worker id) or ``dram``/``ssd`` (``where`` = store id)."""
 
 
 def owner_of(chunk: int) -> int:
@@ -253,12 +254,12 @@ class KVStore:
             return
         self.versions.bump(new)
         if self.listener:
-            self.listener("stored", -1, self.name, new)
+            self.listener("stored", self.node, self.name, new)
         over = len(chunks) - self.capacity
         if over > 0:
             evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
             self.versions.bump(evicted)
             if self.listener:
-                self.listener("removed", -1, self.name, evicted)
+                self.listener("removed", self.node, self.name, evicted)
             if self.lower is not None:
                 self.lower.put(evicted)
