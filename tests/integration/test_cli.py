@@ -53,9 +53,9 @@ def test_compare_rows_and_ratios(tmp_path):
     res = json.loads(coda("compare", "--workload", SMALL, "--systems", "vllm", "--seeds", "2", "--json", "--out", str(tmp_path)).stdout)
     assert [r["system"] for r in res["rows"]] == ["vllm"]
     row = res["rows"][0]
-    assert row["seeds"] == [0, 1] and "output_tps_ci95" in row
+    assert row["seeds"] == [3, 4] and "output_tps_ci95" in row  # from the spec's seed=3
     assert res["ratios_vs_baseline"]["vllm"]["output_tps"] == pytest.approx(1.0)
-    assert (tmp_path / "vllm" / "seed1" / "requests.jsonl").exists()
+    assert (tmp_path / "vllm" / "seed4" / "requests.jsonl").exists()
     assert json.loads((tmp_path / "compare.json").read_text())["rows"][0]["system"] == "vllm"
 
 

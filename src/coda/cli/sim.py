@@ -118,6 +118,7 @@ def compare(
     systems: Annotated[str | None, typer.Option("--systems", help="comma-separated system presets")] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="number of seeds (seed, seed+1, ...)")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="system the ratios are against (default: the first)")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="paper-shaped evaluation: paper-single or paper-multi (writes a report to --out)")] = None,
     workers: WorkersOpt = None,
     config: ConfigOpt = None,
     seed: SeedOpt = None,
@@ -135,12 +136,17 @@ def compare(
 ) -> None:
     """Run several systems on the same workload and seeds; gains are ratios of sums."""
     from coda.policy.registry import system_preset
+    from coda.sim.config import load_config_file
     from coda.sim.run import compare as run_compare
+    from coda.sim.run import spec_seed
 
     cli = dict(workload=workload, format=fmt, systems=systems, seeds=seeds, baseline=baseline, workers=workers, seed=seed,
                profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
                ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, out=out)
     extra, cfg = _settings(config, cli)
+    if preset is not None:
+        _paper(preset, extra, cfg, seed, as_json)
+        return
     names = extra.get("systems") or "vllm"
     names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
     for n in names:
@@ -148,8 +154,9 @@ def compare(
     n_seeds = int(extra.get("seeds") or 1)
     if n_seeds < 1:
         raise CodaError(f"--seeds must be >= 1, got {n_seeds}")
-    seed_list = [cfg.seed + i for i in range(n_seeds)]
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
+    base_seed = cfg.seed if seed is not None or "seed" in (load_config_file(config) if config else {}) else spec_seed(spec, cfg.seed)
+    seed_list = [base_seed + i for i in range(n_seeds)]
     with progress_bar() as prog:
         task = prog.add_task("compare", total=1.0)
         total = len(names) * n_seeds
@@ -202,3 +209,24 @@ def systems() -> None:
     for p in SYSTEMS.values():
         table.add_row(p.name, p.router, p.state, p.execution, p.tiers_text(), p.description)
     out_console.print(table)
+
+
+def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json: bool) -> None:
+    from coda.sim.paper import PRESETS, markdown, run_and_report
+
+    if name not in PRESETS:
+        raise CodaError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    if extra.get("workload") or extra.get("systems"):
+        raise CodaError(f"--preset {name} defines its own workloads and systems; drop --workload/--systems")
+    n_seeds = int(extra.get("seeds") or 5)
+    seeds = [(seed or 0) + i for i in range(n_seeds)]
+    out = Path(extra["out"]) if extra.get("out") else None
+    with progress_bar("of runs") as prog:
+        task = prog.add_task(name, total=1.0)
+        report = run_and_report(name, seeds, cfg, out, lambda label, f: prog.update(task, completed=f, description=label))
+    if as_json:
+        print_json(report)
+    else:
+        out_console.print(markdown(report), markup=False, highlight=False)
+        if out is not None:
+            out_console.print(f"report, tables and figures written to {out}")

@@ -31,6 +31,12 @@ def versions() -> dict[str, str]:
     return {"coda": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
 
 
+def spec_seed(spec: str, default: int) -> int:
+    """The seed written in a synth spec (``seed=K``), else ``default``."""
+    m = re.search(r"seed=(\d+)", spec) if spec.startswith("synth") else None
+    return int(m.group(1)) if m else default
+
+
 def seeded_workload(spec: str, seed: int, fmt: str | None = None) -> Workload:
     """A synth spec gets ``seed`` substituted; files are the same for every seed."""
     if spec.startswith("synth"):
