@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coda.errors import CodaError
+from coda.workload.schema import session_prompts
 from coda.workload.spec import detect_format, load_workload
 from coda.workload.stats import workload_stats
 from coda.workload.subsample import subsample
-from coda.workload.schema import session_prompts
 from tests.conftest import shared_path
 
 TRACELAB = "tracelab_example_sanitized_round_trace.jsonl"
