@@ -210,3 +210,31 @@ def make_execution_policy(name: str, cost: CostModel, params: dict[str, Any] | N
 
 def make_router(name: str, params: dict[str, Any] | None = None) -> Router:
     return _lookup("router", name, ROUTERS)(params or {})
+
+
+# --- ingress admission ---------------------------------------------------------------------
+from coda.policy import ingress as _ingress  # noqa: E402  (appended section; the table above stays untouched)
+
+IngressFactory = Callable[[dict[str, Any]], _ingress.IngressPolicy]
+INGRESS_POLICIES: dict[str, IngressFactory] = {
+    "admit_all": lambda params: with_params(_ingress.AdmitAll, params, "ingress policy admit_all"),
+    "queue_limit": lambda params: with_params(_ingress.QueueLimit, params, "ingress policy queue_limit"),
+    "kv_headroom": lambda params: with_params(_ingress.KVHeadroom, params, "ingress policy kv_headroom"),
+    "tenant_share": lambda params: with_params(_ingress.TenantShare, params, "ingress policy tenant_share"),
+    "overload": lambda params: with_params(_ingress.Overload, params, "ingress policy overload"),
+    "session": lambda params: with_params(_ingress.SessionAdmission, params, "ingress policy session"),
+    "deadline": lambda params: with_params(_ingress.Deadline, params, "ingress policy deadline"),
+}
+
+
+def make_ingress_policy(name: str, params: dict[str, Any] | None = None) -> _ingress.IngressPolicy:
+    """An ingress policy by name; ``a+b`` composes several (the most severe decision wins), and
+    then ``params`` maps each part's name to its parameters."""
+    parts = name.split("+")
+    params = params or {}
+    if len(parts) == 1:
+        return _lookup("ingress policy", name, INGRESS_POLICIES)(params)
+    unknown = sorted(set(params) - set(parts))
+    if unknown:
+        raise CodaError(f"ingress policy {name}: parameters for {', '.join(unknown)}, which is not part of it; key them by part name")
+    return _ingress.compose([_lookup("ingress policy", p, INGRESS_POLICIES)(params.get(p) or {}) for p in parts])
