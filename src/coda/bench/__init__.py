@@ -1,0 +1,1 @@
+"""`coda bench`: closed-loop replay of agent sessions against any OpenAI-compatible endpoint."""

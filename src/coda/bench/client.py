@@ -1,0 +1,223 @@
+"""One streamed request to an OpenAI-compatible endpoint, timed on the client (httpx).
+
+``Endpoint.send`` never raises for what the server or the network does: every attempt comes
+back as an ``Attempt`` holding either the streamed answer (text, token times) or the HTTP status
+and a one-line reason (unreachable endpoint, a non-OpenAI response, a stream cut mid-way).
+Token counts per chunk use the shared word tokenizer (one word = one token; a non-empty chunk
+is at least one token), and the final ``usage`` block, when the server sends one, is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from coda.bench.overload import retry_after_s
+from coda.bench.prompts import Message
+from coda.engines import tokenizer as tok
+
+RETRYABLE = (429, 503, 529)
+_decode = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One HTTP attempt. ``status`` None: no response (``reason`` says why)."""
+
+    sent_s: float
+    status: int | None = None
+    reason: str | None = None
+    retry_after_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    end_s: float | None = None
+    text: str = ""
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None and self.status == 200
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI/Anthropic error body, else the start of the body."""
+    try:
+        obj = _decode.decode(body)
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    except msgspec.DecodeError:
+        pass
+    return body[:120].decode(errors="replace").strip() or "(empty body)"
+
+
+class Endpoint:
+    """An OpenAI-compatible base URL (with or without ``/v1``) and how to call it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None,
+        api: str = "chat",
+        api_key: str | None = None,
+        ignore_eos: bool = True,
+        timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be chat or completions, got {api!r}")
+        base = base_url.rstrip("/")
+        self.base = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.model = model
+        self.api = api
+        self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        self.ignore_eos = ignore_eos
+        self.clock = clock
+        headers = {"accept": "text/event-stream"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self.client = httpx.AsyncClient(
+            base_url=self.base,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=4096),
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def served_model(self) -> str | None:
+        """The first model the endpoint lists, or None when it cannot be asked."""
+        try:
+            resp = await self.client.get("/v1/models", timeout=10.0)
+            data = resp.json()["data"]
+            return str(data[0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    def body(self, messages: Sequence[Message], max_tokens: int) -> bytes:
+        req: dict[str, Any] = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+        if self.model is not None:
+            req["model"] = self.model
+        if self.ignore_eos:
+            req["ignore_eos"] = True
+        if self.api == "chat":
+            req["messages"] = [m.as_json() for m in messages]
+        else:
+            req["prompt"] = " ".join(tok.render((m.role, m.text) for m in messages))
+        return _encode.encode(req)
+
+    async def send(self, body: bytes, headers: dict[str, str]) -> Attempt:
+        clock = self.clock
+        a = Attempt(sent_s=clock())
+        try:
+            async with self.client.stream("POST", self.path, content=body, headers=headers) as resp:
+                a.status = resp.status_code
+                if resp.status_code != 200:
+                    a.retry_after_s = retry_after_s(resp.headers)
+                    a.reason = f"http_{resp.status_code}: {_error_message(await resp.aread())}"
+                    return a
+                ctype = resp.headers.get("content-type", "")
+                if "text/event-stream" not in ctype:
+                    a.reason = f"bad_response: expected an SSE stream, got content-type {ctype or '(none)'!r}"
+                    return a
+                await self._read_stream(resp, a)
+        except httpx.TimeoutException as err:
+            a.reason = f"timeout: {type(err).__name__}"
+        except httpx.ConnectError as err:
+            a.reason = f"connect_error: {err}" if str(err) else "connect_error: cannot connect"
+        except (httpx.RemoteProtocolError, httpx.ReadError) as err:
+            a.reason = f"stream_cut: {err}" if str(err) else "stream_cut: connection closed"
+        except httpx.HTTPError as err:
+            a.reason = f"http_error: {type(err).__name__}: {err}"
+        a.end_s = clock()
+        return a
+
+    async def _read_stream(self, resp: httpx.Response, a: Attempt) -> None:
+        clock = self.clock
+        chat = self.api == "chat"
+        buf = b""
+        pieces: list[str] = []
+        finished = done = False
+        async for raw in resp.aiter_raw():
+            now = clock()
+            buf += raw.replace(b"\r\n", b"\n")
+            while True:
+                cut = buf.find(b"\n\n")
+                if cut < 0:
+                    break
+                event, buf = buf[:cut], buf[cut + 2 :]
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue  # comments, event names, ids
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        continue
+                    try:
+                        obj = _decode.decode(data)
+                    except msgspec.DecodeError:
+                        a.reason = f"bad_response: SSE data is not JSON: {data[:60]!r}"
+                        return
+                    if not isinstance(obj, dict):
+                        a.reason = "bad_response: SSE data is not a JSON object"
+                        return
+                    if "error" in obj:
+                        a.reason = f"stream_error: {_error_message(data)}"
+                        return
+                    if isinstance(obj.get("usage"), dict):
+                        a.usage = obj["usage"]
+                    choices = obj.get("choices")
+                    if not isinstance(choices, list):
+                        a.reason = "bad_response: a chunk without choices (not an OpenAI stream)"
+                        return
+                    if not choices:
+                        continue
+                    choice = choices[0]
+                    piece = _piece(choice, chat)
+                    if piece:
+                        k = max(1, tok.count_tokens(piece))
+                        if a.first_token_s is None:
+                            a.first_token_s = now
+                            a.gaps.extend([0.0] * (k - 1))
+                        else:
+                            a.gaps.append(now - a.last_token_s)  # type: ignore[operator]
+                            a.gaps.extend([0.0] * (k - 1))  # tokens that arrived in one chunk arrive together
+                        a.last_token_s = now
+                        a.tokens += k
+                        pieces.append(piece)
+                    if choice.get("finish_reason"):
+                        finished = True
+        a.text = "".join(pieces)
+        if not (done or finished):
+            a.reason = "stream_cut: the stream ended before [DONE] or a finish_reason"
+        elif a.first_token_s is None:
+            a.reason = "bad_response: the stream carried no tokens"
+
+
+def _piece(choice: dict[str, Any], chat: bool) -> str:
+    """The text a chunk adds: content (or tool-call arguments) for chat, text for completions."""
+    if not chat:
+        text = choice.get("text")
+        return text if isinstance(text, str) else ""
+    delta = choice.get("delta") or {}
+    content = delta.get("content")
+    if isinstance(content, str) and content:
+        return content
+    out = ""
+    for call in delta.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        if isinstance(fn.get("arguments"), str):
+            out += fn["arguments"]
+    return out

@@ -1,0 +1,240 @@
+"""Closed-loop replay of agent sessions against an endpoint: ``Replay(workload, config).run()``.
+
+Each session starts at its (scaled) start time and sends its rounds in order; round k+1 becomes
+ready when round k's response has ended plus its (scaled) tool or think time. Every round that
+becomes ready inside the run's arrival window is *offered* and ends exactly once as
+``completed``, ``rejected`` (429/503/529 after the attempt limit or the retry budget, with the
+status and reason) or ``failed`` (anything else, with the reason). A session whose round did not
+complete is abandoned; its unsent rounds are recorded then, with reason ``session_abandoned`` and
+the state of the round that ended it, so shedding cannot shrink goodput's denominator. Retries
+belong to their round's record and are never counted as offered requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from coda.bench.client import RETRYABLE, Attempt, Endpoint
+from coda.bench.overload import RetryBudget, TenantLimiter, backoff_s
+from coda.bench.prompts import Conversation
+from coda.metrics import Window
+from coda.sim.config import SloConfig
+from coda.workload.schema import Session, Workload, session_prompts
+from coda.workload.stats import workload_duration_s
+
+
+class BenchConfig(BaseModel):
+    """Everything that defines a bench run besides the workload (CLI flags and config files map onto it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(description="base URL of an OpenAI-compatible server")
+    model: str | None = Field(None, description="model name (default: the first one /v1/models lists)")
+    api: Literal["chat", "completions"] = "chat"
+    duration_s: PositiveFloat | None = Field(None, description="arrival window in wall seconds (default: the workload's, scaled)")
+    warmup_s: NonNegativeFloat = Field(0.0, description="start of the measurement window")
+    drain_s: NonNegativeFloat = Field(60.0, description="time after the window for its requests to finish")
+    time_scale: PositiveFloat = Field(1.0, description="wall seconds per trace second for session starts and tool/think times")
+    max_sessions: PositiveInt | None = None
+    tenant: str = Field("default", description="tenant of sessions that name none (sent as x-tenant-id)")
+    api_key: str | None = Field(None, exclude=True, repr=False)
+    max_attempts: PositiveInt = Field(4, description="attempts per request, the first included")
+    backoff_base_s: PositiveFloat = 0.5
+    backoff_max_s: PositiveFloat = 30.0
+    max_retry_after_s: PositiveFloat = Field(60.0, description="longest Retry-After honoured; longer ones are capped")
+    retry_rate: NonNegativeFloat = Field(5.0, description="retry budget: tokens per second (one per retry)")
+    retry_burst: NonNegativeFloat = Field(20.0, description="retry budget: bucket size")
+    max_concurrency: PositiveInt | None = Field(None, description="per-tenant in-flight limit (429s lower it, successes restore it)")
+    ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
+    timeout_s: PositiveFloat = 600.0
+    seed: int = 0
+    slo: SloConfig = SloConfig()
+
+
+class Replay:
+    """Build once, ``await run()`` once; ``stop()`` (Ctrl-C) ends it early with what was measured."""
+
+    def __init__(self, workload: Workload, config: BenchConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.workload = workload
+        self.config = config
+        self._clock = clock
+        self.duration_s = config.duration_s or workload_duration_s(workload) * config.time_scale
+        if config.warmup_s >= self.duration_s:
+            raise ValueError(f"warmup_s={config.warmup_s:g} leaves no measurement window in a {self.duration_s:g} s run")
+        starts = sorted(workload.sessions, key=lambda s: (s.start_s, s.session_id))
+        self.sessions = [s for s in starts if s.start_s * config.time_scale <= self.duration_s][: config.max_sessions]
+        self.records: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+        self.model: str | None = config.model
+        self.window_end = self.duration_s
+        self.ended_early = False
+        self._rng = random.Random(config.seed)
+        self.budget = RetryBudget(config.retry_rate, config.retry_burst, clock)
+        self.limiters: dict[str, TenantLimiter] = {}
+        self._t0 = 0.0
+        self._stop = asyncio.Event()
+        self._cancel_reason = "run_ended"
+        self.wall_s = 0.0
+
+    # --- clock -----------------------------------------------------------------------------
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    async def _sleep_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    # --- running ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End now (Ctrl-C): in-flight requests become failed ``interrupted``; the window ends here."""
+        self._cancel_reason = "interrupted"
+        self.ended_early = True
+        self._stop.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        endpoint = Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
+                            timeout_s=cfg.timeout_s, clock=self._clock)
+        try:
+            if self.model is None:
+                self.model = endpoint.model = await endpoint.served_model()
+            self._t0 = self._clock()
+            tasks = [asyncio.create_task(self._session(endpoint, s)) for s in self.sessions]
+            stopper = asyncio.create_task(self._stop.wait())
+            deadline = self.duration_s + self.config.drain_s
+            pending = set(tasks)
+            while pending and not self._stop.is_set() and self.now() < deadline:
+                done, _ = await asyncio.wait(pending | {stopper}, timeout=deadline - self.now(), return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+            if self._stop.is_set():
+                self.window_end = min(self.window_end, self.now())
+            for t in (*tasks, stopper):
+                t.cancel()
+            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+        finally:
+            self.wall_s = self.now()
+            await endpoint.close()
+
+    def window(self) -> Window:
+        return Window(self.config.warmup_s, max(self.window_end, self.config.warmup_s))
+
+    # --- one session -----------------------------------------------------------------------
+    async def _session(self, endpoint: Endpoint, sess: Session) -> None:
+        ts = self.config.time_scale
+        ready = sess.start_s * ts
+        await self._sleep_until(ready)
+        conv = Conversation(sess)
+        trace_prompts = [p for _, p in session_prompts(sess)]
+        tenant = sess.tenant or self.config.tenant
+        headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant, "content-type": "application/json"}
+        for k, rnd in enumerate(sess.rounds):
+            if rnd.at_s is not None:
+                ready = max(ready, rnd.at_s * ts)
+                await self._sleep_until(ready)
+            if ready > self.duration_s or self._stop.is_set():
+                return  # rounds that become ready after the window are not offered
+            rec = self._record(sess, k, ready, tenant, trace_prompts[k])
+            msgs = conv.prompt(k)
+            rec["prompt_tokens"] = conv.prompt_tokens
+            try:
+                text = await self._request(endpoint, rec, endpoint.body(msgs, rnd.output_tokens), headers)
+            except asyncio.CancelledError:
+                rec["state"], rec["reason"] = "failed", self._cancel_reason
+                self.counts["failed"] += 1
+                raise
+            if text is None:
+                self._abandon(sess, k + 1, rec["state"], tenant, trace_prompts)
+                return
+            conv.reply(text)
+            ready = rec["end_s"] + (rnd.tool_duration_s + rnd.think_time_s) * ts
+            if ready > self.duration_s:
+                return  # the next round would not be offered
+            await self._sleep_until(ready)
+
+    def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
+        rnd = sess.rounds[k]
+        rec: dict[str, Any] = {
+            "request_id": len(self.records), "session_id": sess.session_id, "round": k, "kind": rnd.kind, "tenant": tenant,
+            "ready_s": ready, "sent_s": None, "first_token_s": None, "finish_s": None, "end_s": None,
+            "ttft_s": None, "e2e_s": None, "tbt_mean_s": None, "gaps_s": [],
+            "prompt_tokens": 0, "trace_prompt_tokens": trace_prompt, "new_input_tokens": rnd.new_input_tokens,
+            "output_tokens": 0, "trace_output_tokens": rnd.output_tokens, "hbm_hit_tokens": 0, "server_prompt_tokens": None,
+            "state": "failed", "status": None, "reason": "in_flight", "attempts": 0, "statuses": [], "waited_s": 0.0,
+            "admitted": False, "deferred": False,
+        }
+        self.records.append(rec)
+        self.counts["offered"] += 1
+        return rec
+
+    def _abandon(self, sess: Session, first: int, state: str, tenant: str, trace_prompts: list[int]) -> None:
+        now = self.now()
+        for k in range(first, len(sess.rounds)):
+            rec = self._record(sess, k, now, tenant, trace_prompts[k])
+            rec["state"], rec["reason"] = state, "session_abandoned"
+            self.counts[state] += 1
+
+    # --- one request, with retries ---------------------------------------------------------
+    async def _request(self, endpoint: Endpoint, rec: dict[str, Any], body: bytes, headers: dict[str, str]) -> str | None:
+        """The assistant text when the round completes; None when it ended rejected or failed."""
+        cfg = self.config
+        limiter = self.limiters.get(rec["tenant"])
+        if limiter is None:
+            limiter = self.limiters[rec["tenant"]] = TenantLimiter(cfg.max_concurrency)
+        while True:
+            await limiter.acquire()
+            rec["attempts"] += 1
+            self.counts["inflight"] += 1
+            outcome = "error"
+            try:
+                a = await endpoint.send(body, headers)
+                outcome = "ok" if a.ok else "429" if a.status == 429 else "error"
+            finally:
+                self.counts["inflight"] -= 1
+                limiter.release(outcome)
+            rec["statuses"].append(a.status)
+            rec["status"] = a.status
+            if a.status == 200:
+                rec["admitted"] = True
+            if a.ok:
+                self._completed(rec, a)
+                return a.text
+            if a.status not in RETRYABLE:
+                return self._end(rec, "failed", a.reason or f"http_{a.status}")
+            rec["deferred"] |= a.status == 503
+            if rec["attempts"] >= cfg.max_attempts:
+                return self._end(rec, "rejected", f"attempts_exhausted: {a.reason}")
+            if not self.budget.try_spend():
+                return self._end(rec, "rejected", f"retry_budget_exhausted: {a.reason}")
+            retry_after = min(a.retry_after_s, cfg.max_retry_after_s) if a.retry_after_s is not None else None
+            wait = backoff_s(rec["attempts"], retry_after, cfg.backoff_base_s, cfg.backoff_max_s, self._rng)
+            rec["waited_s"] += wait
+            self.counts["retries"] += 1
+            await asyncio.sleep(wait)
+
+    def _end(self, rec: dict[str, Any], state: str, reason: str) -> None:
+        rec["state"], rec["reason"] = state, reason
+        rec["end_s"] = self.now()
+        self.counts[state] += 1
+        return None
+
+    def _completed(self, rec: dict[str, Any], a: Attempt) -> None:
+        t0 = self._t0
+        first, last = a.first_token_s - t0, a.last_token_s - t0  # type: ignore[operator]
+        usage = a.usage or {}
+        out = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else a.tokens
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        rec.update(
+            state="completed", reason=None, sent_s=a.sent_s - t0, first_token_s=first, finish_s=last, end_s=a.end_s - t0,  # type: ignore[operator]
+            ttft_s=first - rec["ready_s"], e2e_s=last - rec["ready_s"], output_tokens=out,
+            tbt_mean_s=(last - first) / (out - 1) if out > 1 else None, gaps_s=[round(g, 7) for g in a.gaps],
+            hbm_hit_tokens=cached if isinstance(cached, int) else 0, server_prompt_tokens=usage.get("prompt_tokens"),
+        )
+        self.counts["completed"] += 1

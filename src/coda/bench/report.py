@@ -1,0 +1,179 @@
+"""Summaries, output files and plots of bench runs; the metric definitions are ``coda.metrics``'s.
+
+The client cannot tell which tier served a prefix hit, so the engine-reported cached tokens
+(``usage.prompt_tokens_details.cached_tokens``) are the hits behind ``reuse_rate`` and the per-tier
+split is left out. Every summary carries the configuration, the SLOs, the workload's provenance
+and the versions.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coda import __version__
+from coda.metrics import Window, mean_ci, summarize
+
+# Keys of `coda bench --json` (the issue's contract), in the order tables print them.
+JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
+             "e2e_p50_s", "config")
+TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",
+              "useful_tps", "request_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate")
+
+
+def versions() -> dict[str, str]:
+    import httpx
+
+    return {"coda": __version__, "python": platform.python_version(), "numpy": np.__version__, "httpx": httpx.__version__}
+
+
+def _reason(r: dict[str, Any]) -> str:
+    return str(r["reason"]).split(":", 1)[0]
+
+
+def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo_s: float, tbt_slo_s: float) -> dict[str, Any]:
+    """``coda.metrics.summarize`` plus the ingress counts: every offered request is exactly one of
+    completed, rejected or failed; admitted = got a 200; deferred = got at least one 503."""
+    s = summarize(records, window, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s)
+    s.pop("reuse_hbm"), s.pop("reuse_store"), s.pop("unfinished")
+    offered = [r for r in records if window.start_s <= r["ready_s"] <= window.end_s]
+    states = Counter(r["state"] for r in offered)
+    s.update(
+        rejected=states["rejected"],
+        failed=states["failed"],
+        admitted=sum(r["admitted"] for r in offered),
+        deferred=sum(r["deferred"] for r in offered),
+        retries=sum(max(r["attempts"] - 1, 0) for r in offered),
+        rejected_by_reason=dict(Counter(_reason(r) for r in offered if r["state"] == "rejected")),
+        failed_by_reason=dict(Counter(_reason(r) for r in offered if r["state"] == "failed")),
+        window_s=[window.start_s, window.end_s],
+    )
+    assert s["offered"] == s["completed"] + s["rejected"] + s["failed"], "a request ended in two states or none"
+    return s
+
+
+def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]]) -> list[Path]:
+    """summary.json, requests.jsonl and the plots of one run; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    with (out / "requests.jsonl").open("w") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    window = Window(*summary["window_s"])
+    return [out / "summary.json", out / "requests.jsonl", plot_latency_cdfs(out / "latency_cdf.png", records, window),
+            plot_throughput(out / "throughput.png", records, window)]
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_latency_cdfs(path: Path, records: Sequence[dict[str, Any]], window: Window) -> Path:
+    plt = _plt()
+    done = [r for r in records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
+    series = {
+        "TTFT": [r["ttft_s"] for r in done],
+        "TBT (every inter-token gap)": [g for r in done for g in r["gaps_s"]],
+        "E2E": [r["e2e_s"] for r in done],
+    }
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, (name, vals) in zip(axes, series.items()):
+        v = np.sort(np.asarray(vals, dtype=float))
+        if v.size:
+            ax.plot(v, np.arange(1, v.size + 1) / v.size)
+        ax.set_xlabel(f"{name} (s)")
+        ax.set_ylabel("fraction of requests" if name != "TBT (every inter-token gap)" else "fraction of gaps")
+        ax.set_title(f"{name}, n={v.size}")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_throughput(path: Path, records: Sequence[dict[str, Any]], window: Window) -> Path:
+    """Output tokens/s and completed requests/s over the run (token arrival times rebuilt from the gaps)."""
+    plt = _plt()
+    done = [r for r in records if r["state"] == "completed"]
+    end = max([r["finish_s"] for r in done] + [window.end_s])
+    bins = np.linspace(0.0, end, max(10, min(200, int(end) + 1)) + 1)
+    width = bins[1] - bins[0]
+    token_times = [r["first_token_s"] + np.cumsum([0.0, *r["gaps_s"]]) for r in done]
+    tokens = np.histogram(np.concatenate(token_times) if token_times else np.empty(0), bins)[0] / width
+    reqs = np.histogram([r["finish_s"] for r in done], bins)[0] / width
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    ax.plot(bins[:-1], tokens, label="output tokens/s")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("output tokens/s")
+    ax2 = ax.twinx()
+    ax2.plot(bins[:-1], reqs, color="tab:orange", label="completed requests/s")
+    ax2.set_ylabel("requests/s")
+    ax.axvspan(window.start_s, window.end_s, color="grey", alpha=0.1, label="measurement window")
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- sweeps --------------------------------------------------------------------------------
+SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "e2e_p50_s",
+                 "rejected", "failed")
+
+
+def sweep_rows(runs: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per rate: each metric's mean and 95% interval over the repeats."""
+    rows = []
+    for rate, summaries in sorted(runs.items()):
+        row: dict[str, Any] = {"rate": rate, "repeats": len(summaries)}
+        for key in SWEEP_METRICS:
+            stats = mean_ci(s.get(key) for s in summaries)
+            row[key], row[f"{key}_ci95"] = stats["mean"], stats["ci95"]
+        rows.append(row)
+    return rows
+
+
+def knee(rows: Sequence[dict[str, Any]], tolerance: float = 0.05) -> float | None:
+    """The highest rate whose mean goodput is within ``tolerance`` of the best rate's."""
+    good = [r for r in rows if r["goodput"] is not None]
+    if not good:
+        return None
+    best = max(r["goodput"] for r in good)
+    return max(r["rate"] for r in good if r["goodput"] >= (1 - tolerance) * best)
+
+
+def plot_load(path: Path, rows: Sequence[dict[str, Any]], knee_rate: float | None) -> Path:
+    """Throughput and goodput against offered load, with 95% intervals and the knee."""
+    plt = _plt()
+    x = [r["offered_rps"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    for key, label in (("output_tps", "output tokens/s"), ("slo_tps", "SLO-meeting output tokens/s")):
+        ax1.errorbar(x, [r[key] for r in rows], yerr=[r[f"{key}_ci95"] or 0 for r in rows], marker="o", capsize=3, label=label)
+    ax2.errorbar(x, [r["goodput"] for r in rows], yerr=[r["goodput_ci95"] or 0 for r in rows], marker="o", capsize=3, color="tab:green")
+    if knee_rate is not None:
+        kx = next(r["offered_rps"] for r in rows if r["rate"] == knee_rate)
+        for ax in (ax1, ax2):
+            ax.axvline(kx, color="grey", linestyle="--", label=f"knee (rate {knee_rate:g})")
+    ax1.set_xlabel("offered load (requests/s)")
+    ax1.set_ylabel("tokens/s")
+    ax2.set_xlabel("offered load (requests/s)")
+    ax2.set_ylabel("goodput (SLO-meeting / offered)")
+    ax2.set_ylim(0, 1.05)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,109 @@
+"""What ``coda bench`` runs: one replay, or a sweep of rates with repeats, and their outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from coda.bench.replay import BenchConfig, Replay
+from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_run
+from coda.errors import CodaError
+from coda.workload.schema import Workload
+from coda.workload.spec import load_workload
+from coda.workload.subsample import subsample
+
+Progress = Callable[[Replay], None]
+TOKENIZER = "coda word tokenizer: prompts sized in whitespace-separated words under Coda's chat template (exact for coda fake-engine)"
+
+
+def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
+    """Every metric of one run with its configuration, SLOs, seed, workload provenance and versions."""
+    cfg = replay.config
+    window = replay.window()
+    s = bench_summary(replay.records, window, ttft_slo_s=cfg.slo.ttft_s, tbt_slo_s=cfg.slo.tbt_s)
+    s["offered_rps"] = s["offered"] / window.length_s
+    wl = replay.workload
+    s.update(
+        wall_s=replay.wall_s,
+        ended_early=replay.ended_early,
+        seed=cfg.seed,
+        retry_budget={"spent": replay.budget.spent, "denied": replay.budget.denied},
+        tenants={t: {"limit": lim.limit if lim.limit != float("inf") else None, "peak_inflight": lim.peak} for t, lim in replay.limiters.items()},
+        versions=versions(),
+        config={
+            **cfg.model_dump(),
+            "model": replay.model,
+            "duration_s": replay.duration_s,
+            "sessions_started": len(replay.sessions),
+            "tokenizer": TOKENIZER,
+            "workload": {"spec": workload_spec, **{k: v for k, v in wl.meta.items() if k != "choices"},
+                         "sessions": len(wl.sessions), "requests": wl.num_requests},
+        },
+    )
+    return s
+
+
+async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress: Progress | None = None,
+                   on_replay: Callable[[Replay], None] | None = None) -> tuple[Replay, dict[str, Any]]:
+    try:
+        replay = Replay(workload, cfg)
+    except ValueError as err:
+        raise CodaError(f"bench: {err}") from None
+    if on_replay is not None:
+        on_replay(replay)
+    ticker = asyncio.create_task(_tick(replay, progress)) if progress else None
+    try:
+        await replay.run()
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+    return replay, summary_of(replay, spec)
+
+
+async def _tick(replay: Replay, progress: Progress) -> None:
+    while True:
+        progress(replay)
+        await asyncio.sleep(0.25)
+
+
+def workload_at(spec: str, rate: float, seed: int, fmt: str | None = None) -> Workload:
+    """The workload at ``rate`` req/s: a synth spec regenerated (rate and seed substituted), a file subsampled."""
+    if spec.startswith("synth"):
+        body = spec.split(":", 1)[1] if ":" in spec else ""
+        parts = [p for p in body.split(",") if p.strip() and not re.match(r"\s*(rate|seed)\s*=", p)]
+        return load_workload("synth:" + ",".join([*parts, f"rate={rate:g}", f"seed={seed}"]))
+    return subsample(load_workload(spec, fmt), rate=rate, seed=seed)
+
+
+async def sweep(spec: str, rates: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
+                progress: Callable[[str, Replay], None] | None = None, on_replay: Callable[[Replay], None] | None = None) -> dict[str, Any]:
+    """Every rate ``repeats`` times (seeds seed, seed+1, ...); rows of means with 95% intervals, the knee, load.png."""
+    if repeats < 3:
+        raise CodaError(f"--repeats must be >= 3 for a sweep (95% intervals need them), got {repeats}")
+    runs: dict[float, list[dict[str, Any]]] = {}
+    for rate in rates:
+        for i in range(repeats):
+            seed = cfg.seed + i
+            label = f"rate {rate:g} repeat {i + 1}/{repeats}"
+            wl = workload_at(spec, rate, seed, fmt)
+            replay, summary = await run_once(wl, cfg.model_copy(update={"seed": seed}), spec, on_replay=on_replay,
+                                             progress=(lambda r, label=label: progress(label, r)) if progress else None)
+            summary["rate"] = rate
+            write_run(out / f"rate-{rate:g}" / f"repeat-{i}", summary, replay.records)
+            runs.setdefault(rate, []).append(summary)
+            if replay.ended_early:
+                break
+        if any(s["ended_early"] for s in runs[rate]):
+            break
+    rows = sweep_rows(runs)
+    k = knee(rows)
+    result = {"rows": rows, "knee_rate": k, "repeats": repeats, "workload": spec, "slo": cfg.slo.model_dump(),
+              "config": cfg.model_dump(), "versions": versions(), "knee_rule": "highest rate whose mean goodput is within 5% of the best"}
+    out.mkdir(parents=True, exist_ok=True)
+    plot_load(out / "load.png", rows, k)
+    (out / "sweep.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result

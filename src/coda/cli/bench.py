@@ -1,0 +1,208 @@
+"""`coda bench`: replay agent sessions against an OpenAI-compatible endpoint and report goodput."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json, progress_bar
+from coda.errors import CodaError
+
+CONFIG_ONLY = ("workload", "format", "out", "sweep", "repeats")
+
+
+def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Merge a YAML/TOML file with flags (flags win) into (run options, BenchConfig)."""
+    from pydantic import ValidationError
+
+    from coda.bench.replay import BenchConfig
+    from coda.sim.config import load_config_file
+
+    data = load_config_file(config) if config else {}
+    slo = dict(data.pop("slo", {}) or {})
+    for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")):
+        value = cli.pop(flag)
+        if value is not None:
+            slo[key] = value
+    data.update({k: v for k, v in cli.items() if v is not None})
+    extra = {k: data.pop(k) for k in CONFIG_ONLY if k in data}
+    if slo:
+        data["slo"] = slo
+    source = str(config) if config else "command line"
+    if not data.get("endpoint"):
+        raise CodaError(f"{source}: --endpoint is required (the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000)")
+    try:
+        return extra, BenchConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
+        raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CodaError(f"--sweep {text!r}: give comma-separated request rates, e.g. 1,2,4,8") from None
+    if len(rates) < 2 or any(r <= 0 for r in rates):
+        raise CodaError(f"--sweep {text!r}: give at least two rates > 0, below and above capacity, e.g. 1,2,4,8")
+    return sorted(rates)
+
+
+@app.command()
+def bench(
+    endpoint: Annotated[str | None, typer.Option("--endpoint", "-e", help="base URL of an OpenAI-compatible server")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=1,duration=120,seed=0")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="directory for summary.json, requests.jsonl and plots")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model name (default: the first one /v1/models lists)")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="arrival window in seconds (default: the workload's, scaled)")] = None,
+    time_scale: Annotated[float | None, typer.Option("--time-scale", help="wall seconds per trace second for starts and tool times")] = None,
+    max_sessions: Annotated[int | None, typer.Option("--max-sessions", help="start at most this many sessions")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="comma-separated request rates to sweep (synth specs or files)")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="runs per sweep rate (>= 3, seeds seed, seed+1, ...)")] = None,
+    api: Annotated[str | None, typer.Option("--api", help="chat (default) or completions")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="tenant of sessions that name none (x-tenant-id)")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", help="bearer token (default: $OPENAI_API_KEY)")] = None,
+    warmup_s: Annotated[float | None, typer.Option("--warmup-s", help="start of the measurement window (default 0)")] = None,
+    drain_s: Annotated[float | None, typer.Option("--drain-s", help="time after the window for its requests to finish (default 60)")] = None,
+    max_attempts: Annotated[int | None, typer.Option("--max-attempts", help="attempts per request on 429/503/529 (default 4)")] = None,
+    retry_rate: Annotated[float | None, typer.Option("--retry-rate", help="retry budget refill, retries/s (default 5)")] = None,
+    retry_burst: Annotated[float | None, typer.Option("--retry-burst", help="retry budget size (default 20)")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="per-tenant in-flight limit (default none)")] = None,
+    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="per-attempt timeout (default 600)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed of the retry jitter (and of synth specs in a sweep)")] = None,
+    slo_ttft_s: Annotated[float | None, typer.Option("--slo-ttft-s", help="TTFT SLO in seconds (default 5)")] = None,
+    slo_tbt_s: Annotated[float | None, typer.Option("--slo-tbt-s", help="mean inter-token gap SLO in seconds (default 0.1)")] = None,
+    fmt: FormatOpt = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML file with any of these options")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Closed-loop replay of agent sessions: growing prompts, streamed responses, good-client retries, goodput."""
+    cli = dict(endpoint=endpoint, workload=workload, out=out, model=model, duration_s=duration, time_scale=time_scale,
+               max_sessions=max_sessions, sweep=sweep, repeats=repeats, api=api, tenant=tenant,
+               api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
+               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, ignore_eos=ignore_eos, timeout_s=timeout_s,
+               seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
+    extra, cfg = _config(config, cli)
+    if not extra.get("workload"):
+        raise CodaError("--workload is required (a workload file or a spec such as synth:rate=1,duration=120,seed=0)")
+    if not extra.get("out"):
+        raise CodaError("--out is required (a directory for summary.json, requests.jsonl and the plots)")
+    out_dir = Path(extra["out"])
+    spec = str(extra["workload"])
+    if extra.get("sweep"):
+        _run_sweep(spec, _rates(str(extra["sweep"])), int(extra.get("repeats") or 3), cfg, out_dir, extra.get("format"), as_json)
+    else:
+        _run_single(spec, cfg, out_dir, extra.get("format"), as_json)
+
+
+def _with_interrupt(main: Any) -> Any:
+    """Run ``main(on_replay)``; Ctrl-C stops the current replay, which then reports what it measured."""
+    current: list[Any] = []
+    interrupted = False
+
+    async def runner() -> Any:
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+
+        def on_sigint() -> None:
+            nonlocal interrupted
+            interrupted = True
+            for r in current:
+                r.stop()
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await main(current.append)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    result = asyncio.run(runner())
+    return result, interrupted
+
+
+def _status(replay: Any) -> str:
+    c = replay.counts
+    return f"offered {c['offered']} completed {c['completed']} rejected {c['rejected']} failed {c['failed']} in flight {c['inflight']}"
+
+
+def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, as_json: bool) -> None:
+    from coda.bench.report import JSON_KEYS, write_run
+    from coda.bench.run import run_once
+
+    wl = load_workload_arg(spec, fmt)
+    with progress_bar("of the arrival window") as prog:
+        task = prog.add_task("bench", total=1.0)
+
+        def tick(replay: Any) -> None:
+            prog.update(task, completed=min(replay.now() / replay.duration_s, 1.0), description=_status(replay))
+
+        (replay, summary), interrupted = _with_interrupt(lambda on_replay: run_once(wl, cfg, spec, progress=tick, on_replay=on_replay))
+    files = write_run(out, summary, replay.records)
+    if as_json:
+        print_json({k: summary.get(k) for k in JSON_KEYS} | {k: v for k, v in summary.items() if k not in JSON_KEYS})
+    else:
+        _print_table(summary, files)
+    if interrupted:
+        err_console.print(f"interrupted: wrote what was measured to {out}")
+        sys.exit(130)
+
+
+def _print_table(s: dict[str, Any], files: list[Path]) -> None:
+    from coda.bench.report import TABLE_KEYS
+
+    cfg = s["config"]
+    wl = cfg["workload"]
+    out_console.print(
+        f"[bold]coda bench[/bold] endpoint={cfg['endpoint']} model={cfg['model']} api={cfg['api']} workload={wl['spec']} "
+        f"({wl['sessions']} sessions, {cfg['sessions_started']} started) time_scale={cfg['time_scale']} seed={s['seed']}\n"
+        f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; window {s['window_s'][0]:.1f}-{s['window_s'][1]:.1f} s; "
+        f"retries: at most {cfg['max_attempts']} attempts, budget {cfg['retry_rate']}/s burst {cfg['retry_burst']}\n{cfg['tokenizer']}",
+        highlight=False, soft_wrap=True,
+    )
+    table = Table(show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in TABLE_KEYS:
+        table.add_row(key, fmt_value(s.get(key)))
+    for key in ("rejected_by_reason", "failed_by_reason"):
+        if s.get(key):
+            table.add_row(key, ", ".join(f"{k}: {v}" for k, v in s[key].items()))
+    out_console.print(table)
+    out_console.print("wrote " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
+
+
+def _run_sweep(spec: str, rates: list[float], repeats: int, cfg: Any, out: Path, fmt: str | None, as_json: bool) -> None:
+    from coda.bench.run import sweep
+
+    with progress_bar("of the arrival window") as prog:
+        task = prog.add_task("sweep", total=1.0)
+
+        def tick(label: str, replay: Any) -> None:
+            prog.update(task, completed=min(replay.now() / replay.duration_s, 1.0), description=f"{label}: {_status(replay)}")
+
+        result, interrupted = _with_interrupt(lambda on_replay: sweep(spec, rates, repeats, cfg, out, fmt=fmt, progress=tick, on_replay=on_replay))
+    if as_json:
+        print_json(result)
+    else:
+        out_console.print(f"[bold]coda bench --sweep[/bold] workload={spec} repeats={repeats} endpoint={cfg.endpoint} "
+                          f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; knee = {result['knee_rule']}", highlight=False)
+        table = Table(show_header=True)
+        cols = ("rate", "offered_rps", "output_tps", "slo_tps", "goodput", "ttft_p50_s", "tbt_p50_s", "rejected", "failed")
+        for c in cols:
+            table.add_column(c, justify="right")
+        for row in result["rows"]:
+            table.add_row(*(fmt_value(row[c]) + (f" ±{fmt_value(row[c + '_ci95'])}" if row.get(c + "_ci95") else "") for c in cols))
+        out_console.print(table)
+        out_console.print(f"knee: rate {fmt_value(result['knee_rate'])}; wrote {out / 'sweep.json'}, {out / 'load.png'}", highlight=False)
+    if interrupted:
+        err_console.print(f"interrupted: wrote what was measured to {out}")
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""Shells that run Coda inside other systems."""

@@ -1,0 +1,1 @@
+"""Coda inside vLLM: the scheduler class and the KV-event wire format."""
