@@ -1,0 +1,65 @@
+"""`coda serve`: the OpenAI-compatible gateway in front of N engines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from coda.cli import app, err_console, out_console
+from coda.errors import CodaError
+
+
+@app.command("serve")
+def serve(
+    backend: Annotated[list[str] | None, typer.Option("--backend", "-b", help="engine base URL (repeat for each engine), e.g. http://127.0.0.1:8000")] = None,
+    port: Annotated[int | None, typer.Option("--port", "-p", help="port to listen on (0: any free port, printed at startup; default 8080)")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="address to listen on (default 127.0.0.1)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML gateway config (see examples/coda.yaml)")] = None,
+    ingress: Annotated[str | None, typer.Option("--ingress", help="ingress policy: admit_all, queue_limit, kv_headroom, tenant_share, overload, session, deadline, or a+b")] = None,
+    router: Annotated[str | None, typer.Option("--router", help="router: round_robin, least_loaded, smetric, dynamo_kv, coda")] = None,
+    shadow: Annotated[str | None, typer.Option("--shadow", help="an ingress policy or router whose decisions are logged, not enforced")] = None,
+    decision_log: Annotated[str | None, typer.Option("--decision-log", help="JSONL file of every ingress decision ('-': stderr)")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="chars (default) or words (exact for coda fake-engine)")] = None,
+    max_wait_s: Annotated[float | None, typer.Option("--max-wait-s", help="longest a deferred request waits before its 503")] = None,
+    scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="engine /metrics scrape period (default 0.25)")] = None,
+    drain_timeout_s: Annotated[float | None, typer.Option("--drain-timeout-s", help="on SIGTERM, how long in-flight requests may finish")] = None,
+) -> None:
+    """Serve /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages in front of the
+    engines, with ingress admission and KV-aware routing; also /v1/models, /health, /ready,
+    /metrics and /debug/state. Options also come from --config and CODA_SERVE_* variables."""
+    from coda.gateway.app import serve as run
+    from coda.gateway.config import build_config
+    from coda.sim.config import load_config_file
+
+    cli: dict[str, Any] = {k: v for k, v in dict(port=port, host=host, drain_timeout_s=drain_timeout_s).items() if v is not None}
+    if backend:
+        cli["backends"] = backend
+    nested = {
+        "ingress": dict(policy=ingress, shadow=shadow, decision_log=decision_log, max_wait_s=max_wait_s),
+        "routing": dict(router=router),
+        "indexer": dict(tokenizer=tokenizer),
+        "telemetry": dict(scrape_interval_s=scrape_interval_s),
+    }
+    for section, values in nested.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            cli[section] = given
+    cfg = build_config(load_config_file(config) if config else {}, cli, source=str(config) if config else "command line")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    def ready(url: str, gw: Any) -> None:
+        s = gw.state
+        out_console.print(f"coda serve listening on {url}", highlight=False, soft_wrap=True)
+        err_console.print(f"ingress {s.ingress.name}, router {s.router.name}, {len(s.workers)} backend(s): "
+                          + ", ".join(f"{w.label} ({', '.join(sorted(w.models))})" for w in s.workers), highlight=False, soft_wrap=True)
+
+    try:
+        asyncio.run(run(cfg, ready))
+    except KeyboardInterrupt:
+        pass
+    except OSError as err:
+        raise CodaError(str(err)) from None

@@ -1,0 +1,122 @@
+"""Enforcing ingress decisions: admit, hold deferred requests in a bounded queue, reject; and
+the JSONL decision log (one record per request, with the signal values behind its decision).
+
+A deferred request is decided again whenever something that could free room happens (a
+request ends, telemetry arrives) until ``max_wait_s``; then it gets ``503`` + ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from coda.gateway.config import IngressConfig
+from coda.gateway.errors import ApiError
+from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.state import GatewayState, Ticket
+from coda.policy.ingress import Decision, IngressSnapshot
+
+MESSAGES = {
+    "queue_full": "every worker's engine queue is at the policy's limit",
+    "kv_full": "every worker's KV cache is at the policy's limit",
+    "tenant_over_share": "this tenant is using more than its share of in-flight tokens while the cluster is saturated",
+    "overloaded": "every worker is at its load limit",
+    "session_slots_full": "every agent-session slot is taken",
+    "new_session_deferred": "the cluster is saturated, so new agent sessions wait while running ones finish",
+    "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
+    "gateway_queue_full": "the gateway's queue of deferred requests is full",
+}
+
+
+class DecisionLog:
+    """JSONL records, buffered (flushed about once a second and on close)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._out: TextIO | None = None
+        if path == "-":
+            self._out = sys.stderr
+        elif path:
+            self._out = io.open(path, "a", buffering=1 << 16)  # noqa: UP020  (explicit buffer size)
+        self._flushed = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._out is None:
+            return
+        self._out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+        now = time.monotonic()
+        if now - self._flushed > 1.0:
+            self._out.flush()
+            self._flushed = now
+
+    def close(self) -> None:
+        if self._out is not None and self._out is not sys.stderr:
+            self._out.close()
+        self._out = None
+
+
+def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | None, waited_s: float, deferred: bool) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id, "model": t.model,
+        "prompt_tokens": t.prompt.tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
+        "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "signals": snap.signals(),
+    }
+    if shadow is not None:
+        rec["shadow"] = asdict(shadow)
+    return rec
+
+
+class Admission:
+    def __init__(self, state: GatewayState, cfg: IngressConfig, metrics: GatewayMetrics, log: DecisionLog) -> None:
+        self.state = state
+        self.cfg = cfg
+        self.metrics = metrics
+        self.log = log
+        self._changed = asyncio.Event()
+
+    def kick(self) -> None:
+        """Something that may free room happened: deferred requests decide again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def admit(self, t: Ticket) -> dict[str, Any]:
+        """The decision record of an admitted request (the caller adds routing and writes it);
+        raises ``ApiError`` (503 / 429 / 529 with Retry-After) for a request that is not admitted."""
+        state = self.state
+        d, snap, shadow = state.decide(t)
+        start = time.monotonic()
+        deferred = d.action == "defer"
+        if deferred:
+            self.metrics.deferred.inc()
+            if state.queued >= self.cfg.max_queue:
+                d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
+            else:
+                state.queued += 1
+                try:
+                    deadline = start + self.cfg.max_wait_s
+                    while d.action == "defer" and (left := deadline - time.monotonic()) > 0:
+                        try:
+                            await asyncio.wait_for(self._changed.wait(), left)
+                        except TimeoutError:
+                            pass
+                        d, snap, shadow = state.decide(t)
+                finally:
+                    state.queued -= 1
+        waited = time.monotonic() - start
+        rec = record(t, d, snap, shadow, waited, deferred)
+        self.metrics.decisions.labels(d.policy, d.action, d.reason).inc()
+        if shadow is not None:
+            self.metrics.shadow.labels(state.config.ingress.shadow, str(shadow.action == d.action).lower()).inc()
+        if d.action == "admit":
+            return rec
+        self.log.write(rec)
+        why = MESSAGES.get(d.reason, d.reason)
+        if d.action == "defer":
+            raise ApiError(503, f"the gateway held this request for {waited:.1f} s without room ({why}, ingress policy {d.policy}); "
+                           f"retry after {d.retry_after_s:g} s", d.reason, retry_after_s=d.retry_after_s)
+        raise ApiError(d.status, f"rejected by ingress policy {d.policy}: {why}; retry after {d.retry_after_s:g} s", d.reason,
+                       retry_after_s=d.retry_after_s)

@@ -1,0 +1,273 @@
+"""The gateway's HTTP surface (starlette on uvicorn) and its lifecycle.
+
+Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/messages``
+(admitted, routed and proxied by ``Exchange``), ``/v1/models`` (merged from the engines),
+``/health`` (the process is up), ``/ready`` (not draining and some engine is healthy),
+``/metrics`` (Prometheus) and ``/debug/state`` (admin key). Everything a client can get wrong
+is answered here with a 4xx naming the fix, before any engine sees the request.
+
+``serve`` checks the engines before it listens (a missing signal or an unreachable engine is a
+one-line error), and on SIGTERM stops accepting, lets in-flight requests finish for up to
+``drain_timeout_s``, then exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from coda.errors import CodaError
+from coda.gateway.admission import Admission, DecisionLog
+from coda.gateway.config import GatewayConfig
+from coda.gateway.errors import ApiError
+from coda.gateway.identity import Identities, session_id, with_cache_salt
+from coda.gateway.kv_consumer import KVEventConsumer
+from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prompt import make_tokenizer, max_tokens
+from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Upstream, strip_hop_by_hop
+from coda.gateway.state import GatewayState, Ticket, Worker
+from coda.gateway.telemetry import Telemetry
+
+log = logging.getLogger("coda.gateway")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+DEADLINE_HEADER = "x-coda-deadline-ms"
+SESSION_LIST_MAX = 100
+_decode = msgspec.json.Decoder()
+
+
+class Gateway:
+    """Everything one gateway process holds; built before the event loop serves requests."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.state = GatewayState(config, make_tokenizer(config.indexer.tokenizer))
+        self.ids = Identities(config)
+        self.metrics = GatewayMetrics()
+        self.decisions = DecisionLog(config.ingress.decision_log)
+        self.admission = Admission(self.state, config.ingress, self.metrics, self.decisions)
+        self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
+        self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
+        self.consumers = {
+            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if w.cfg.kv_events
+        }
+        self.drop_credentials = config.auth.enabled
+        if self.consumers and config.indexer.tokenizer != "words":
+            log.warning("KV events are consumed, but the %s tokenizer cannot name prompt blocks as the engine does; "
+                        "prefix matches will come from events only when prompts are tokenized exactly", config.indexer.tokenizer)
+
+    async def start(self) -> None:
+        await self.telemetry.startup()
+        self.telemetry.start()
+        for c in self.consumers.values():
+            c.start()
+
+    async def close(self) -> None:
+        await self.telemetry.close()
+        for c in self.consumers.values():
+            await c.close()
+        await self.upstream.close()
+        self.decisions.close()
+
+    def _readmitted(self, w: Worker) -> None:
+        if w.id in self.consumers:
+            self.consumers[w.id].resync()
+
+    # --- generation ------------------------------------------------------------------------
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the gateway's max_body_bytes={limit}; shorten the prompt "
+                           "or ask the operator to raise max_body_bytes", "request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds the gateway's max_body_bytes={limit}; shorten the prompt or ask the operator "
+                               "to raise max_body_bytes", "request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def generate(self, request: Request) -> Any:
+        t0 = time.perf_counter()
+        path = request.url.path
+        try:
+            if self.state.draining:
+                raise ApiError(503, "the gateway is shutting down; retry (another gateway replica will answer)", "draining", retry_after_s=1.0)
+            tenant = self.ids.tenant(request.headers)
+            raw = await self._body(request)
+            body = self._json(raw)
+            ticket = self._plan(path, request, tenant, body)
+        except ApiError as err:
+            self.metrics.requests.labels(path, str(err.status)).inc()
+            return err.response(path)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        salt = self.config.tenant(tenant).cache_salt
+        if salt is not None:
+            raw = with_cache_salt(raw, body, salt)
+        drop = NOT_FORWARDED | CREDENTIALS if self.drop_credentials else NOT_FORWARDED
+        headers = strip_hop_by_hop(request.headers.raw, drop)
+        return Exchange(self, ticket, raw, headers, body.get("stream") is True, t0)
+
+    @staticmethod
+    def _json(raw: bytes) -> dict[str, Any]:
+        try:
+            body = _decode.decode(raw)
+        except msgspec.DecodeError as err:
+            raise ApiError(400, f"the request body is not valid JSON ({err}); send a JSON object", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        return body
+
+    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any]) -> Ticket:
+        state = self.state
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ApiError(400, "model must be a string", "invalid_model", "model")
+        candidates = state.serving(model)
+        if not candidates:
+            known = ", ".join(sorted(c["id"] for c in state.model_cards()))
+            raise ApiError(404, f"The model `{model}` does not exist: the gateway's engines serve {known}", "model_not_found", "model")
+        prompt = state.tokenizer.prompt(path, body)
+        out = max_tokens(path, body)
+        lens = [w.max_model_len for w in candidates if w.max_model_len is not None]
+        if lens and prompt.min_tokens + max(out, 1) > max(lens):
+            est = "" if prompt.min_tokens == prompt.tokens else "at least "
+            raise ApiError(400, f"This model's maximum context length is {max(lens)} tokens. However, you requested {est}"
+                           f"{prompt.min_tokens + max(out, 1)} tokens ({est}{prompt.min_tokens} in the prompt, {max(out, 1)} for the "
+                           "completion; checked by the gateway). Please reduce the length of the messages or completion.",
+                           "context_length_exceeded", "messages")
+        sid = session_id(request.headers, body)
+        hashes = state.block_hashes(sid, prompt.units)
+        deadline_ms = request.headers.get(DEADLINE_HEADER)
+        deadline_s = self.config.tenant(tenant).deadline_ms
+        if deadline_ms is not None:
+            try:
+                deadline_s = float(deadline_ms)
+            except ValueError:
+                raise ApiError(400, f"{DEADLINE_HEADER} must be a number of milliseconds, got {deadline_ms!r}", "invalid_deadline") from None
+        return Ticket(state.next_rid(), path, tenant, sid, model, prompt, out, hashes, candidates, state.match(hashes, candidates),
+                      deadline_s / 1000 if deadline_s is not None else None)
+
+    # --- other routes ----------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        try:
+            self.ids.tenant(request.headers)
+        except ApiError as err:
+            return err.response(request.url.path)
+        return JSONResponse({"object": "list", "data": self.state.model_cards()})
+
+    async def health(self, _: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, _: Request) -> Response:
+        healthy = sum(w.healthy for w in self.state.workers)
+        ok = healthy > 0 and not self.state.draining
+        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy}, status_code=200 if ok else 503)
+
+    async def prometheus(self, _: Request) -> Response:
+        stats = {i: (c.stats.batches, c.stats.gaps) for i, c in self.consumers.items()}
+        return Response(self.metrics.render(self.state, stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def debug_state(self, request: Request) -> Response:
+        if not self.config.auth.admin_key:
+            return ApiError(404, "/debug/state is off: set auth.admin_key in the gateway config to enable it", "not_found").response("")
+        if not self.ids.is_admin(request.headers):
+            return ApiError(401, "/debug/state needs 'Authorization: Bearer <auth.admin_key>'", "invalid_admin_key").response("")
+        return JSONResponse(self.debug_snapshot())
+
+    def debug_snapshot(self) -> dict[str, Any]:
+        s = self.state
+        now = s.clock()
+        workers = []
+        for w in s.workers:
+            c = self.consumers.get(w.id)
+            workers.append({
+                "id": w.id, "label": w.label, "url": w.cfg.url, "healthy": w.healthy, "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
+                "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None, "queue_depth": w.queue_depth,
+                "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
+                "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
+                "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
+                "kv_events": vars(c.stats) | {"last_seq": c.last_seq} if c is not None else None,
+            })
+        sessions = list(s.sessions.items())[-SESSION_LIST_MAX:]
+        return {
+            "policy": s.ingress.name, "router": s.router.name, "shadow": s.config.ingress.shadow, "draining": s.draining,
+            "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
+            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
+            "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
+            "workers": workers,
+        }
+
+
+def create_app(gw: Gateway) -> Starlette:
+    async def not_found(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            err = ApiError(404, f"{request.method} {request.url.path}: no such route; the gateway serves {', '.join(GENERATION_ROUTES)}, "
+                           "/v1/models, /health, /ready, /metrics", "route_not_found")
+        else:
+            err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", "method_not_allowed")
+        return err.response(request.url.path)
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path, exc_info=exc)
+        return ApiError(500, f"internal gateway error ({type(exc).__name__}); this is a bug in Coda, please report it", "internal_error").response(
+            request.url.path)
+
+    routes = [Route(p, gw.generate, methods=["POST"]) for p in GENERATION_ROUTES]
+    routes += [
+        Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/health", gw.health, methods=["GET"]),
+        Route("/ready", gw.ready, methods=["GET"]),
+        Route("/metrics", gw.prometheus, methods=["GET"]),
+        Route("/debug/state", gw.debug_state, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found, Exception: crashed})
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's graceful shutdown, with the gateway told first (so /ready turns 503 and new requests are refused)."""
+
+    def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
+        super().__init__(config)
+        self.gw = gw
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.gw.state.draining = True
+        super().handle_exit(sig, frame)
+
+
+async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
+    """Check the engines, listen, serve until SIGTERM/SIGINT, drain, clean up."""
+    gw = Gateway(config)
+    try:
+        await gw.start()
+        try:
+            sock = socket.create_server((config.host, config.port))
+        except OSError as err:
+            raise CodaError(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from None
+        server = _DrainingServer(uvicorn.Config(create_app(gw), log_level="warning", lifespan="off", access_log=False, server_header=False, date_header=False,
+                                                timeout_graceful_shutdown=config.drain_timeout_s), gw)  # type: ignore[arg-type]
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            port = sock.getsockname()[1]
+            on_ready(f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}", gw)
+        await task
+    finally:
+        await gw.close()

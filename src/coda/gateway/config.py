@@ -1,0 +1,155 @@
+"""Gateway configuration (pydantic): a YAML/TOML file, then ``CODA_SERVE_*`` environment
+variables, then command-line flags, each overriding the one before.
+
+``coda serve --backend URL`` needs nothing else: every other field has a default that is safe
+for a single team (no auth, admit everything, Coda's router, character-block indexing).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, field_validator
+
+from coda.errors import CodaError
+
+ENV_PREFIX = "CODA_SERVE_"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Strict):
+    url: str = Field(description="base URL of an OpenAI-compatible engine, e.g. http://10.0.0.5:8000")
+    name: str | None = Field(None, description="label in metrics and logs (default: host:port)")
+    api_key: str | None = Field(None, description="sent to the engine as 'Authorization: Bearer'")
+    kv_events: str | None = Field(None, description="the engine's ZMQ KV-event PUB endpoint, e.g. tcp://10.0.0.5:5557")
+    kv_events_replay: str | None = Field(None, description="the engine's ZMQ replay (ROUTER) endpoint, e.g. tcp://10.0.0.5:5558")
+    kv_events_topic: str = ""
+    max_model_len: PositiveInt | None = Field(None, description="override the engine's /v1/models max_model_len")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.url.split("://", 1)[1]
+
+
+class TenantConfig(_Strict):
+    weight: PositiveFloat = Field(1.0, description="share of in-flight tokens under saturation, relative to other active tenants")
+    cache_salt: str | None = Field(None, description="injected as the request's cache_salt so no other tenant can hit (or time) its prefix cache")
+    deadline_ms: PositiveFloat | None = Field(None, description="time-to-first-token deadline of the tenant's requests (the deadline policy)")
+
+
+class AuthConfig(_Strict):
+    api_keys: dict[str, str] = Field(default_factory=dict, description="API key -> tenant; when set, a request without a known key gets 401")
+    admin_key: str | None = Field(None, description="bearer key for /debug/state (absent: /debug/state is off)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys)
+
+
+class IngressConfig(_Strict):
+    policy: str = Field("admit_all", description="ingress policy, or several joined with + (see `coda serve --help`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="policy parameters (keyed by part name for a composition)")
+    max_queue: PositiveInt = Field(256, description="requests a defer decision may hold in the gateway at once")
+    max_wait_s: NonNegativeFloat = Field(5.0, description="longest a deferred request waits before its 503")
+    shadow: str | None = Field(None, description="an ingress policy or router whose decision is logged beside the enforced one")
+    decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
+
+
+class RoutingConfig(_Strict):
+    router: str = "coda"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TelemetryConfig(_Strict):
+    scrape_interval_s: PositiveFloat = Field(0.25, description="how often each engine's /metrics is read")
+    stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
+    stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
+    health_interval_s: PositiveFloat = Field(1.0, description="how often each engine's /health is checked")
+    eject_after: PositiveInt = Field(2, description="consecutive failures (health checks or connections) that eject a worker")
+    readmit_after: PositiveInt = Field(2, description="consecutive passing health checks that re-admit it")
+    startup_timeout_s: PositiveFloat = Field(30.0, description="how long startup waits for every engine to answer")
+
+
+class IndexerConfig(_Strict):
+    tokenizer: Literal["chars", "words"] = Field(
+        "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it)")
+    block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
+    approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
+    max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    backends: list[BackendConfig] = Field(min_length=1)
+    auth: AuthConfig = AuthConfig()
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    ingress: IngressConfig = IngressConfig()
+    routing: RoutingConfig = RoutingConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    indexer: IndexerConfig = IndexerConfig()
+    max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
+    connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
+    first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")
+    drain_timeout_s: NonNegativeFloat = Field(30.0, description="on SIGTERM, how long in-flight requests may finish")
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _urls(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [u for u in v.split(",") if u.strip()]
+        if isinstance(v, list):
+            return [{"url": b.strip()} if isinstance(b, str) else b for b in v]
+        return v
+
+    def tenant(self, name: str) -> TenantConfig:
+        return self.tenants.get(name) or TenantConfig()
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``CODA_SERVE_PORT=9000``, ``CODA_SERVE_INGRESS__POLICY=session``: values parse as YAML scalars."""
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = key[len(ENV_PREFIX):].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        try:
+            node[path[-1]] = yaml.safe_load(raw) if raw else raw
+        except yaml.YAMLError:
+            node[path[-1]] = raw
+    return out
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, mappings merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(file_data: dict[str, Any], cli: dict[str, Any], environ: Mapping[str, str] | None = None, source: str = "command line") -> GatewayConfig:
+    data = merge(merge(file_data, env_overrides(os.environ if environ is None else environ)), cli)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
+        hint = "; give at least one --backend URL" if loc == "backends" else ""
+        raise CodaError(f"{source}: {loc}: {first['msg']}{hint}") from None

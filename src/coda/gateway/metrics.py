@@ -1,0 +1,54 @@
+"""The gateway's Prometheus metrics. Labels take only bounded values: route paths, status
+codes, policy names and reasons, configured backend labels, and tenants (folded into ``other``
+past a cap, see ``identity``); never session ids or request ids."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from coda.gateway.state import GatewayState
+
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("coda_gateway_requests", "Requests answered, by route and status", ("route", "status"), registry=r)
+        self.decisions = Counter("coda_ingress_decisions", "Final ingress decisions", ("policy", "action", "reason"), registry=r)
+        self.deferred = Counter("coda_ingress_deferred", "Requests deferred at least once", registry=r)
+        self.shadow = Counter("coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r)
+        self.queue = Gauge("coda_ingress_queue_length", "Requests held by defer decisions", registry=r)
+        self.retries = Counter("coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r)
+        self.upstream_errors = Counter("coda_upstream_errors", "Failed upstream attempts", ("worker", "kind"), registry=r)
+        self.overhead = Histogram("coda_gateway_overhead_seconds", "Time from request received to upstream request sent", buckets=OVERHEAD_BUCKETS, registry=r)
+        self.tenant_requests = Counter("coda_tenant_requests", "Requests admitted per tenant", ("tenant",), registry=r)
+        self.tenant_input = Counter("coda_tenant_input_tokens", "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)", ("tenant",), registry=r)
+        self.tenant_output = Counter("coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r)
+        self.tenant_unreported = Counter("coda_tenant_usage_unreported", "Responses without a usage block (stream without include_usage)", ("tenant",), registry=r)
+        w = ("worker",)
+        self.w_inflight = Gauge("coda_worker_inflight_requests", "Requests in flight through the gateway", w, registry=r)
+        self.w_tokens = Gauge("coda_worker_inflight_tokens", "Prompt tokens in flight through the gateway", w, registry=r)
+        self.w_healthy = Gauge("coda_worker_healthy", "1 while the worker passes health checks", w, registry=r)
+        self.w_stale = Gauge("coda_worker_telemetry_stale", "1 while the worker's telemetry is stale", w, registry=r)
+        self.w_queue = Gauge("coda_worker_queue_depth", "Requests waiting in the engine (scraped)", w, registry=r)
+        self.w_kv = Gauge("coda_worker_kv_usage", "Engine KV-cache usage fraction (scraped)", w, registry=r)
+        self.w_kv_batches = Gauge("coda_worker_kv_event_batches", "KV event batches applied", w, registry=r)
+        self.w_kv_gaps = Gauge("coda_worker_kv_event_gaps", "KV event sequence gaps seen", w, registry=r)
+
+    def render(self, state: GatewayState, kv_stats: dict[int, tuple[int, int]]) -> bytes:
+        """The exposition text with per-worker gauges read now."""
+        now = state.clock()
+        for w in state.workers:
+            lab = w.label
+            self.w_inflight.labels(lab).set(len(w.inflight))
+            self.w_tokens.labels(lab).set(w.inflight_tokens)
+            self.w_healthy.labels(lab).set(int(w.healthy))
+            self.w_stale.labels(lab).set(int(now - w.scraped_at > state.config.telemetry.stale_after_s))
+            self.w_queue.labels(lab).set(w.queue_depth)
+            self.w_kv.labels(lab).set(w.kv_usage)
+            if w.id in kv_stats:
+                self.w_kv_batches.labels(lab).set(kv_stats[w.id][0])
+                self.w_kv_gaps.labels(lab).set(kv_stats[w.id][1])
+        self.queue.set(state.queued)
+        return generate_latest(self.registry)

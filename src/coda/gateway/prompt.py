@@ -1,0 +1,119 @@
+"""What the gateway reads from a request body: the model, the requested output length, and the
+prompt as *units* for block hashing and token counting.
+
+Two tokenizers:
+
+- ``chars`` (default): the prompt's text (messages, tools, system, as JSON, in request order) cut
+  into 256-byte units (about 64 tokens of code or English at 4 bytes a token), each named by a
+  multiply-sum mix of its 64-bit words (numpy; units only need to differ, the block chain
+  hashes them). No tokenizer file is needed, hashing a 64K-token prompt takes tens of
+  microseconds, and an agent's re-sent context keeps its units, so per-session block hashes
+  stay a prefix chain. Counts are estimates: the length check uses a lower bound (no real
+  tokenizer averages more than ``MAX_BYTES_PER_TOKEN`` bytes a token), so it never refuses a
+  prompt the engine accepts.
+- ``words``: the fake engine's whitespace tokenizer and chat template (``coda.engines``), exact
+  for ``coda fake-engine``: counts are exact and block hashes equal the ones its KV events
+  carry, so the gateway can consume them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from coda.gateway.errors import ApiError
+
+BYTES_PER_TOKEN = 4
+UNIT_BYTES = 256
+MAX_BYTES_PER_TOKEN = 10
+_MIX = np.random.default_rng(0x5EED).integers(1, 2**63, UNIT_BYTES // 8, dtype=np.uint64) | np.uint64(1)
+_encode = msgspec.json.Encoder().encode
+# output-length fields by route, first present wins
+MAX_TOKENS_KEYS = {
+    "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+    "/v1/messages": ("max_tokens",),
+}
+# prompt-bearing fields by route, in the order a chat template renders them
+PROMPT_KEYS = {
+    "/v1/chat/completions": ("tools", "messages"),
+    "/v1/completions": ("prompt",),
+    "/v1/responses": ("tools", "instructions", "input"),
+    "/v1/messages": ("tools", "system", "messages"),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    units: Sequence[int]
+    tokens: int  # best estimate (exact with an exact tokenizer)
+    min_tokens: int  # a lower bound, for the length check
+
+
+class Tokenizer(Protocol):
+    name: str
+    tokens_per_unit: int
+
+    def prompt(self, path: str, body: dict[str, Any]) -> Prompt: ...
+
+
+def max_tokens(path: str, body: dict[str, Any]) -> int:
+    for key in MAX_TOKENS_KEYS.get(path, ()):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 0
+
+
+def prompt_text(path: str, body: dict[str, Any]) -> bytes:
+    """The prompt-bearing fields as JSON, concatenated: a request that re-sends its session's
+    context (and appends to it) yields a text that extends the previous one."""
+    parts = []
+    for key in PROMPT_KEYS.get(path, ()):
+        v = body.get(key)
+        if v is None:
+            continue
+        raw = v.encode() if isinstance(v, str) else _encode(v)
+        # a JSON list loses its closing bracket, so appending a message keeps the earlier text a prefix
+        parts.append(raw[:-1] if raw[-1:] == b"]" else raw)
+    return b"\x1e".join(parts)
+
+
+class CharTokenizer:
+    name = "chars"
+    tokens_per_unit = UNIT_BYTES // BYTES_PER_TOKEN
+
+    def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
+        text = prompt_text(path, body)
+        n = len(text) // UNIT_BYTES * UNIT_BYTES
+        words = np.frombuffer(text, dtype=np.uint64, count=n // 8).reshape(-1, UNIT_BYTES // 8)
+        units = (words * _MIX).sum(axis=1).tolist()
+        return Prompt(units, len(text) // BYTES_PER_TOKEN, len(text) // MAX_BYTES_PER_TOKEN)
+
+
+class WordTokenizer:
+    name = "words"
+    tokens_per_unit = 1
+
+    def __init__(self) -> None:
+        from coda.engines import api, tokenizer
+
+        self._dialects = api.DIALECTS
+        self._api_error = api.ApiError
+        self._token_ids = tokenizer.token_ids
+
+    def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
+        try:
+            words = self._dialects[path].parse(body).prompt
+        except self._api_error as err:
+            raise ApiError(400, err.message, "invalid_request", err.param) from None
+        return Prompt(self._token_ids(words), len(words), len(words))
+
+
+def make_tokenizer(name: str) -> Tokenizer:
+    return WordTokenizer() if name == "words" else CharTokenizer()

@@ -1,0 +1,314 @@
+"""The gateway's view of its workers, sessions and tenants, and the snapshots its policies read.
+
+Nothing here does I/O: telemetry and KV-event tasks write into ``Worker`` and the indexer; the
+HTTP layer asks ``GatewayState`` to plan, decide, route, and to ``begin`` / ``end`` each
+upstream attempt (``end`` runs in a ``finally``, so in-flight counts always return to zero).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coda.errors import CodaError
+from coda.gateway.config import BackendConfig, GatewayConfig
+from coda.gateway.prompt import Prompt, Tokenizer
+from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
+from coda.policy.ingress import SIGNALS, Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
+from coda.policy.registry import INGRESS_POLICIES, ROUTERS, make_ingress_policy, make_router
+from coda.policy.routing import Router
+from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
+
+#: signals read from an engine's /metrics, with the vLLM metric names that carry them
+SCRAPED_SIGNALS: dict[str, tuple[str, ...]] = {
+    "queue_depth": ("vllm:num_requests_waiting",),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+#: signals the gateway computes itself, so every backend supplies them
+OWN_SIGNALS = frozenset(SIGNALS) - frozenset(SCRAPED_SIGNALS)
+TTFT_EWMA = 0.2  # weight of the newest first-token time in a worker's estimate
+
+
+@dataclass(slots=True)
+class Worker:
+    """One engine. Telemetry fields come from its /metrics; ``inflight`` is the gateway's own count."""
+
+    id: int
+    cfg: BackendConfig
+    tiers: WorkerTiers
+    healthy: bool = True
+    fails: int = 0
+    passes: int = 0
+    queue_depth: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    scraped_at: float = -math.inf
+    metric_names: frozenset[str] = frozenset()
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_model_len: int | None = None
+    inflight: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens
+    inflight_tokens: int = 0
+    ttft_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.cfg.label
+
+    def supplies(self, signal: str) -> bool:
+        return signal in OWN_SIGNALS or any(n in self.metric_names for n in SCRAPED_SIGNALS.get(signal, ()))
+
+
+@dataclass(slots=True)
+class Session:
+    hasher: BlockHasher
+    last_worker: int | None = None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One client request as the gateway plans it."""
+
+    rid: int
+    path: str
+    tenant: str
+    session_id: str | None
+    model: str | None
+    prompt: Prompt
+    max_tokens: int
+    hashes: list[int]
+    candidates: list[Worker]
+    matches: dict[int, PrefixMatch]
+    deadline_s: float | None = None
+    worker: Worker | None = None  # while an upstream attempt is in flight
+
+
+class ApproxIndex:
+    """Without KV events: the blocks the gateway itself sent to each worker, LRU-bounded, fed to
+    the indexer as if the engine had stored them (and evicted them in LRU order)."""
+
+    def __init__(self, indexer: KVIndexer, capacity: int) -> None:
+        self.indexer = indexer
+        self.capacity = capacity
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+
+    def sent(self, loc: str, hashes: Sequence[int]) -> None:
+        lru = self._lru.setdefault(loc, OrderedDict())
+        for h in hashes:
+            lru[h] = None
+            lru.move_to_end(h)
+        self.indexer.stored(loc, hashes)
+        over = len(lru) - self.capacity
+        if over > 0:
+            self.indexer.removed(loc, [lru.popitem(last=False)[0] for _ in range(over)])
+
+    def forget(self, loc: str) -> None:
+        self._lru.pop(loc, None)
+        self.indexer.cleared(loc)
+
+
+class GatewayState:
+    def __init__(self, config: GatewayConfig, tokenizer: Tokenizer, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.units_per_block = max(1, config.indexer.block_tokens // tokenizer.tokens_per_unit)
+        self.block_tokens = self.units_per_block * tokenizer.tokens_per_unit
+        self.workers = [
+            Worker(i, b, WorkerTiers(i, f"hbm:{i}", f"dram:{i}" if b.kv_events else None, f"ssd:{i}" if b.kv_events else None))
+            for i, b in enumerate(config.backends)
+        ]
+        self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
+        self.approx = ApproxIndex(self.indexer, config.indexer.approx_blocks_per_worker)
+        self.ingress: IngressPolicy = make_ingress_policy(config.ingress.policy, config.ingress.params)
+        self.router: Router = make_router(config.routing.router, config.routing.params)
+        self.shadow_ingress: IngressPolicy | None = None
+        self.shadow_router: Router | None = None
+        shadow = config.ingress.shadow
+        if shadow is not None:
+            if shadow.split("+")[0] in INGRESS_POLICIES:
+                self.shadow_ingress = make_ingress_policy(shadow)
+            elif shadow in ROUTERS:
+                self.shadow_router = make_router(shadow)
+            else:
+                raise CodaError(f"shadow {shadow!r} is neither an ingress policy ({', '.join(INGRESS_POLICIES)}) nor a router ({', '.join(ROUTERS)})")
+        ttl = session_ttl_s(self.ingress)
+        self.ledger = SessionLedger(ttl if ttl is not None else 300.0)
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.tenant_inflight: dict[str, int] = {}
+        self.queued = 0
+        self.draining = False
+        self._seq = 0
+
+    # --- signals ---------------------------------------------------------------------------
+    @property
+    def needed_signals(self) -> frozenset[str]:
+        needs = set(self.ingress.needs)
+        if self.shadow_ingress is not None:
+            needs |= self.shadow_ingress.needs
+        return frozenset(needs)
+
+    def missing_signals(self, w: Worker) -> list[str]:
+        return sorted(s for s in self.needed_signals if not w.supplies(s))
+
+    def stale(self, w: Worker, now: float) -> bool:
+        scraped = bool(self.needed_signals & SCRAPED_SIGNALS.keys())
+        return scraped and self.config.telemetry.stale == "saturated" and now - w.scraped_at > self.config.telemetry.stale_after_s
+
+    # --- planning --------------------------------------------------------------------------
+    def next_rid(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def serving(self, model: str | None) -> list[Worker]:
+        return [w for w in self.workers if model is None or model in w.models]
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        cards: dict[str, dict[str, Any]] = {}
+        for w in self.workers:
+            for mid, card in w.models.items():
+                cards.setdefault(mid, card)
+        return list(cards.values())
+
+    def block_hashes(self, session_id: str | None, units: Sequence[int]) -> list[int]:
+        """The prompt's block hashes; a session's hasher only hashes what its context appended."""
+        if session_id is None:
+            return BlockHasher(self.units_per_block).update(units)
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.sessions[session_id] = Session(BlockHasher(self.units_per_block))
+            while len(self.sessions) > self.config.indexer.max_sessions:
+                self.sessions.popitem(last=False)
+        else:
+            self.sessions.move_to_end(session_id)
+        return s.hasher.update(units)
+
+    def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
+        return self.indexer.match(hashes, [w.tiers for w in candidates])
+
+    # --- ingress ---------------------------------------------------------------------------
+    def ingress_snapshot(self, t: Ticket) -> IngressSnapshot:
+        now = self.clock()
+        loads = tuple(
+            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight), w.inflight_tokens)
+            for w in t.candidates
+        )
+        blocks = max(len(t.hashes), 1)
+        hit = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in t.matches.values()), default=0) / blocks
+        active_tenants = {name for name, n in self.tenant_inflight.items() if n > 0} | {t.tenant}
+        slack = math.inf
+        if t.deadline_s is not None:
+            ttfts = [w.ttft_s or 0.0 for w in t.candidates if w.healthy]
+            slack = t.deadline_s - (min(ttfts) if ttfts else math.inf)
+        return IngressSnapshot(
+            now_s=now,
+            tenant=t.tenant,
+            prompt_tokens=t.prompt.tokens,
+            workers=loads,
+            session_id=t.session_id,
+            session_active=self.ledger.active(t.session_id, now),
+            active_sessions=self.ledger.count(now),
+            prefix_hit=round(hit, 4),
+            tenant_inflight_tokens=self.tenant_inflight.get(t.tenant, 0),
+            tenant_weight=self.config.tenant(t.tenant).weight,
+            active_weight=sum(self.config.tenant(n).weight for n in active_tenants),
+            deadline_slack_s=slack,
+            queued=self.queued,
+        )
+
+    def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
+        snap = self.ingress_snapshot(t)
+        shadow = self.shadow_ingress.decide(snap) if self.shadow_ingress is not None else None
+        return self.ingress.decide(snap), snap, shadow
+
+    # --- routing ---------------------------------------------------------------------------
+    def routing_snapshot(self, t: Ticket, exclude: set[int]) -> RoutingSnapshot:
+        ws = [w for w in t.candidates if w.id not in exclude]
+        session = self.sessions.get(t.session_id) if t.session_id is not None else None
+        last = session.last_worker if session is not None else None
+        best = max((m.hbm_blocks for m in t.matches.values()), default=0)
+        reusable = min(best * self.block_tokens, t.prompt.tokens)
+        req = RouteRequest(
+            seq=t.rid,
+            session_id=t.session_id or "",
+            is_continuation=last is not None,
+            prompt_tokens=t.prompt.tokens,
+            prompt_blocks=len(t.hashes) or -(-t.prompt.tokens // self.block_tokens),
+            reusable_tokens=reusable,
+            new_tokens=t.prompt.tokens - reusable,
+            last_worker=last,
+        )
+        views = tuple(
+            WorkerView(w.id, len(w.inflight), w.inflight_tokens // self.block_tokens, w.queue_depth, tuple(w.inflight.values()),
+                       t.matches.get(w.id, PrefixMatch()), w.healthy)
+            for w in ws
+        )
+        return RoutingSnapshot(self.clock(), req, views)
+
+    def route(self, t: Ticket, exclude: set[int]) -> tuple[Worker | None, int | None]:
+        """The chosen worker (``None`` when every candidate is excluded) and the shadow router's choice."""
+        snap = self.routing_snapshot(t, exclude)
+        if not snap.workers:
+            return None, None
+        shadow = self.shadow_router.route(snap) if self.shadow_router is not None else None
+        return self.workers[self.router.route(snap)], shadow
+
+    # --- accounting ------------------------------------------------------------------------
+    def begin(self, t: Ticket, w: Worker) -> None:
+        """``t`` is about to be sent to ``w``: count it in flight there and record its blocks."""
+        assert t.worker is None
+        t.worker = w
+        n = t.prompt.tokens
+        w.inflight[t.rid] = n
+        w.inflight_tokens += n
+        self.tenant_inflight[t.tenant] = self.tenant_inflight.get(t.tenant, 0) + n
+        if t.session_id is not None:
+            self.ledger.touch(t.session_id, self.clock())
+            s = self.sessions.get(t.session_id)
+            if s is not None:
+                s.last_worker = w.id
+        if not w.cfg.kv_events:
+            self.approx.sent(w.tiers.hbm, t.hashes)
+
+    def end(self, t: Ticket, ttft_s: float | None = None) -> None:
+        """The attempt is over (finished, failed or aborted): idempotent."""
+        w, t.worker = t.worker, None
+        if w is None:
+            return
+        n = w.inflight.pop(t.rid, 0)
+        w.inflight_tokens -= n
+        left = self.tenant_inflight.get(t.tenant, 0) - n
+        if left > 0:
+            self.tenant_inflight[t.tenant] = left
+        else:
+            self.tenant_inflight.pop(t.tenant, None)
+        if ttft_s is not None:
+            w.ttft_s = ttft_s if w.ttft_s is None else (1 - TTFT_EWMA) * w.ttft_s + TTFT_EWMA * ttft_s
+
+    # --- health ----------------------------------------------------------------------------
+    def failed(self, w: Worker) -> bool:
+        """A failed health check or connection; returns True when this ejects the worker."""
+        w.passes = 0
+        w.fails += 1
+        if w.healthy and w.fails >= self.config.telemetry.eject_after:
+            w.healthy = False
+            for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd):
+                if loc is not None:
+                    self.approx.forget(loc)
+            return True
+        return False
+
+    def passed(self, w: Worker) -> bool:
+        """A passing health check; returns True when this re-admits the worker."""
+        w.fails = 0
+        w.passes += 1
+        if not w.healthy and w.passes >= self.config.telemetry.readmit_after:
+            w.healthy = True
+            return True
+        return False
+
+    def inflight_total(self) -> int:
+        return sum(len(w.inflight) for w in self.workers)

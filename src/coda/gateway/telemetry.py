@@ -1,0 +1,156 @@
+"""Engine telemetry: models and ``max_model_len`` from /v1/models, load from /metrics (vLLM's
+metric names, parsed with prometheus_client's text parser), liveness from /health.
+
+Scrapes run every ``scrape_interval_s`` (default 250 ms); a worker whose last good scrape is
+older than ``stale_after_s`` is stale, and admission counts it as saturated. Health checks eject
+a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
+passes (its models are read again then: it may have restarted with another configuration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from coda.errors import CodaError
+from coda.gateway.state import SCRAPED_SIGNALS, GatewayState, Worker
+
+log = logging.getLogger("coda.gateway")
+
+GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+_WANTED = GAUGES + COUNTERS
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The vLLM metrics the gateway reads: counts summed over engines (data-parallel ranks),
+    usage fractions averaged. Other lines are dropped before parsing, so a large exposition
+    (histograms of every request latency) costs a string scan, not a parse."""
+    keep = "\n".join(line for line in text.splitlines() if any(name in line[:64] for name in _WANTED))
+    values: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(keep + "\n"):
+        for s in fam.samples:
+            if s.name in _WANTED or s.name.removesuffix("_total") in _WANTED:
+                values.setdefault(s.name.removesuffix("_total"), []).append(s.value)
+    return {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
+
+
+def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
+    w.metric_names = frozenset(values)
+    w.queue_depth = int(values.get("vllm:num_requests_waiting", 0))
+    w.running = int(values.get("vllm:num_requests_running", 0))
+    w.kv_usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
+    w.scraped_at = now
+
+
+def apply_models(w: Worker, body: Any) -> None:
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("/v1/models did not return a list under 'data'")
+    w.models = {c["id"]: c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    lens = [c["max_model_len"] for c in w.models.values() if isinstance(c.get("max_model_len"), int)]
+    w.max_model_len = w.cfg.max_model_len or (min(lens) if lens else None)
+
+
+class Telemetry:
+    def __init__(self, state: GatewayState, on_update: Callable[[], None], on_readmit: Callable[[Worker], None]) -> None:
+        self.state = state
+        self.cfg = state.config.telemetry
+        self.on_update = on_update
+        self.on_readmit = on_readmit
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(max(2.0, self.cfg.stale_after_s)), trust_env=False)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _headers(self, w: Worker) -> dict[str, str]:
+        return {"authorization": f"Bearer {w.cfg.api_key}"} if w.cfg.api_key else {}
+
+    async def _get(self, w: Worker, path: str) -> httpx.Response:
+        return await self.client.get(w.cfg.url + path, headers=self._headers(w))
+
+    async def discover(self, w: Worker) -> None:
+        r = await self._get(w, "/v1/models")
+        r.raise_for_status()
+        apply_models(w, r.json())
+
+    async def scrape(self, w: Worker) -> None:
+        r = await self._get(w, "/metrics")
+        r.raise_for_status()
+        apply_metrics(w, parse_metrics(r.text), self.state.clock())
+
+    async def startup(self) -> None:
+        """Wait for every engine to answer /v1/models, read its /metrics once and check that it
+        supplies every signal the policies need; a ``CodaError`` names the engine and the fix."""
+        await asyncio.gather(*(self._startup_one(w) for w in self.state.workers))
+
+    async def _startup_one(self, w: Worker) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.startup_timeout_s
+        while True:
+            try:
+                await self.discover(w)
+                break
+            except (httpx.HTTPError, ValueError) as err:
+                if loop.time() >= deadline:
+                    raise CodaError(
+                        f"backend {w.label} ({w.cfg.url}) did not answer GET /v1/models within {self.cfg.startup_timeout_s:g} s "
+                        f"({type(err).__name__}: {err}); start the engine first or raise telemetry.startup_timeout_s"
+                    ) from None
+                await asyncio.sleep(0.2)
+        if not w.models:
+            raise CodaError(f"backend {w.label} ({w.cfg.url}) serves no model (empty /v1/models)")
+        with contextlib.suppress(httpx.HTTPError):
+            await self.scrape(w)
+        missing = self.state.missing_signals(w)
+        if missing:
+            names = ", ".join(f"{s} ({' or '.join(SCRAPED_SIGNALS[s])})" for s in missing)
+            raise CodaError(
+                f"backend {w.label} ({w.cfg.url}) cannot supply signal(s) {names} that ingress policy "
+                f"{self.state.ingress.name!r} needs: its /metrics lacks them; serve vLLM metrics there or choose a policy without them"
+            )
+
+    def start(self) -> None:
+        for w in self.state.workers:
+            self._tasks.append(asyncio.create_task(self._scrape_loop(w)))
+            self._tasks.append(asyncio.create_task(self._health_loop(w)))
+
+    async def _scrape_loop(self, w: Worker) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.scrape_interval_s)
+            try:
+                await self.scrape(w)
+            except (httpx.HTTPError, ValueError):
+                continue  # the worker goes stale; health checks decide about ejection
+            self.on_update()
+
+    async def _health_loop(self, w: Worker) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            try:
+                ok = (await self._get(w, "/health")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                if self.state.failed(w):
+                    log.warning("backend %s ejected: health checks failing", w.label)
+                continue
+            if not w.healthy and w.passes + 1 >= self.cfg.readmit_after:
+                try:
+                    await self.discover(w)
+                except (httpx.HTTPError, ValueError):
+                    continue
+            if self.state.passed(w):
+                log.warning("backend %s re-admitted", w.label)
+                self.on_readmit(w)
+                self.on_update()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()
