@@ -71,18 +71,24 @@ class RetryBudget:
 
 class TenantLimiter:
     """Per-tenant concurrency with additive increase / multiplicative decrease: a 429 halves the
-    tenant's limit (to at least 1), each success adds 1/limit, up to ``ceiling``; requests wait
-    for a slot."""
+    tenant's limit (to at least 1); each success of a request started under the current limit
+    adds 1/limit (about one slot per round trip, as TCP grows its window), up to ``ceiling``.
+    Requests wait for one of the ``floor(limit)`` slots."""
 
     def __init__(self, ceiling: int | None) -> None:
         self.ceiling = ceiling if ceiling is not None else math.inf
         self.limit = self.ceiling
         self.inflight = 0
         self.peak = 0
+        self.epoch = 0  # bumped by each decrease: successes from before it say nothing of the new limit
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> None:
-        while self.inflight >= self.limit:
+    def _slots(self) -> float:
+        return max(1, math.floor(self.limit)) if math.isfinite(self.limit) else math.inf
+
+    async def acquire(self) -> int:
+        """Wait for a slot; returns the epoch to hand back to ``release``."""
+        while self.inflight >= self._slots():
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -92,17 +98,20 @@ class TenantLimiter:
                     self._waiters.remove(fut)
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
+        return self.epoch
 
-    def release(self, outcome: str) -> None:
+    def release(self, outcome: str, epoch: int) -> None:
         """``outcome``: "ok" (additive increase), "429" (multiplicative decrease) or anything else."""
         self.inflight -= 1
         if outcome == "429":
             current = self.limit if math.isfinite(self.limit) else self.inflight + 1
             self.limit = max(1.0, math.floor(current / 2))
-        elif outcome == "ok" and self.limit < self.ceiling:
+            self.epoch += 1
+        elif outcome == "ok" and epoch == self.epoch and self.limit < self.ceiling:
             self.limit = min(self.ceiling, self.limit + 1.0 / self.limit)
-        free = int(self.limit - self.inflight) if math.isfinite(self.limit) else len(self._waiters)
-        for _ in range(min(free, len(self._waiters))):
+        free = self._slots() - self.inflight
+        while self._waiters and free > 0:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
+                free -= 1

@@ -189,7 +189,7 @@ class Replay:
         if limiter is None:
             limiter = self.limiters[rec["tenant"]] = TenantLimiter(cfg.max_concurrency)
         while True:
-            await limiter.acquire()
+            epoch = await limiter.acquire()
             rec["attempts"] += 1
             self.counts["inflight"] += 1
             outcome = "error"
@@ -198,7 +198,7 @@ class Replay:
                 outcome = "ok" if a.ok else "429" if a.status == 429 else "error"
             finally:
                 self.counts["inflight"] -= 1
-                limiter.release(outcome)
+                limiter.release(outcome, epoch)
             rec["statuses"].append(a.status)
             rec["status"] = a.status
             if a.status == 200:

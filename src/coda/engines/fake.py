@@ -414,5 +414,5 @@ class FakeEngine:
         m = self.metrics
         m.running.set(len(w.running) + w.n_restoring)
         m.waiting.set(len(w.waiting))
-        m.kv_usage.set(w.hbm.used / w.hbm.capacity)
+        m.kv_usage.set((w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity)  # as vLLM: cached idle blocks count as free
         return generate_latest(m.registry)
