@@ -119,10 +119,11 @@ def test_tracelab_rows_are_grouped_ordered_and_dropped_with_reasons(tmp_path):
         _tl_row("a", 1, prefix=300, append=10),  # duplicate round
         _tl_row("a", 2, out=0),  # nothing generated
         _tl_row("c", 0, prefix=None),
+        _tl_row("d", 0, tools=[{"tool_name": "Bash", "tool_wall_latency_ms": -5}, {"tool_name": "Read", "tool_wall_latency_ms": 250}]),
     ]
     wl = load_workload(str(_write_jsonl(tmp_path / "t.jsonl", rows)), "tracelab")
     load = wl.meta["load"]
-    assert load["rows"] == 7 and load["kept_rows"] == 4
+    assert load["rows"] == 8 and load["kept_rows"] == 5
     assert {r: d["rows"] for r, d in load["dropped"].items()} == {
         "duplicate round_index in its session (the first row is kept)": 1,
         "output_tokens is null or 0 (a replayed round generates at least one token)": 1,
@@ -134,6 +135,9 @@ def test_tracelab_rows_are_grouped_ordered_and_dropped_with_reasons(tmp_path):
     assert any("clamped" in r for r in load["adjusted"])
     b = next(s for s in wl.sessions if s.session_id == "b")
     assert [r.new_input_tokens for r in b.rounds] == [100, 5]
+    d = next(s for s in wl.sessions if s.session_id == "d")
+    assert [(t.name, t.duration_s) for t in d.rounds[0].tools] == [("Read", 0.25)] and d.rounds[0].tool_duration_s == 0.25
+    assert load["adjusted"]["tool call with a null or negative tool_wall_latency_ms: left out of the round's tools"] == {"rows": 1, "first_line": 8}
 
 
 @pytest.mark.parametrize(

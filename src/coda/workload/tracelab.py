@@ -39,7 +39,6 @@ REPACE_SEED = 0
 MODEL_OUTPUT_EVENTS = frozenset({"reasoning", "text", "tool_call"})
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-NonNegMs = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class _Event(msgspec.Struct):
@@ -49,7 +48,7 @@ class _Event(msgspec.Struct):
 
 class _Tool(msgspec.Struct):
     tool_name: str | None = None
-    tool_wall_latency_ms: NonNegMs | None = None
+    tool_wall_latency_ms: float | None = None
 
 
 class _Row(msgspec.Struct):
@@ -105,8 +104,8 @@ def _keep(path: Path, lineno: int, row: _Row, report: LoadReport) -> _Kept | Non
         report.adjust("input_tokens_total != prefix_tokens + newly_append_tokens: the prompt is their sum", lineno)
     tools = []
     for t in row.tools:
-        if t.tool_wall_latency_ms is None:
-            report.adjust("tool call without tool_wall_latency_ms: left out of the round's tools", lineno)
+        if t.tool_wall_latency_ms is None or t.tool_wall_latency_ms < 0:
+            report.adjust("tool call with a null or negative tool_wall_latency_ms: left out of the round's tools", lineno)
         else:
             tools.append(ToolCall(name=t.tool_name or "unknown", duration_s=t.tool_wall_latency_ms / 1000.0))
     events = row.timing_events
