@@ -133,7 +133,7 @@ def test_session_sticks_to_the_worker_holding_its_context(cluster):
     gw, engines, _ = cluster
     c = client(gw.url)
     # hold worker 0 (the least-loaded tie-break) busy so the session starts on the other worker
-    busy = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task"}], max_tokens=400, stream=True)
+    busy = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task"}], max_tokens=3000, stream=True)
     first = next(iter(busy))
     assert first.choices
     msgs = [{"role": "user", "content": " ".join(["context"] * 200)}]
