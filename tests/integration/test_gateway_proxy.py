@@ -4,6 +4,7 @@ OpenAI-format 4xx."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -13,7 +14,8 @@ import openai
 import pytest
 import yaml
 
-from coda.gateway.procs import Proc, running, spawn
+from coda.engines.launch import FakeEngineProcess
+from coda.gateway.procs import running
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "coda-fake"
@@ -24,10 +26,9 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     tmp: Path = tmp_path_factory.mktemp("gw")
-    engines: list[Proc] = []
-    try:
-        for _ in range(2):
-            engines.append(spawn("fake-engine", "--port", "0", "--speedup", "20", "--max-model-len", "4096", "--default-max-tokens", "16"))
+    with contextlib.ExitStack() as stack:
+        engines = [stack.enter_context(FakeEngineProcess("--speedup", "20", "--max-model-len", "4096", "--default-max-tokens", "16"))
+                   for _ in range(2)]
         cfg = {
             "backends": [e.url for e in engines],
             "auth": {"api_keys": {"key-a": "a", "key-b": "b"}, "admin_key": "admin"},
@@ -38,9 +39,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))
         with running("serve", "--config", str(tmp / "coda.yaml"), "--port", "0") as gw:
             yield gw, engines, tmp
-    finally:
-        for e in engines:
-            e.stop()
 
 
 def client(url: str, key: str = "key-a", **kw) -> openai.OpenAI:

@@ -1,0 +1,144 @@
+"""Ingress admission through `coda serve` in front of two slow `coda fake-engine` workers (one
+running request each, so queues build): 529 overload with a Retry-After the openai client
+honours, 503 after a bounded deferral, 429 for the tenant over its share while another is served."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from coda.engines.launch import FakeEngineProcess
+from coda.gateway.procs import Proc, running
+
+pytestmark = pytest.mark.timeout(120)
+MODEL = "coda-fake"
+
+
+@pytest.fixture(scope="module")
+def engines():
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(FakeEngineProcess("--speedup", "4", "--max-num-seqs", "1", "--max-model-len", "8192")) for _ in range(2)]
+
+
+@contextlib.contextmanager
+def gateway(tmp: Path, engines, **cfg) -> Iterator[Proc]:
+    path = tmp / "coda.yaml"
+    # least_loaded spreads the queued requests one per worker (coda would group them by context length)
+    base = {"backends": [e.url for e in engines], "telemetry": {"scrape_interval_s": 0.05}, "routing": {"router": "least_loaded"}}
+    path.write_text(yaml.safe_dump({**base, **cfg}))
+    with running("serve", "--config", str(path), "--port", "0") as gw:
+        yield gw
+
+
+def client(url: str, key: str = "k", retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=retries, timeout=30)
+
+
+def hold(c: openai.OpenAI, tag: str, max_tokens: int = 3000):
+    """A long streaming request, started and held open (first token received)."""
+    s = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"long task {tag}"}], max_tokens=max_tokens, stream=True)
+    next(iter(s))
+    return s
+
+
+def background(c: openai.OpenAI, content: str, max_tokens: int) -> threading.Thread:
+    """A request sent from a thread: the gateway answers only once the engine produces its first
+    byte, which for a queued request is after the requests ahead of it."""
+    t = threading.Thread(target=lambda: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                                  max_tokens=max_tokens), daemon=True)
+    t.start()
+    return t
+
+
+def wait_for(pred, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.02)
+
+
+def metric(url: str, line_start: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def queued_everywhere(engines) -> bool:
+    for e in engines:
+        text = httpx.get(e.url + "/metrics").text
+        if not any(line.startswith("vllm:num_requests_waiting") and not line.endswith(" 0.0") for line in text.splitlines()):
+            return False
+    return True
+
+
+def test_overload_529_with_retry_after_that_the_openai_client_honours(tmp_path, engines):
+    with gateway(tmp_path, engines, ingress={"policy": "overload", "params": {"max_inflight": 1, "retry_after_s": 2.0}}) as gw:
+        c = client(gw.url)
+        held = [hold(c, "a", 300), hold(c, "b", 300)]  # one per worker: every worker at max_inflight
+        with pytest.raises(openai.APIStatusError) as exc:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "one more"}], max_tokens=2)
+        err = exc.value
+        assert err.status_code == 529 and err.response.headers["retry-after"] == "2"
+        assert err.body["code"] == "overloaded" and "every worker is at its load limit" in err.body["message"]
+        # the held streams end within about a second; a retrying client waits the 2 s it was told, then succeeds
+        t0 = time.monotonic()
+        ok = client(gw.url, retries=3).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "one more"}], max_tokens=2)
+        assert ok.choices[0].finish_reason == "length"
+        assert time.monotonic() - t0 >= 1.9  # the openai client's own backoff would have retried within a second
+        for s in held:
+            s.close()
+        assert metric(gw.url, 'coda_ingress_decisions_total{action="reject",policy="overload",reason="overloaded"}') == 2
+
+
+def test_defer_holds_then_503_with_retry_after(tmp_path, engines):
+    policy = {"policy": "queue_limit", "params": {"max_waiting": 1, "retry_after_s": 1.0}, "max_wait_s": 0.6}
+    with gateway(tmp_path, engines, ingress=policy) as gw:
+        c = client(gw.url)
+        held = [hold(c, str(i)) for i in range(2)]
+        waiting = [background(c, f"queued {i}", 5) for i in range(2)]  # each engine runs one and queues one
+        wait_for(lambda: queued_everywhere(engines))
+        time.sleep(0.2)  # the gateway's next scrape sees the queues
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as exc:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "deferred"}], max_tokens=2)
+        waited = time.monotonic() - t0
+        assert exc.value.status_code == 503 and exc.value.response.headers["retry-after"] == "1"
+        assert exc.value.body["code"] == "queue_full" and 0.55 <= waited < 3.0
+        for s in held:
+            s.close()
+        for t in waiting:
+            t.join(10)
+        # once the queues drain, the same request is admitted
+        wait_for(lambda: not any(queued_everywhere([e]) for e in engines))
+        time.sleep(0.2)
+        assert c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "deferred"}], max_tokens=2).choices
+        assert metric(gw.url, "coda_ingress_deferred_total") >= 1
+
+
+def test_tenant_over_its_share_gets_429_while_another_tenant_is_served(tmp_path, engines):
+    cfg = {"auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"weight": 1}, "b": {"weight": 1}},
+           "ingress": {"policy": "tenant_share", "params": {"queue_high": 1, "slack": 0.0}}}
+    with gateway(tmp_path, engines, **cfg) as gw:
+        a, b = client(gw.url, "key-a"), client(gw.url, "key-b")
+        held = [hold(b, "b0"), hold(a, "a0")]
+        queued = [background(a, f"long task a{i}", 5) for i in (1, 2)]
+        wait_for(lambda: queued_everywhere(engines))
+        time.sleep(0.2)
+        with pytest.raises(openai.RateLimitError) as exc:
+            a.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task a3"}], max_tokens=2)
+        assert exc.value.body["code"] == "tenant_over_share" and exc.value.response.headers["retry-after"]
+        served = b.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task b1"}], max_tokens=2)
+        assert served.choices[0].finish_reason == "length"
+        for s in held:
+            s.close()
+        for t in queued:
+            t.join(10)
