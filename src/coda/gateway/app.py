@@ -14,10 +14,13 @@ one-line error), and on SIGTERM stops accepting, lets in-flight requests finish 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -240,7 +243,9 @@ def create_app(gw: Gateway) -> Starlette:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown, with the gateway told first (so /ready turns 503 and new requests are refused)."""
+    """uvicorn's graceful shutdown, with the gateway told first (so /ready turns 503 and new
+    requests are refused). Unlike uvicorn, the signal is not raised again after the drain: the
+    gateway then closes its telemetry, KV-event sockets and decision log, and exits 0."""
 
     def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
         super().__init__(config)
@@ -249,6 +254,18 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.gw.state.draining = True
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
