@@ -268,15 +268,28 @@ class _DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, created with ``IPPROTO_TCP`` so that asyncio sets TCP_NODELAY on
+    every accepted connection (``socket.create_server`` leaves the protocol at 0, and Nagle's
+    algorithm then holds a response's first chunk for the client's delayed ACK, about 40 ms)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise CodaError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
     """Check the engines, listen, serve until SIGTERM/SIGINT, drain, clean up."""
     gw = Gateway(config)
     try:
         await gw.start()
-        try:
-            sock = socket.create_server((config.host, config.port))
-        except OSError as err:
-            raise CodaError(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from None
+        sock = listen(config.host, config.port)
         server = _DrainingServer(uvicorn.Config(create_app(gw), log_level="warning", lifespan="off", access_log=False, server_header=False, date_header=False,
                                                 timeout_graceful_shutdown=config.drain_timeout_s), gw)  # type: ignore[arg-type]
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
