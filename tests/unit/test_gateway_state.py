@@ -1,0 +1,164 @@
+"""Invariants of the gateway's bookkeeping and admission: in-flight counts return to zero whatever
+the order of events, every request ends with exactly one decision, the approximate index stays
+bounded, routing snapshots carry what the routers read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda.gateway.admission import Admission, DecisionLog
+from coda.gateway.config import build_config
+from coda.gateway.errors import ApiError
+from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prompt import CharTokenizer, Prompt
+from coda.gateway.state import GatewayState, Ticket
+
+URLS = ["http://a:1", "http://b:2", "http://c:3"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_state(clock: Clock | None = None, **cfg) -> GatewayState:
+    s = GatewayState(build_config({"backends": URLS, **cfg}, {}, {}), CharTokenizer(), clock or Clock())
+    for w in s.workers:
+        w.models = {"m": {"id": "m"}}
+        w.scraped_at = 0.0
+    return s
+
+
+def ticket(s: GatewayState, tenant: str, session: str | None, tokens: int) -> Ticket:
+    units = list(range(tokens // 64))
+    hashes = s.block_hashes(session, units)
+    cands = s.serving("m")
+    return Ticket(s.next_rid(), "/v1/chat/completions", tenant, session, "m", Prompt(units, tokens, tokens // 3), 16, hashes, cands,
+                  s.match(hashes, cands))
+
+
+ops = st.lists(st.tuples(st.sampled_from(["begin", "end", "fail", "pass"]), st.integers(0, 7), st.sampled_from(["a", "b"]),
+                         st.integers(64, 5000)), max_size=60)
+
+
+@given(ops)
+def test_inflight_counts_return_to_zero(seq):
+    s = make_state(telemetry={"eject_after": 2, "readmit_after": 1})
+    open_tickets: dict[int, Ticket] = {}
+    for op, k, tenant, tokens in seq:
+        if op == "begin" and k not in open_tickets:
+            t = ticket(s, tenant, f"s{k}", tokens)
+            w, _ = s.route(t, set())
+            assert w is not None
+            s.begin(t, w)
+            open_tickets[k] = t
+        elif op == "end" and k in open_tickets:
+            s.end(open_tickets.pop(k), ttft_s=0.01)
+        elif op == "fail":
+            s.failed(s.workers[k % 3])
+        elif op == "pass":
+            s.passed(s.workers[k % 3])
+        assert sum(len(w.inflight) for w in s.workers) == len(open_tickets)
+        assert sum(s.tenant_inflight.values()) == sum(t.prompt.tokens for t in open_tickets.values())
+    for t in open_tickets.values():
+        s.end(t)
+        s.end(t)  # idempotent
+    assert all(not w.inflight and w.inflight_tokens == 0 for w in s.workers) and s.tenant_inflight == {}
+
+
+def test_approx_index_is_bounded_and_routes_a_session_back():
+    s = make_state(indexer={"approx_blocks_per_worker": 10, "block_tokens": 64})
+    t = ticket(s, "a", "s1", 64 * 8)
+    w, _ = s.route(t, set())
+    s.begin(t, w)
+    s.end(t)
+    t2 = ticket(s, "a", "s1", 64 * 12)  # the session's next, longer prompt
+    assert t2.matches[w.id].hbm_blocks == 8
+    snap = s.routing_snapshot(t2, set())
+    assert snap.request.is_continuation and snap.request.last_worker == w.id and snap.request.reusable_tokens == 8 * 64
+    assert s.route(t2, set())[0] is w
+    for i in range(5):
+        tt = ticket(s, "a", f"x{i}", 64 * 8)
+        s.begin(tt, w)
+        s.end(tt)
+    assert s.indexer.blocks(w.tiers.hbm) <= 10
+    assert s.route(t2, {w.id})[0] is not w  # a retry excludes the failed worker
+    assert s.route(t2, {0, 1, 2})[0] is None
+
+
+def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():
+    clock = Clock()
+    s = make_state(clock, ingress={"policy": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0})
+    t = ticket(s, "a", "s", 640)
+    w, _ = s.route(t, set())
+    s.begin(t, w)
+    s.end(t)
+    assert s.indexer.blocks(w.tiers.hbm) > 0
+    assert s.failed(w) and not w.healthy and s.indexer.blocks(w.tiers.hbm) == 0
+    assert s.ingress_snapshot(t).workers[w.id].healthy is False
+    clock.t = 5.0
+    assert all(x.stale for x in s.ingress_snapshot(t).workers)
+    assert s.decide(t)[0].action == "defer"
+    for x in s.workers:
+        x.scraped_at = 5.0
+    assert s.decide(t)[0].action == "admit"
+
+
+def test_shadow_must_name_a_policy_or_router():
+    from coda.errors import CodaError
+
+    assert make_state(ingress={"shadow": "session"}).shadow_ingress is not None
+    assert make_state(ingress={"shadow": "dynamo_kv"}).shadow_router is not None
+    with pytest.raises(CodaError, match="neither an ingress policy"):
+        make_state(ingress={"shadow": "nope"})
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"])), min_size=1, max_size=25), st.lists(st.integers(0, 3), max_size=10))
+def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
+    """Requests arrive while engine queues change; each is admitted or refused exactly once, and
+    the gateway's queue of deferred requests empties."""
+
+    async def run() -> None:
+        s = make_state(ingress={"policy": "queue_limit+tenant_share", "params": {"queue_limit": {"max_waiting": 2}}, "max_wait_s": 0.05,
+                                "max_queue": 5})
+        metrics = GatewayMetrics()
+        adm = Admission(s, s.config.ingress, metrics, DecisionLog(None))
+        outcomes: list[str] = []
+
+        async def one(q: int, tenant: str) -> None:
+            for w in s.workers:
+                w.queue_depth = q
+            t = ticket(s, tenant, None, 640)
+            try:
+                await adm.admit(t)
+                outcomes.append("admit")
+                w, _ = s.route(t, set())
+                s.begin(t, w)
+                await asyncio.sleep(0)
+                s.end(t)
+                adm.kick()
+            except ApiError as err:
+                assert err.status in (503, 429, 529) and err.retry_after_s > 0
+                outcomes.append(str(err.status))
+
+        async def churn() -> None:
+            for q in queue_changes:
+                await asyncio.sleep(0.01)
+                for w in s.workers:
+                    w.queue_depth = q
+                adm.kick()
+
+        await asyncio.gather(churn(), *(one(q, tenant) for q, tenant in arrivals))
+        total = sum(s_.value for fam in metrics.decisions.collect() for s_ in fam.samples if s_.name.endswith("_total"))
+        assert len(outcomes) == len(arrivals) == total
+        assert s.queued == 0 and s.inflight_total() == 0
+
+    asyncio.run(run())
