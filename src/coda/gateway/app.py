@@ -63,12 +63,12 @@ class Gateway:
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
         self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
         self.consumers = {
-            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if w.cfg.kv_events
+            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if self.state.uses_events(w)
         }
         self.drop_credentials = config.auth.enabled
-        if self.consumers and config.indexer.tokenizer != "words":
-            log.warning("KV events are consumed, but the %s tokenizer cannot name prompt blocks as the engine does; "
-                        "prefix matches will come from events only when prompts are tokenized exactly", config.indexer.tokenizer)
+        if any(w.cfg.kv_events for w in self.state.workers) and not self.state.tokenizer.exact:
+            log.warning("kv_events ignored: the %s tokenizer cannot name prompt blocks as the engine does, so the gateway indexes "
+                        "the prompts it routes instead (indexer.tokenizer: words is exact for coda fake-engine)", config.indexer.tokenizer)
 
     async def start(self) -> None:
         await self.telemetry.startup()

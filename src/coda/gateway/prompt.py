@@ -58,6 +58,8 @@ class Prompt:
 class Tokenizer(Protocol):
     name: str
     tokens_per_unit: int
+    #: units are the engine's token ids, so block hashes can be matched with the engine's KV events
+    exact: bool
 
     def prompt(self, path: str, body: dict[str, Any]) -> Prompt: ...
 
@@ -87,6 +89,7 @@ def prompt_text(path: str, body: dict[str, Any]) -> bytes:
 class CharTokenizer:
     name = "chars"
     tokens_per_unit = UNIT_BYTES // BYTES_PER_TOKEN
+    exact = False
 
     def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
         text = prompt_text(path, body)
@@ -99,6 +102,7 @@ class CharTokenizer:
 class WordTokenizer:
     name = "words"
     tokens_per_unit = 1
+    exact = True
 
     def __init__(self) -> None:
         from coda.engines import api, tokenizer

@@ -117,8 +117,9 @@ class GatewayState:
         self.clock = clock
         self.units_per_block = max(1, config.indexer.block_tokens // tokenizer.tokens_per_unit)
         self.block_tokens = self.units_per_block * tokenizer.tokens_per_unit
+        events = tokenizer.exact
         self.workers = [
-            Worker(i, b, WorkerTiers(i, f"hbm:{i}", f"dram:{i}" if b.kv_events else None, f"ssd:{i}" if b.kv_events else None))
+            Worker(i, b, WorkerTiers(i, f"hbm:{i}", f"dram:{i}" if b.kv_events and events else None, f"ssd:{i}" if b.kv_events and events else None))
             for i, b in enumerate(config.backends)
         ]
         self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
@@ -142,6 +143,10 @@ class GatewayState:
         self.queued = 0
         self.draining = False
         self._seq = 0
+
+    def uses_events(self, w: Worker) -> bool:
+        """KV events name blocks by token ids: usable only when prompts are tokenized exactly."""
+        return bool(w.cfg.kv_events) and self.tokenizer.exact
 
     # --- signals ---------------------------------------------------------------------------
     @property
@@ -270,7 +275,7 @@ class GatewayState:
             s = self.sessions.get(t.session_id)
             if s is not None:
                 s.last_worker = w.id
-        if not w.cfg.kv_events:
+        if not self.uses_events(w):
             self.approx.sent(w.tiers.hbm, t.hashes)
 
     def end(self, t: Ticket, ttft_s: float | None = None) -> None:
