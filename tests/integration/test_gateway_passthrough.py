@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from coda.gateway.procs import running
+from coda.gateway.procs import running, spawn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,6 +81,7 @@ def setup(tmp_path_factory):
         cfg.write_text(yaml.safe_dump({"backends": [{"url": url, "api_key": "backend-secret"}], "max_body_bytes": 50_000,
                                        "auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"cache_salt": "salt-a"}}}))
         with running("serve", "--config", str(cfg), "--port", "0") as gw:
+            gw.backend_url = url
             yield gw, rec
     finally:
         server.should_exit = True
@@ -140,3 +141,11 @@ def test_client_disconnect_aborts_the_upstream_request(setup):
                       headers={"authorization": "Bearer key-b"}) as r:
         next(r.iter_raw())
     assert rec.aborted.wait(5), "the backend kept streaming after the client left"
+
+
+def test_a_policy_needing_a_signal_the_backend_lacks_refuses_to_start(setup):
+    gw, _ = setup  # the recording backend serves no /metrics
+    with pytest.raises(RuntimeError) as exc:
+        spawn("serve", "--port", "0", "--backend", gw.backend_url, "--ingress", "queue_limit+admit_all", timeout_s=20)
+    assert "cannot supply signal(s) queue_depth (vllm:num_requests_waiting)" in str(exc.value)
+    assert "Traceback" not in str(exc.value)
