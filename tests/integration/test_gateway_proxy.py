@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             "auth": {"api_keys": {"key-a": "a", "key-b": "b"}, "admin_key": "admin"},
             "indexer": {"tokenizer": "words", "block_tokens": 16},
             "max_body_bytes": 200_000,
-            "ingress": {"decision_log": str(tmp / "decisions.jsonl")},
+            "ingress": {"decision_log": str(tmp / "decisions.jsonl"), "shadow": "queue_limit"},
         }
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))
         with running("serve", "--config", str(tmp / "coda.yaml"), "--port", "0") as gw:
@@ -188,6 +188,7 @@ def test_health_ready_metrics_and_debug_state(cluster):
     assert 'coda_ingress_decisions_total{action="admit",policy="admit_all",reason="ok"}' in metrics
     assert 'coda_tenant_output_tokens_total{tenant="a"}' in metrics
     assert "secret-session-42" not in metrics  # no unbounded label values
+    assert 'coda_shadow_decisions_total{agree="true",shadow="queue_limit"}' in metrics
     assert httpx.get(gw.url + "/debug/state").status_code == 401
     state = httpx.get(gw.url + "/debug/state", headers={"authorization": "Bearer admin"}).json()
     assert state["inflight_requests"] == 0 and len(state["workers"]) == 2
