@@ -62,7 +62,12 @@ def _error_message(body: bytes) -> str:
 
 
 class Endpoint:
-    """An OpenAI-compatible base URL (with or without ``/v1``) and how to call it."""
+    """An OpenAI-compatible base URL (with or without ``/v1``) and how to call it.
+
+    Requests are spread over ``shards`` httpx clients by a key (the session): httpx's pool scans
+    every pooled connection on each request, so one pool holding hundreds of connections costs
+    milliseconds of CPU per request; small pools keep the client's overhead flat as concurrency
+    grows, and a session keeps reusing its own connections, as an agent does."""
 
     def __init__(
         self,
@@ -73,6 +78,7 @@ class Endpoint:
         api_key: str | None = None,
         ignore_eos: bool = True,
         timeout_s: float = 600.0,
+        shards: int = 1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if api not in ("chat", "completions"):
@@ -82,20 +88,23 @@ class Endpoint:
         self.model = model
         self.api = api
         self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        self.url = httpx.URL(self.base + self.path)  # parsed once: httpx parses a string URL on every request
         self.ignore_eos = ignore_eos
         self.clock = clock
         headers = {"accept": "text/event-stream"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self.client = httpx.AsyncClient(
-            base_url=self.base,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=4096),
-        )
+        tls = httpx.create_ssl_context()  # built once: loading the CA bundle costs ~20 ms per client
+        self.clients = [
+            httpx.AsyncClient(base_url=self.base, headers=headers, verify=tls, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            for _ in range(max(1, shards))
+        ]
+        self.client = self.clients[0]
 
     async def close(self) -> None:
-        await self.client.aclose()
+        for c in self.clients:
+            await c.aclose()
 
     async def served_model(self) -> str | None:
         """The first model the endpoint lists, or None when it cannot be asked."""
@@ -118,11 +127,12 @@ class Endpoint:
             req["prompt"] = " ".join(tok.render((m.role, m.text) for m in messages))
         return _encode.encode(req)
 
-    async def send(self, body: bytes, headers: dict[str, str]) -> Attempt:
+    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
         clock = self.clock
         a = Attempt(sent_s=clock())
+        client = self.clients[shard % len(self.clients)]
         try:
-            async with self.client.stream("POST", self.path, content=body, headers=headers) as resp:
+            async with client.stream("POST", self.url, content=body, headers=headers) as resp:
                 a.status = resp.status_code
                 if resp.status_code != 200:
                     a.retry_after_s = retry_after_s(resp.headers)

@@ -29,6 +29,8 @@ from coda.sim.config import SloConfig
 from coda.workload.schema import Session, Workload, session_prompts
 from coda.workload.stats import workload_duration_s
 
+SHARDS = 32  # httpx clients the sessions are spread over (see Endpoint)
+
 
 class BenchConfig(BaseModel):
     """Everything that defines a bench run besides the workload (CLI flags and config files map onto it)."""
@@ -102,23 +104,21 @@ class Replay:
     async def run(self) -> None:
         cfg = self.config
         endpoint = Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
-                            timeout_s=cfg.timeout_s, clock=self._clock)
+                            timeout_s=cfg.timeout_s, shards=min(SHARDS, len(self.sessions)), clock=self._clock)
         try:
             if self.model is None:
                 self.model = endpoint.model = await endpoint.served_model()
             self._t0 = self._clock()
-            tasks = [asyncio.create_task(self._session(endpoint, s)) for s in self.sessions]
+            tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]
+            everything = asyncio.gather(*tasks, return_exceptions=True)
             stopper = asyncio.create_task(self._stop.wait())
             deadline = self.duration_s + self.config.drain_s
-            pending = set(tasks)
-            while pending and not self._stop.is_set() and self.now() < deadline:
-                done, _ = await asyncio.wait(pending | {stopper}, timeout=deadline - self.now(), return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
+            await asyncio.wait({everything, stopper}, timeout=max(deadline - self.now(), 0.0), return_when=asyncio.FIRST_COMPLETED)
             if self._stop.is_set():
                 self.window_end = min(self.window_end, self.now())
             for t in (*tasks, stopper):
                 t.cancel()
-            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+            await asyncio.gather(everything, stopper, return_exceptions=True)
         finally:
             self.wall_s = self.now()
             await endpoint.close()
@@ -127,7 +127,7 @@ class Replay:
         return Window(self.config.warmup_s, max(self.window_end, self.config.warmup_s))
 
     # --- one session -----------------------------------------------------------------------
-    async def _session(self, endpoint: Endpoint, sess: Session) -> None:
+    async def _session(self, endpoint: Endpoint, sess: Session, shard: int) -> None:
         ts = self.config.time_scale
         ready = sess.start_s * ts
         await self._sleep_until(ready)
@@ -145,7 +145,7 @@ class Replay:
             msgs = conv.prompt(k)
             rec["prompt_tokens"] = conv.prompt_tokens
             try:
-                text = await self._request(endpoint, rec, endpoint.body(msgs, rnd.output_tokens), headers)
+                text = await self._request(endpoint, rec, endpoint.body(msgs, rnd.output_tokens), headers, shard)
             except asyncio.CancelledError:
                 rec["state"], rec["reason"] = "failed", self._cancel_reason
                 self.counts["failed"] += 1
@@ -182,7 +182,7 @@ class Replay:
             self.counts[state] += 1
 
     # --- one request, with retries ---------------------------------------------------------
-    async def _request(self, endpoint: Endpoint, rec: dict[str, Any], body: bytes, headers: dict[str, str]) -> str | None:
+    async def _request(self, endpoint: Endpoint, rec: dict[str, Any], body: bytes, headers: dict[str, str], shard: int) -> str | None:
         """The assistant text when the round completes; None when it ended rejected or failed."""
         cfg = self.config
         limiter = self.limiters.get(rec["tenant"])
@@ -194,7 +194,7 @@ class Replay:
             self.counts["inflight"] += 1
             outcome = "error"
             try:
-                a = await endpoint.send(body, headers)
+                a = await endpoint.send(body, headers, shard)
                 outcome = "ok" if a.ok else "429" if a.status == 429 else "error"
             finally:
                 self.counts["inflight"] -= 1

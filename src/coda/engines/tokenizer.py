@@ -15,6 +15,7 @@ as vLLM names blocks; token ids (for ``/tokenize`` and KV events) are stable has
 from __future__ import annotations
 
 import hashlib
+import random
 import zlib
 from collections.abc import Iterable, Sequence
 
@@ -31,6 +32,7 @@ _VOWELS = "aeiou"
 _SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]
 # 80 syllables -> 6,400 two-syllable words: short, pronounceable, and never a template marker.
 VOCAB = np.array([a + b for a in _SYLLABLES for b in _SYLLABLES])
+_VOCAB_LIST: list[str] = VOCAB.tolist()
 
 
 def role_marker(role: str) -> str:
@@ -58,9 +60,12 @@ def seed_of(*parts: object) -> int:
 
 
 def words(seed: int, n: int) -> list[str]:
-    """``n`` deterministic vocabulary words for ``seed``."""
+    """``n`` deterministic vocabulary words for ``seed`` (Python's generator for short texts, where
+    numpy's setup dominates; numpy's for long ones)."""
     if n <= 0:
         return []
+    if n < 512:
+        return random.Random(seed).choices(_VOCAB_LIST, k=n)
     rng = np.random.default_rng(seed)
     return VOCAB[rng.integers(0, VOCAB.size, n)].tolist()
 
