@@ -10,6 +10,8 @@ trace's ``prompt_tokens`` when the previous round returned the trace's output le
 Round 0 is the prefix group's system prompt (shared text, so shared KV) plus a user message. A
 round with ``prefix_tokens`` (a cache-breaking edit) keeps exactly that many tokens of the
 previous context: the message holding the cut is truncated there and continued with new text.
+A cut on a message boundary (and a group prompt) also shares the next message's role marker,
+one token more than the trace, as any chat template would.
 """
 
 from __future__ import annotations
