@@ -79,15 +79,22 @@ def workload_at(spec: str, rate: float, seed: int, fmt: str | None = None) -> Wo
     return subsample(load_workload(spec, fmt), rate=rate, seed=seed)
 
 
-async def sweep(spec: str, rates: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
-                progress: Callable[[str, Replay], None] | None = None, on_replay: Callable[[Replay], None] | None = None) -> dict[str, Any]:
-    """Every rate ``repeats`` times (seeds seed, seed+1, ...); rows of means with 95% intervals, the knee, load.png."""
+def check_repeats(repeats: int) -> None:
     if repeats < 3:
         raise CodaError(f"--repeats must be >= 3 for a sweep (95% intervals need them), got {repeats}")
+
+
+async def sweep(spec: str, rates: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
+                progress: Callable[[str, Replay], None] | None = None, on_replay: Callable[[Replay], None] | None = None) -> dict[str, Any]:
+    """Every rate ``repeats`` times, each on another draw of the workload (a synth spec's seed, else
+    ``cfg.seed``, then +1, +2, ...); rows of means with 95% intervals, the knee, load.png."""
+    check_repeats(repeats)
+    found = re.search(r"seed=(\d+)", spec) if spec.startswith("synth") else None
+    base = int(found.group(1)) if found else cfg.seed
     runs: dict[float, list[dict[str, Any]]] = {}
     for rate in rates:
         for i in range(repeats):
-            seed = cfg.seed + i
+            seed = base + i
             label = f"rate {rate:g} repeat {i + 1}/{repeats}"
             wl = workload_at(spec, rate, seed, fmt)
             replay, summary = await run_once(wl, cfg.model_copy(update={"seed": seed}), spec, on_replay=on_replay,

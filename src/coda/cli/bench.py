@@ -181,8 +181,9 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
 
 
 def _run_sweep(spec: str, rates: list[float], repeats: int, cfg: Any, out: Path, fmt: str | None, as_json: bool) -> None:
-    from coda.bench.run import sweep
+    from coda.bench.run import check_repeats, sweep
 
+    check_repeats(repeats)
     with progress_bar("of the arrival window") as prog:
         task = prog.add_task("sweep", total=1.0)
 

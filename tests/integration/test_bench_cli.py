@@ -1,0 +1,107 @@
+"""`coda bench` and `coda fake-engine` as a user runs them: the --json contract, the files written,
+sweeps with repeats and a knee, Ctrl-C writing what was measured, one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coda.engines.launch import FakeEngineProcess
+
+JSON_KEYS = {"offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
+             "e2e_p50_s", "config"}
+SMALL = "synth:rate=6,duration=60,seed=1"  # 4 sessions; with --time-scale 0.05 a 3 s arrival window
+
+
+def coda(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coda.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with FakeEngineProcess("--speedup", "20") as eng:
+        yield eng
+
+
+def test_json_contract_and_files(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert JSON_KEYS <= out.keys() and out["offered"] == out["completed"] > 0 and out["goodput"] > 0
+    cfg = out["config"]
+    assert cfg["model"] == "coda-fake" and cfg["time_scale"] == 0.05 and cfg["workload"]["spec"] == SMALL and cfg["workload"]["seed"] == 1
+    assert cfg["slo"] == {"ttft_s": 5.0, "tbt_s": 0.1} and "api_key" not in cfg and out["versions"]["coda"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["offered"] == out["offered"]
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) >= out["offered"] and all(json.loads(line)["state"] == "completed" for line in lines)
+    for name in ("latency_cdf.png", "throughput.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_repeats_each_rate_and_reports_the_knee(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--sweep", "2,6",
+                "--repeats", "3", "--out", str(tmp_path), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert [r["rate"] for r in res["rows"]] == [2.0, 6.0] and all(r["repeats"] == 3 for r in res["rows"])
+    assert res["knee_rate"] in (2.0, 6.0) and res["rows"][0]["goodput_ci95"] is not None
+    assert (tmp_path / "load.png").exists() and (tmp_path / "sweep.json").exists()
+    assert sorted(p.parent.name for p in tmp_path.glob("rate-6/*/summary.json")) == ["repeat-0", "repeat-1", "repeat-2"]
+    seeds = {json.loads(p.read_text())["config"]["workload"]["seed"] for p in tmp_path.glob("rate-2/*/summary.json")}
+    assert seeds == {1, 2, 3}  # each repeat is another synthetic draw
+
+
+def test_ctrl_c_writes_what_was_measured(engine, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "bench", "--endpoint", engine.url, "--workload", "synth:rate=20,duration=600,seed=2",
+                             "--out", str(tmp_path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    summary = json.loads(out)
+    assert summary["ended_early"] and summary["window_s"][1] < 30 and summary["offered"] > 0
+    assert summary["offered"] == summary["completed"] + summary["rejected"] + summary["failed"]
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert {r["reason"] for r in records if r["state"] == "failed"} <= {"interrupted"}
+    assert (tmp_path / "summary.json").exists()
+
+
+def busy_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("bench", "--workload", SMALL, "--out", "x"), "--endpoint is required"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", "synth:rate=-1,duration=5", "--out", "x"), "rate must be > 0"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--api", "grpc"), "api"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "2,4", "--repeats", "2"), "--repeats must be >= 3"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "fast"), "comma-separated"),
+        (("fake-engine", "--port", "0", "--system", "coda"), "tool_aware eviction"),
+        (("fake-engine", "--port", "0", "--system", "nope"), "unknown system 'nope'"),
+        (("fake-engine", "--port", "0", "--speedup", "0"), "speedup"),
+        (("fake-engine", "--port", "0", "--kv-events", "tcp://*:notaport"), "KV events: cannot open"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(args, needle):
+    proc = coda(*args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1  # one line, no traceback
+
+
+def test_a_port_in_use_is_a_one_line_error():
+    with busy_port() as sock:
+        proc = coda("fake-engine", "--port", str(sock.getsockname()[1]), timeout=60)
+    assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in proc.stderr and "Traceback" not in proc.stderr
