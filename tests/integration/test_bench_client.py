@@ -148,7 +148,7 @@ def sessions(*specs: tuple[str, int], tenant: str | None = None, out: int = 3) -
 
 def bench(url: str, sess: list[Session], **cfg: Any) -> tuple[Any, dict]:
     config = BenchConfig(endpoint=url, **{"drain_s": 20.0, "backoff_base_s": 0.01, **cfg})
-    return asyncio.run(run_once(Workload(sessions=sess, meta={"duration_s": 1.0}), config, "scripted"))
+    return asyncio.run(run_once(Workload(sessions=sess, meta={"duration_s": 10.0}), config, "scripted"))
 
 
 def by_session(records: list[dict]) -> dict[str, list[dict]]:
