@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -41,9 +42,17 @@ def profile_show(
     table.add_column("value", justify="right")
     table.add_column("provenance")
     dump = p.model_dump()
-    for section in ("gpu", "model", "tiers", "overheads"):
-        for k, v in dump[section].items():
-            table.add_row(f"{section}.{k}", fmt_value(v), p.provenance.get(f"{section}.{k}", ""))
+
+    def rows(prefix: str, data: dict) -> None:
+        for k, v in data.items():
+            if isinstance(v, dict):
+                rows(f"{prefix}.{k}", v)
+            else:
+                table.add_row(f"{prefix}.{k}", fmt_value(v), p.provenance.get(f"{prefix}.{k}", ""))
+
+    for section in ("gpu", "model", "tiers", "overheads", "attention"):
+        if dump.get(section) is not None:
+            rows(section, dump[section])
     for link in ("h2d", "d2h", "ssd_read"):
         pts = ", ".join(f"{b / 2**20:.3g} MiB:{s * 1e3:.3g} ms" for b, s in dump[link]["points"])
         table.add_row(link, pts, p.provenance.get(link, ""))
@@ -54,3 +63,110 @@ def profile_show(
     for k, v in sizing.items():
         sz.add_row(k, fmt_value(v))
     out_console.print(sz)
+
+
+@profile_app.command("fit")
+def profile_fit(
+    out: Annotated[Path, typer.Option("--out", help="profile JSON to write")],
+    attention: Annotated[
+        Path | None, typer.Option("--attention", help="base-grid CSV (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us)")
+    ] = None,
+    skew: Annotated[Path | None, typer.Option("--skew", help="skew CSV (regime,n,nb,...,t_mean_us,t_max_us,t_skew_us)")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU of the measurement (default: from the CSV name)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model of the measurement (default: from the CSV name)")] = None,
+    family: Annotated[str, typer.Option("--family", help="kernel family: fa2-split or balanced")] = "fa2-split",
+    base: Annotated[str, typer.Option("--base", help="profile whose tiers, links and step overhead are copied")] = "a100-qwen3coder30b-fp8",
+    holdout_batch: Annotated[list[int] | None, typer.Option("--holdout-batch", help="batch size kept out of the fit (repeatable)")] = None,
+    holdout_context: Annotated[
+        int | None, typer.Option("--holdout-context", help="keep out every batch reaching this context (default: the largest measured)")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="profile name")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit a profile's attention constants to measured CSVs, with held-out residual bounds."""
+    import json
+
+    from coda.cost.fit import fit_profile
+    from coda.cost.profile import load_profile
+    from coda.errors import CodaError
+
+    if family not in ("fa2-split", "balanced"):
+        raise CodaError(f"--family {family!r}: use fa2-split or balanced")
+    data = fit_profile(
+        attention,
+        skew,
+        load_profile(base),
+        gpu=gpu,
+        model=model,
+        family=family,
+        holdout_batches=tuple(holdout_batch or (64,)),
+        holdout_context_from=holdout_context,
+        name=name,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    att = data["attention"]
+    if as_json:
+        print_json({"out": str(out), "attention": att})
+        return
+    out_console.print(f"wrote {out}: {data['name']}")
+    for k in ("mem_efficiency", "cta_bw_bytes_s", "cta_overhead_s", "launch_s", "per_request_s", "combine_s"):
+        out_console.print(f"  {k} = {fmt_value(att[k])}")
+    out_console.print(
+        f"  held-out bounds: -{att['bounds']['lower']:.3f} / +{att['bounds']['upper']:.3f} over {att['bounds']['held_out_rows']} batches"
+    )
+
+
+@profile_app.command("check")
+def profile_check(
+    skew: Annotated[Path, typer.Option("--skew", help="skew CSV to check against")],
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8",
+    as_json: JsonOpt = False,
+) -> None:
+    """Predicted vs measured skew ratios and uniform times, next to a constant-ratio baseline."""
+    from coda.cost.check import check_skew
+    from coda.cost.profile import load_profile
+
+    res = check_skew(load_profile(profile), skew)
+    if as_json:
+        print_json(res)
+        return
+    table = Table(show_header=True, title=f"{res['profile']} vs {skew.name}")
+    for col in ("rows", "n", "ratio MAE", "ratio p90", "baseline MAE", "time med %", "extrapolated"):
+        table.add_column(col, justify="right")
+    blocks = (
+        [("all", res)]
+        + [(f"{k}", v) for k, v in res["regime_breakdown"].items()]
+        + [(f"{k} held-out", v) for k, v in res["held_out"].items()]
+    )
+    for label, b in blocks:
+        table.add_row(
+            label,
+            str(b["n"]),
+            fmt_value(b["ratio_mae"]),
+            fmt_value(b["ratio_p90_abs_err"]),
+            fmt_value(b["baseline_ratio_mae"]),
+            fmt_value(b["time_median_abs_pct_err"]),
+            str(b["extrapolated"]),
+        )
+    out_console.print(table)
+    for k, c in res["coverage"].items():
+        if c["shapes"]:
+            out_console.print(
+                f"cohort gain ({k}): {c['shapes']} measured shapes, measured gain median {c['measured_gain_median']:.3f} max {c['measured_gain_max']:.3f}, conservative bound covered {c['covered']:.0%}"
+            )
+
+
+@profile_app.command("measure")
+def profile_measure(
+    out: Annotated[Path, typer.Option("--out", help="folder for the CSVs and hardware.json")],
+    device: Annotated[str, typer.Option("--device", help="cuda or cpu (cpu: a small smoke test)")] = "cuda",
+    budget_s: Annotated[float, typer.Option("--budget-s", help="stop measuring new shapes after this many seconds")] = 420.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch)."""
+    from coda.cost.measure import run
+
+    written = run(out, device=device, budget_s=budget_s, seed=seed)
+    for path in written:
+        out_console.print(f"wrote {path}")

@@ -527,3 +527,22 @@ def varlen_layer_s(dec: np.ndarray, pre_new: np.ndarray, pre_cached: np.ndarray,
                 size = _heap_push(heap, size, cap, v)
         extra = m * rho_max - _top_sum(heap, size, m) + max(m - slots, 0.0) * (total - rho_sum) / slots
     return fp[F_LAUNCH] + fp[F_PER_REQ] * (nd + npf) + (total + empty * c0 + extra) / bw
+
+
+@njit(cache=True)
+def decode_layers_s(flat: np.ndarray, offsets: np.ndarray, fp: np.ndarray, ip: np.ndarray) -> np.ndarray:
+    """``decode_layer_s`` for many batches: batch j is ``flat[offsets[j]:offsets[j + 1]]``."""
+    out = np.empty(offsets.shape[0] - 1)
+    for j in range(out.shape[0]):
+        out[j] = decode_layer_s(flat[offsets[j] : offsets[j + 1]], fp, ip)
+    return out
+
+
+@njit(cache=True)
+def prefill_layers_s(new: np.ndarray, cached: np.ndarray, fp: np.ndarray, ip: np.ndarray) -> np.ndarray:
+    """``varlen_layer_s`` of single prefill chunks (no decodes), one per entry."""
+    out = np.empty(new.shape[0])
+    none = np.empty(0, dtype=np.int64)
+    for j in range(out.shape[0]):
+        out[j] = varlen_layer_s(none, new[j : j + 1], cached[j : j + 1], fp, ip)
+    return out

@@ -1,19 +1,21 @@
-"""Cost model protocol and the analytic roofline model (v0).
+"""Cost model protocol, the analytic roofline model (v0) and the kernel-level model.
 
 One engine step reads the dense/MoE weights once whatever its mix of prefill and decode, then
 runs attention per request. ``step_s`` is what the simulator charges per iteration; ``h2d_s``,
-``ssd_read_s`` and ``prefill_only_s`` are what state admission uses to rank requests. Nothing
-here reads a clock.
+``ssd_read_s`` and ``prefill_only_s`` are what state admission uses to rank requests;
+``predict_decode``, ``predict_cohorts`` and ``cohort_gain_bounds`` are what execution admission
+asks before splitting a decode batch. Nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from coda.cost import kernels
 from coda.cost.profile import Profile
 
 
@@ -25,11 +27,28 @@ class CohortPlan:
     gain_lower_bound: float = 0.0
 
 
+class GainBounds(NamedTuple):
+    """Relative attention gain of each cut (the ``cut`` shortest contexts form the short cohort).
+
+    ``predicted`` = (T_full - T_short - T_long) / T_full; ``conservative`` uses the lower
+    residual bound of the full batch, the upper bounds of the cohorts and a launch allowance.
+    ``in_domain`` is False when the profile has no validated bounds or the batch lies outside
+    its measured domain: callers must not split then.
+    """
+
+    cuts: np.ndarray
+    predicted: np.ndarray
+    conservative: np.ndarray
+    in_domain: bool
+
+
 @runtime_checkable
 class CostModel(Protocol):
     profile: Profile
 
-    def step_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None) -> float:
+    def step_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
+    ) -> float:
         """Duration of one engine step: prefill chunks as ``(new_tokens, cached_tokens)``, decodes by context."""
         ...
 
@@ -52,6 +71,27 @@ class CostModel(Protocol):
         ...
 
     def kv_bytes(self, tokens: int) -> int: ...
+
+    def predict_decode(self, contexts: Sequence[int] | np.ndarray) -> float:
+        """Decode attention seconds of one launch over ``contexts``, all layers."""
+        ...
+
+    def predict_cohorts(self, contexts: Sequence[int] | np.ndarray, cut: int) -> float:
+        """Decode attention seconds when the ``cut`` shortest contexts and the rest launch apart."""
+        ...
+
+    def cohort_gain_bounds(
+        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
+    ) -> GainBounds:
+        """Predicted and conservative gains of every cut (``None``: 1..n-1)."""
+        ...
+
+
+def _cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarray:
+    arr = np.arange(1, n, dtype=np.int64) if cuts is None else np.asarray(cuts, dtype=np.int64)
+    if len(arr) and (arr.min() < 1 or arr.max() > n - 1):
+        raise ValueError(f"cuts must lie in 1..{n - 1} for {n} contexts")
+    return arr
 
 
 class AnalyticCost:
@@ -98,6 +138,22 @@ class AnalyticCost:
         ordered = np.sort(contexts)
         return self.decode_attention_s(ordered[: plan.cut]) + self.decode_attention_s(ordered[plan.cut :])
 
+    def predict_decode(self, contexts: Sequence[int] | np.ndarray) -> float:
+        return self.decode_attention_s(np.asarray(contexts))
+
+    def predict_cohorts(self, contexts: Sequence[int] | np.ndarray, cut: int) -> float:
+        return self.cohort_attention_s(np.asarray(contexts), CohortPlan(cut))
+
+    def cohort_gain_bounds(
+        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
+    ) -> GainBounds:
+        """Linear in total context: a split only adds a launch; no validated bounds, so never in domain."""
+        srt = np.sort(np.asarray(contexts, dtype=np.int64))
+        k = _cuts(len(srt), cuts)
+        full = self.decode_attention_s(srt)
+        pred = -np.full(len(k), self._launch) / full if full > 0 else np.zeros(len(k))
+        return GainBounds(k, pred, pred - launch_allowance_s / full if full > 0 else pred, False)
+
     def prefill_attention_s(self, new: int, cached: int) -> float:
         if new <= 0:
             return 0.0
@@ -105,7 +161,9 @@ class AnalyticCost:
         return max(flops / self._attn_flops, (cached + new) * self._kv_tok / self._bw) + self._launch
 
     # --- steps -----------------------------------------------------------------------------
-    def step_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None) -> float:
+    def step_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
+    ) -> float:
         ctx = np.asarray(decode_contexts, dtype=np.int64)
         tokens = len(ctx) + sum(new for new, _ in prefill_chunks)
         if tokens == 0:
@@ -119,8 +177,9 @@ class AnalyticCost:
         if k == 1:
             return np.array([first])
         last = self.step_s((), contexts + (k - 1), plan)
-        # Contexts grow by one token per step; between the end points the step time is linear
-        # in the total context for every kernel family modelled here (exact for v0).
+        # Contexts grow by one token per step; between the end points the step time is taken as
+        # linear (exact for v0; for the kernel model an interpolation, since its split choice
+        # and drain change only at KV-block edges, a few tokens apart at most once per run).
         return np.linspace(first, last, k)
 
     def prefill_only_s(self, new: int, cached: int) -> float:
@@ -142,6 +201,90 @@ class AnalyticCost:
         return tokens * self._kv_tok
 
 
+class KernelCost(AnalyticCost):
+    """The analytic dense/MoE part with kernel-level attention (``coda.cost.kernels``).
+
+    Decode batches run FA2 split-KV (or the ``balanced`` family) laid out longest first; steps
+    with prefill chunks run FA2's varlen kernel over all their tokens, which is also what
+    ``prefill_only_s`` charges (its quadratic term comes from the causal m-blocks). A cohort plan
+    charges the two cohorts' launches, each with its own launch cost and split choice.
+    """
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(profile)
+        att = profile.attention
+        if att is None:
+            raise ValueError(f"profile {profile.name} has no attention section")
+        g, m = profile.gpu, profile.model
+        tok = 2.0 * m.head_dim * m.kv_dtype_bytes  # bytes of one token-head (K and V)
+        rate = att.cta_bw_bytes_s / tok
+        self._fp = np.array(
+            [g.hbm_bw_bytes_s * att.mem_efficiency / tok, rate, att.cta_overhead_s * rate, att.launch_s, att.per_request_s, att.combine_s]
+        )
+        family = kernels.FAMILY_BALANCED if att.family == "balanced" else kernels.FAMILY_FA2
+        self._ip = np.array(
+            [g.num_sms * att.ctas_per_sm, 2 * g.num_sms, m.num_kv_heads, m.num_q_heads, att.block_n, family], dtype=np.int64
+        )
+        self._layers = m.num_layers
+        self._lo, self._hi = att.bounds.lower, att.bounds.upper
+        self._domain = att.domain
+
+    def in_domain(self, contexts: Sequence[int] | np.ndarray) -> bool:
+        """Whether a decode batch lies inside the measured domain (else predictions extrapolate)."""
+        c = np.asarray(contexts)
+        return len(c) > 0 and self._domain.contains(len(c), int(c.min()), int(c.max()))
+
+    def decode_attention_s(self, contexts: np.ndarray) -> float:
+        c = np.asarray(contexts, dtype=np.int64)
+        if len(c) == 0:
+            return 0.0
+        return self._layers * kernels.decode_layer_s(c, self._fp, self._ip)
+
+    def cohort_attention_s(self, contexts: np.ndarray, plan: CohortPlan) -> float:
+        c = np.sort(np.asarray(contexts, dtype=np.int64))
+        return self.decode_attention_s(c[: plan.cut]) + self.decode_attention_s(c[plan.cut :])
+
+    def varlen_attention_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: np.ndarray) -> float:
+        new = np.array([p for p, _ in prefill_chunks], dtype=np.int64)
+        cached = np.array([c for _, c in prefill_chunks], dtype=np.int64)
+        return self._layers * kernels.varlen_layer_s(np.asarray(decode_contexts, dtype=np.int64), new, cached, self._fp, self._ip)
+
+    def prefill_attention_s(self, new: int, cached: int) -> float:
+        if new <= 0:
+            return 0.0
+        return self.varlen_attention_s([(new, cached)], np.empty(0, dtype=np.int64))
+
+    def step_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
+    ) -> float:
+        ctx = np.asarray(decode_contexts, dtype=np.int64)
+        chunks = [(n, c) for n, c in prefill_chunks if n > 0]
+        tokens = len(ctx) + sum(n for n, _ in chunks)
+        if tokens == 0:
+            return 0.0
+        if chunks:
+            attn = self.varlen_attention_s(chunks, ctx)
+        elif plan is not None:
+            attn = self.cohort_attention_s(ctx, plan)
+        else:
+            attn = self.decode_attention_s(ctx)
+        return self.profile.overheads.step_s + self.dense_s(tokens) + attn
+
+    def cohort_gain_bounds(
+        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
+    ) -> GainBounds:
+        c = np.asarray(contexts, dtype=np.int64)
+        k = _cuts(len(c), cuts)
+        full, short, long = kernels.cohort_sweep_layer_s(c, k, self._fp, self._ip)
+        full_lo = full * (1.0 - self._lo)
+        parts = short + long
+        pred = (full - parts) / full
+        cons = (full_lo - parts * (1.0 + self._hi) - launch_allowance_s / self._layers) / full_lo
+        return GainBounds(k, pred, cons, self.in_domain(c))
+
+
 def build_cost_model(profile: Profile) -> CostModel:
-    """The cost model a profile asks for (v0: always the analytic roofline)."""
+    """The kernel-level model when the profile has an attention section, else the analytic roofline."""
+    if profile.attention is not None:
+        return KernelCost(profile)
     return AnalyticCost(profile)

@@ -94,6 +94,53 @@ class Overheads(_Strict):
     attn_launch_per_layer_s: float = Field(ge=0, description="launch cost of one attention kernel per layer")
 
 
+class AttentionDomain(_Strict):
+    """Where the attention constants were measured; predictions outside are extrapolated."""
+
+    context_min: PositiveInt
+    context_max: PositiveInt
+    batch_min: PositiveInt
+    batch_max: PositiveInt
+
+    def contains(self, n: int, cmin: int, cmax: int) -> bool:
+        return self.batch_min <= n <= self.batch_max and self.context_min <= cmin and cmax <= self.context_max
+
+
+class ResidualBounds(_Strict):
+    """Relative error bounds of predicted attention time from held-out rows: measured time lies
+    in [predicted x (1 - lower), predicted x (1 + upper)] for the stated share of them."""
+
+    lower: float = Field(ge=0, lt=1)
+    upper: float = Field(ge=0)
+    quantile: float = Field(gt=0, le=1)
+    held_out_rows: PositiveInt
+
+
+class HeldOut(_Strict):
+    """The measured groups kept out of the fit: whole batch sizes and every batch reaching
+    ``context_from`` tokens (the latter checks the model's extrapolation to longer contexts)."""
+
+    batches: list[PositiveInt]
+    context_from: PositiveInt
+
+
+class AttentionSpec(_Strict):
+    """Kernel-level decode attention (``coda.cost.kernels``): a handful of physical constants."""
+
+    family: Literal["fa2-split", "balanced"]
+    ctas_per_sm: PositiveInt = Field(description="attention CTAs resident per SM (shared memory / CTA)")
+    block_n: PositiveInt = Field(description="KV tokens per block of the split kernel")
+    mem_efficiency: float = Field(gt=0, le=1, description="share of peak HBM bandwidth the kernel reaches")
+    cta_bw_bytes_s: PositiveFloat = Field(description="most one CTA can stream (per-SM cap)")
+    cta_overhead_s: float = Field(ge=0, description="fixed time of one CTA at the per-CTA rate")
+    launch_s: float = Field(ge=0, description="fixed time of one attention launch, per layer")
+    per_request_s: float = Field(ge=0, description="time per request in a launch, per layer")
+    combine_s: float = Field(ge=0, description="extra time when a launch splits KV (combine kernel), per layer")
+    bounds: ResidualBounds
+    domain: AttentionDomain
+    held_out: HeldOut
+
+
 class Profile(_Strict):
     name: str
     description: str
@@ -105,6 +152,7 @@ class Profile(_Strict):
     d2h: LinkCurve
     ssd_read: LinkCurve
     overheads: Overheads
+    attention: AttentionSpec | None = None
     provenance: dict[str, str]
 
     @model_validator(mode="after")
@@ -120,10 +168,17 @@ class Profile(_Strict):
 
 def _numeric_fields(profile: Profile) -> list[str]:
     out: list[str] = []
-    for section in ("gpu", "model", "tiers", "overheads"):
-        for key, value in getattr(profile, section).model_dump().items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out.append(f"{section}.{key}")
+
+    def walk(prefix: str, data: dict) -> None:
+        for key, value in data.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}.{key}", value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(f"{prefix}.{key}")
+
+    for section in ("gpu", "model", "tiers", "overheads", "attention"):
+        if getattr(profile, section) is not None:
+            walk(section, getattr(profile, section).model_dump())
     out += ["h2d", "d2h", "ssd_read"]
     return out
 

@@ -1,0 +1,171 @@
+"""GPU and model descriptions that fitted profiles are built on, each value with its source.
+
+``coda profile fit`` needs the hardware a measurement ran on (SMs, bandwidth, shared memory)
+and the model's attention shape; measured CSVs named like LLMServingSim's
+(``<GPU>_<model>_tp<N>_<kind>.csv``) select them by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GPUS: dict[str, dict[str, Any]] = {
+    "RTX4090": {
+        "spec": {
+            "name": "NVIDIA GeForce RTX 4090",
+            "hbm_bw_bytes_s": 1.008e12,
+            "peak_flops": 1.652e14,
+            "num_sms": 128,
+            "mem_efficiency": 0.8,
+            "compute_efficiency": 0.4,
+            "attn_compute_efficiency": 0.5,
+        },
+        "memory_bytes": 24e9,
+        "smem_per_sm_bytes": 100 * 1024,
+        "provenance": {
+            "gpu.hbm_bw_bytes_s": "datasheet: RTX 4090, 1,008 GB/s GDDR6X",
+            "gpu.peak_flops": "datasheet: Ada whitepaper, 165.2 TFLOP/s dense FP16/BF16 tensor (FP16 accumulate)",
+            "gpu.num_sms": "datasheet: AD102 in RTX 4090, 128 SMs",
+            "gpu.mem_efficiency": "assumed: 80% of peak bandwidth for weight streaming (dense part)",
+            "gpu.compute_efficiency": "assumed: 40% of peak in GEMMs",
+            "gpu.attn_compute_efficiency": "assumed: 50% of peak in prefill attention",
+        },
+    },
+    "RTXPRO6000": {
+        "spec": {
+            "name": "NVIDIA RTX PRO 6000 Blackwell",
+            "hbm_bw_bytes_s": 1.792e12,
+            "peak_flops": 5.0e14,
+            "num_sms": 188,
+            "mem_efficiency": 0.8,
+            "compute_efficiency": 0.4,
+            "attn_compute_efficiency": 0.5,
+        },
+        "memory_bytes": 96e9,
+        "smem_per_sm_bytes": 100 * 1024,
+        "provenance": {
+            "gpu.hbm_bw_bytes_s": "datasheet: RTX PRO 6000 Blackwell, 1,792 GB/s GDDR7",
+            "gpu.peak_flops": "derived: datasheet 4,000 sparse FP4 TOPS halved per precision step, ~500 TFLOP/s dense BF16",
+            "gpu.num_sms": "datasheet: 24,064 CUDA cores / 128 per SM = 188 SMs",
+            "gpu.mem_efficiency": "assumed: 80% of peak bandwidth for weight streaming (dense part)",
+            "gpu.compute_efficiency": "assumed: 40% of peak in GEMMs",
+            "gpu.attn_compute_efficiency": "assumed: 50% of peak in prefill attention",
+        },
+    },
+    "A100": {
+        "spec": {
+            "name": "NVIDIA A100-SXM4-80GB",
+            "hbm_bw_bytes_s": 2.039e12,
+            "peak_flops": 3.12e14,
+            "num_sms": 108,
+            "mem_efficiency": 0.8,
+            "compute_efficiency": 0.4,
+            "attn_compute_efficiency": 0.5,
+        },
+        "memory_bytes": 80e9,
+        "smem_per_sm_bytes": 164 * 1024,
+        "provenance": {
+            "gpu.hbm_bw_bytes_s": "datasheet: NVIDIA A100 80GB SXM, 2,039 GB/s HBM2e",
+            "gpu.peak_flops": "datasheet: NVIDIA A100, 312 TFLOP/s dense BF16 tensor",
+            "gpu.num_sms": "datasheet: NVIDIA A100, 108 SMs",
+            "gpu.mem_efficiency": "assumed: ~80% of peak HBM bandwidth for streaming kernels",
+            "gpu.compute_efficiency": "assumed: 40% of peak in GEMMs",
+            "gpu.attn_compute_efficiency": "assumed: 50% of peak in prefill attention",
+        },
+    },
+    "H200": {
+        "spec": {
+            "name": "NVIDIA H200",
+            "hbm_bw_bytes_s": 4.8e12,
+            "peak_flops": 9.89e14,
+            "num_sms": 132,
+            "mem_efficiency": 0.8,
+            "compute_efficiency": 0.4,
+            "attn_compute_efficiency": 0.5,
+        },
+        "memory_bytes": 141e9,
+        "smem_per_sm_bytes": 228 * 1024,
+        "provenance": {
+            "gpu.hbm_bw_bytes_s": "datasheet: H200 SXM, 4.8 TB/s HBM3e",
+            "gpu.peak_flops": "datasheet: H200 SXM, 989 TFLOP/s dense BF16 tensor",
+            "gpu.num_sms": "datasheet: H100/H200 SXM, 132 SMs",
+            "gpu.mem_efficiency": "assumed: ~80% of peak HBM bandwidth for streaming kernels",
+            "gpu.compute_efficiency": "assumed: 40% of peak in GEMMs",
+            "gpu.attn_compute_efficiency": "assumed: 50% of peak in prefill attention",
+        },
+    },
+}
+
+MODELS: dict[str, dict[str, Any]] = {
+    "Qwen3-Coder-30B-A3B-Instruct-FP8": {
+        "spec": {
+            "name": "Qwen3-Coder-30B-A3B-Instruct-FP8",
+            "num_layers": 48,
+            "num_q_heads": 32,
+            "num_kv_heads": 4,
+            "head_dim": 128,
+            "kv_dtype_bytes": 2,
+            "active_params": 3.3e9,
+            "dense_weight_bytes": 1.54e9,
+            "num_experts": 128,
+            "experts_per_token": 8,
+            "expert_bytes": 4718592,
+        },
+        "provenance": {
+            "model.num_layers": "model card: Qwen3-Coder-30B-A3B, 48 layers",
+            "model.num_q_heads": "model card: 32 query heads",
+            "model.num_kv_heads": "model card: 4 KV heads (GQA)",
+            "model.head_dim": "model card: head_dim 128",
+            "model.kv_dtype_bytes": "paper setup: bf16 KV cache (2 bytes), 96 KiB per token",
+            "model.active_params": "model card: 3.3B activated parameters",
+            "model.dense_weight_bytes": "derived from the model config: attention 48 x 18.9M + router 48 x 262K params at 1 B (FP8) + bf16 lm_head 151,936 x 2,048",
+            "model.num_experts": "model card: 128 experts",
+            "model.experts_per_token": "model card: 8 activated experts",
+            "model.expert_bytes": "derived: 3 x 2,048 x 768 FP8 params per expert per layer",
+        },
+    },
+    "Llama-3.1-8B": {
+        "spec": {
+            "name": "Llama-3.1-8B",
+            "num_layers": 32,
+            "num_q_heads": 32,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "kv_dtype_bytes": 2,
+            "active_params": 8.03e9,
+            "dense_weight_bytes": 1.606e10,
+            "num_experts": 0,
+            "experts_per_token": 0,
+            "expert_bytes": 0,
+        },
+        "provenance": {
+            "model.num_layers": "model card: Llama-3.1-8B, 32 layers",
+            "model.num_q_heads": "model card: 32 query heads",
+            "model.num_kv_heads": "model card: 8 KV heads (GQA)",
+            "model.head_dim": "model card: head_dim 128",
+            "model.kv_dtype_bytes": "measurement setup: bf16 KV cache (vLLM default)",
+            "model.active_params": "model card: 8.03B parameters",
+            "model.dense_weight_bytes": "derived: 8.03B parameters in bf16, all read every step (dense model)",
+            "model.num_experts": "model card: dense model",
+            "model.experts_per_token": "model card: dense model",
+            "model.expert_bytes": "model card: dense model",
+        },
+    },
+}
+
+# A CTA of FA2's split-KV decode kernel for head_dim 128: Q 64x128 + K, V 128x128 in bf16.
+FA2_SPLIT_CTA_SMEM_BYTES = (64 * 128 + 2 * 128 * 128) * 2
+
+
+def ctas_per_sm(gpu: str) -> int:
+    """Resident split-KV CTAs per SM from shared memory (the FA2 heuristic assumes 2)."""
+    return max(1, GPUS[gpu]["smem_per_sm_bytes"] // FA2_SPLIT_CTA_SMEM_BYTES)
+
+
+def gpu_key(device_name: str) -> str | None:
+    """Catalog key of a device name as CUDA reports it (``NVIDIA H200`` -> ``H200``)."""
+    flat = device_name.upper().replace(" ", "").replace("-", "")
+    for key, entry in GPUS.items():
+        if key.upper().replace("-", "") in flat or entry["spec"]["name"].upper().replace(" ", "").replace("-", "") in flat:
+            return key
+    return None
