@@ -22,8 +22,8 @@ Work is counted in token-heads (one KV head's K and V for one token). Two kernel
   sequence's blocks divided among the splits; grid order is batch-fastest without splits and
   split-fastest (request-major) with them, plus a combine kernel. Mixed prefill+decode batches
   run the varlen kernel without splits and without GQA packing (``varlen_layer_s``).
-* ``balanced``: FlashInfer-style equal KV chunks sized so that one wave covers the batch, plus a
-  merge; skew costs almost nothing there.
+* ``balanced``: FlashInfer-style equal-size work chunks over the total KV (every CTA carries the
+  same work), plus a merge; skew costs almost nothing there.
 
 Contexts passed in are sorted in descending order: the model assumes the engine lays out a
 launch longest-first, which is what the shared measurements fit best (see docs/cost-model.md).
@@ -42,26 +42,26 @@ FA2_BLOCK_M = 64
 
 @njit(cache=True)
 def fa2_num_splits(batch_heads: int, sms2: int, n_blocks: int) -> int:
-    """FlashAttention-2 ``num_splits_heuristic`` (flash_api.cpp), ``sms2`` = 2 x SMs."""
-    if batch_heads >= 0.8 * sms2:
+    """FlashAttention-2 ``num_splits_heuristic`` (flash_api.cpp, float32 as in C++), ``sms2`` = 2 x SMs."""
+    if np.float32(batch_heads) >= np.float32(0.8) * np.float32(sms2):
         return 1
     max_splits = min(FA2_MAX_SPLITS, sms2, n_blocks)
     if max_splits <= 1:
         return 1
-    eff = np.zeros(max_splits + 1)
-    best = 0.0
+    eff = np.zeros(max_splits + 1, dtype=np.float32)
+    best = np.float32(0.0)
     for s in range(1, max_splits + 1):
         if s > 1 and (n_blocks + s - 1) // s == (n_blocks + s - 2) // (s - 1):
             continue
-        waves = batch_heads * s / sms2
-        e = waves / math.ceil(waves)
+        waves = np.float32(batch_heads * s) / np.float32(sms2)
+        e = waves / np.float32(math.ceil(waves))
         eff[s] = e
         if e > best:
             best = e
     for s in range(1, max_splits + 1):
         if s > 1 and (n_blocks + s - 2) // (s - 1) == (n_blocks + s - 1) // s:
             continue
-        if eff[s] >= 0.85 * best:
+        if np.float64(eff[s]) >= 0.85 * np.float64(best):
             return s
     return 1
 
@@ -254,7 +254,8 @@ def _drain_round_major(c_desc, xw, phi, order, a, e, fp, ip, heap) -> tuple:
 @njit(cache=True)
 def _drain_request_major(c_desc, a, e, s, fp, ip, heap) -> tuple:
     """(W, extra) for cohort [a, e) split ``s`` ways: each request's blocks cut into at most s
-    equal splits (per sequence), its split x KV-head CTAs consecutive; empty splits exit at once."""
+    equal splits (per sequence), its split x KV-head CTAs consecutive; empty splits exit at once
+    and are not charged (a handful per request, overlapping the real ones)."""
     h = ip[I_KV_HEADS]
     slots = ip[I_SLOTS]
     bn = ip[I_BLOCK_N]
@@ -264,14 +265,11 @@ def _drain_request_major(c_desc, a, e, s, fp, ip, heap) -> tuple:
     size = 0
     total = 0.0
     units = 0
-    empty = 0
     for i in range(a, e):
         nb = (c_desc[i] + bn - 1) // bn
         real = max(1, (nb + (nb + s - 1) // s - 1) // max(1, (nb + s - 1) // s))
         total += h * (c_desc[i] + real * c0)
         units += real * h
-        empty += (s - real) * h
-    total += empty * c0
     if units <= slots:
         rho_max = 0.0
         for i in range(a, e):
@@ -310,64 +308,25 @@ def _drain_request_major(c_desc, a, e, s, fp, ip, heap) -> tuple:
 
 
 @njit(cache=True)
-def _balanced_drain(c_desc, a, e, fp, ip, heap) -> tuple:
-    """(W, extra, chunks) for FlashInfer-style equal chunks: the smallest chunk size that keeps
-    chunks x KV heads within one wave of the slots (binary search, as its planner does)."""
+def _balanced_layer_s(c_desc, a, e, fp, ip) -> float:
+    """FlashInfer-style balanced decode over cohort [a, e): the total KV is cut into equal chunks,
+    one per slot and KV head, so every CTA carries the same work; a request cut into several
+    chunks costs a CTA overhead per chunk and a merge launch follows."""
     h = ip[I_KV_HEADS]
     slots = ip[I_SLOTS]
-    c0 = fp[F_CTA_WORK]
-    m = fp[F_BW] / fp[F_RATE]
-    n = e - a
     per_head = max(1, slots // h)
-    ch = c_desc[a]
-    if n < per_head:
-        lo = 1
-        hi = c_desc[a]
-        while lo < hi:
-            mid = (lo + hi) // 2
-            cnt = 0
-            for i in range(a, e):
-                cnt += (c_desc[i] + mid - 1) // mid
-            if cnt > per_head:
-                lo = mid + 1
-            else:
-                hi = mid
-        ch = lo
-    chunks = 0
     total = 0.0
     for i in range(a, e):
-        parts = max(1, (c_desc[i] + ch - 1) // ch)
-        chunks += parts
-        total += h * (c_desc[i] + parts * c0)
-    cap = int(m) + 1
-    size = 0
-    if chunks * h > slots:  # no room to split: one CTA per request and head, batch-fastest
-        xw = np.zeros(n + 1)
-        for i in range(n):
-            xw[i + 1] = xw[i] + c_desc[a + i] + c0
-        rho_max = 0.0
-        step = xw[n] / slots
-        for i in range(n):
-            start = xw[i + 1] - xw[i] - (xw[n] - xw[i + 1]) / slots
-            if start <= 0.0:
-                continue
-            rho_max = max(rho_max, start)
-            for k in range(h):
-                v = start - k * step
-                if v <= 0.0 or (size == cap and v <= heap[0]):
-                    break
-                size = _heap_push(heap, size, cap, v)
-        return total, m * rho_max - _top_sum(heap, size, m), chunks
-    rho_max = 0.0
+        total += c_desc[i]
+    chunk = max(1.0, math.ceil(total / per_head))
+    chunks = 0
     for i in range(a, e):
-        parts = max(1, (c_desc[i] + ch - 1) // ch)
-        wi = c_desc[i] / parts + c0
-        rho_max = max(rho_max, wi)
-        for _ in range(parts * h):
-            if size == cap and wi <= heap[0]:
-                break
-            size = _heap_push(heap, size, cap, wi)
-    return total, m * rho_max - _top_sum(heap, size, m), chunks
+        chunks += max(1, int(math.ceil(c_desc[i] / chunk)))
+    work = h * (total + chunks * fp[F_CTA_WORK])
+    t = fp[F_LAUNCH] + fp[F_PER_REQ] * (e - a) + work / min(fp[F_BW], slots * fp[F_RATE])
+    if chunks > e - a:
+        t += fp[F_COMBINE]
+    return t
 
 
 @njit(cache=True)
@@ -376,12 +335,9 @@ def _cohort_layer_s(c_desc, xw, phi, order, a, e, fp, ip, heap) -> float:
     n = e - a
     if n <= 0:
         return 0.0
-    t = fp[F_LAUNCH] + fp[F_PER_REQ] * n
     if ip[I_FAMILY] == FAMILY_BALANCED:
-        total, extra, chunks = _balanced_drain(c_desc, a, e, fp, ip, heap)
-        if chunks > n:
-            t += fp[F_COMBINE]
-        return t + (total + extra) / fp[F_BW]
+        return _balanced_layer_s(c_desc, a, e, fp, ip)
+    t = fp[F_LAUNCH] + fp[F_PER_REQ] * n
     n_blocks = (c_desc[a] + ip[I_BLOCK_N] - 1) // ip[I_BLOCK_N]
     s = fa2_num_splits(n * ip[I_KV_HEADS], ip[I_SMS2], n_blocks)
     if s == 1:
