@@ -90,7 +90,9 @@ class DecodeBench:
         import torch.nn.functional as F
 
         offsets = torch.tensor(np.concatenate([[0], np.cumsum(ctx)]), dtype=torch.int64)
-        qn = torch.nested.nested_tensor_from_jagged(q.reshape(-1, self.h, self.d), torch.arange(0, len(ctx) * self.g + 1, self.g))
+        qn = torch.nested.nested_tensor_from_jagged(
+            q.transpose(1, 2).reshape(-1, self.h, self.d).contiguous(), torch.arange(0, len(ctx) * self.g + 1, self.g)
+        )
         kn = torch.nested.nested_tensor_from_jagged(k, offsets)
         vn = torch.nested.nested_tensor_from_jagged(v, offsets)
         return lambda: F.scaled_dot_product_attention(qn.transpose(1, 2), kn.transpose(1, 2), vn.transpose(1, 2))
