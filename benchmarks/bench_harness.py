@@ -4,7 +4,7 @@ requests at the same open-loop rate, in the same run.
 
 Goal (issue 7): the harness sustains >= 300 streamed requests/s on this machine and adds
 <= 1 ms to TTFT at p50 over what the baseline client measures.
-Run: python benchmarks/bench_harness.py [--rates 300,400] [--seconds 6] [--repeats 3] [--speedup 10]
+Run: python benchmarks/bench_harness.py [--rates 100,300,400] [--seconds 6] [--repeats 3] [--speedup 10]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def measure(client: Callable[[str, Workload, str], Awaitable[tuple[float, list[f
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="300,400", help="offered request rates (open loop)")
+    ap.add_argument("--rates", default="100,300,400", help="offered request rates (open loop)")
     ap.add_argument("--seconds", type=float, default=6.0, help="arrival window per run")
     ap.add_argument("--repeats", type=int, default=3, help="alternating baseline/harness runs per rate; medians are reported")
     ap.add_argument("--speedup", type=float, default=10.0, help="fake engine speedup")

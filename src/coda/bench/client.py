@@ -10,7 +10,7 @@ is at least one token), and the final ``usage`` block, when the server sends one
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +64,12 @@ def _error_message(body: bytes) -> str:
 class Endpoint:
     """An OpenAI-compatible base URL (with or without ``/v1``) and how to call it.
 
-    Requests are spread over ``shards`` httpx clients by a key (the session): httpx's pool scans
-    every pooled connection on each request, so one pool holding hundreds of connections costs
-    milliseconds of CPU per request; small pools keep the client's overhead flat as concurrency
-    grows, and a session keeps reusing its own connections, as an agent does."""
+    Requests go straight to httpx transports (``httpx.AsyncHTTPTransport``): a load generator needs
+    none of the client layer's cookies, auth flows, redirects or hooks, and skipping them saves a
+    sixth of the CPU per streamed request. They are spread over ``shards`` transports by a key (the
+    session): httpx's pool scans every pooled connection on each request, so small pools keep the
+    client's overhead flat as concurrency grows, and a session keeps reusing its own connections,
+    as an agent does."""
 
     def __init__(
         self,
@@ -87,30 +89,25 @@ class Endpoint:
         self.base = base[: -len("/v1")] if base.endswith("/v1") else base
         self.model = model
         self.api = api
-        self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-        self.url = httpx.URL(self.base + self.path)  # parsed once: httpx parses a string URL on every request
+        self.url = httpx.URL(self.base + ("/v1/chat/completions" if api == "chat" else "/v1/completions"))
         self.ignore_eos = ignore_eos
         self.clock = clock
-        headers = {"accept": "text/event-stream"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        tls = httpx.create_ssl_context()  # built once: loading the CA bundle costs ~20 ms per client
-        self.clients = [
-            httpx.AsyncClient(base_url=self.base, headers=headers, verify=tls, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-            for _ in range(max(1, shards))
-        ]
-        self.client = self.clients[0]
+        self.auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"accept": "text/event-stream", "content-type": "application/json", **self.auth}
+        self.timeout = {"connect": min(timeout_s, 10.0), "read": timeout_s, "write": timeout_s, "pool": timeout_s}
+        self.tls = httpx.create_ssl_context()  # built once: loading the CA bundle costs ~20 ms
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self.transports = [httpx.AsyncHTTPTransport(verify=self.tls, limits=limits) for _ in range(max(1, shards))]
 
     async def close(self) -> None:
-        for c in self.clients:
-            await c.aclose()
+        for t in self.transports:
+            await t.aclose()
 
     async def served_model(self) -> str | None:
         """The first model the endpoint lists, or None when it cannot be asked."""
         try:
-            resp = await self.client.get("/v1/models", timeout=10.0)
-            data = resp.json()["data"]
+            async with httpx.AsyncClient(base_url=self.base, headers=self.auth, verify=self.tls, timeout=10.0) as client:
+                data = (await client.get("/v1/models")).json()["data"]
             return str(data[0]["id"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
@@ -130,19 +127,21 @@ class Endpoint:
     async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
         clock = self.clock
         a = Attempt(sent_s=clock())
-        client = self.clients[shard % len(self.clients)]
+        request = httpx.Request("POST", self.url, headers={**self.headers, **headers}, content=body, extensions={"timeout": self.timeout})
         try:
-            async with client.stream("POST", self.url, content=body, headers=headers) as resp:
+            resp = await self.transports[shard % len(self.transports)].handle_async_request(request)
+            try:
                 a.status = resp.status_code
+                ctype = resp.headers.get("content-type", "")
                 if resp.status_code != 200:
                     a.retry_after_s = retry_after_s(resp.headers)
                     a.reason = f"http_{resp.status_code}: {_error_message(await resp.aread())}"
-                    return a
-                ctype = resp.headers.get("content-type", "")
-                if "text/event-stream" not in ctype:
+                elif "text/event-stream" not in ctype:
                     a.reason = f"bad_response: expected an SSE stream, got content-type {ctype or '(none)'!r}"
-                    return a
-                await self._read_stream(resp, a)
+                else:
+                    await self._read_stream(resp.stream, a)  # type: ignore[arg-type]
+            finally:
+                await resp.aclose()
         except httpx.TimeoutException as err:
             a.reason = f"timeout: {type(err).__name__}"
         except httpx.ConnectError as err:
@@ -151,16 +150,17 @@ class Endpoint:
             a.reason = f"stream_cut: {err}" if str(err) else "stream_cut: connection closed"
         except httpx.HTTPError as err:
             a.reason = f"http_error: {type(err).__name__}: {err}"
-        a.end_s = clock()
+        finally:
+            a.end_s = clock()
         return a
 
-    async def _read_stream(self, resp: httpx.Response, a: Attempt) -> None:
+    async def _read_stream(self, stream: AsyncIterable[bytes], a: Attempt) -> None:
         clock = self.clock
         chat = self.api == "chat"
         buf = b""
         pieces: list[str] = []
         finished = done = False
-        async for raw in resp.aiter_raw():
+        async for raw in stream:
             now = clock()
             buf += raw.replace(b"\r\n", b"\n")
             while True:

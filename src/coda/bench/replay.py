@@ -130,22 +130,24 @@ class Replay:
     async def _session(self, endpoint: Endpoint, sess: Session, shard: int) -> None:
         ts = self.config.time_scale
         ready = sess.start_s * ts
-        await self._sleep_until(ready)
         conv = Conversation(sess)
         trace_prompts = [p for _, p in session_prompts(sess)]
         tenant = sess.tenant or self.config.tenant
-        headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant, "content-type": "application/json"}
+        headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant}
         for k, rnd in enumerate(sess.rounds):
             if rnd.at_s is not None:
                 ready = max(ready, rnd.at_s * ts)
-                await self._sleep_until(ready)
-            if ready > self.duration_s or self._stop.is_set():
+            if ready > self.duration_s:
                 return  # rounds that become ready after the window are not offered
+            # The prompt is built before the round is ready: the client's own work is not the user's latency.
+            body = endpoint.body(conv.prompt(k), rnd.output_tokens)
+            await self._sleep_until(ready)
+            if self._stop.is_set():
+                return
             rec = self._record(sess, k, ready, tenant, trace_prompts[k])
-            msgs = conv.prompt(k)
             rec["prompt_tokens"] = conv.prompt_tokens
             try:
-                text = await self._request(endpoint, rec, endpoint.body(msgs, rnd.output_tokens), headers, shard)
+                text = await self._request(endpoint, rec, body, headers, shard)
             except asyncio.CancelledError:
                 rec["state"], rec["reason"] = "failed", self._cancel_reason
                 self.counts["failed"] += 1
@@ -155,9 +157,6 @@ class Replay:
                 return
             conv.reply(text)
             ready = rec["end_s"] + (rnd.tool_duration_s + rnd.think_time_s) * ts
-            if ready > self.duration_s:
-                return  # the next round would not be offered
-            await self._sleep_until(ready)
 
     def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
         rnd = sess.rounds[k]
