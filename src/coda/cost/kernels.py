@@ -153,7 +153,7 @@ def _insert_desc(arr: np.ndarray, size: int, cap: int, v: float) -> int:
 
 
 @njit(cache=True)
-def _union_top(top_phi: np.ndarray, size: int, theta: float, step: float, h: int, m: float) -> tuple:
+def _union_top(top_phi: np.ndarray, size: int, theta: float, step: float, h: int, m: float, ptr: np.ndarray) -> tuple:
     """(rho_max, sum of the top m residuals) over rounds k < h, residual ``phi - theta - k step``.
 
     ``top_phi`` holds, sorted descending, the largest last-round ``phi`` of the cohort (at least
@@ -170,7 +170,7 @@ def _union_top(top_phi: np.ndarray, size: int, theta: float, step: float, h: int
         for j in range(size - 1):
             total += max(top_phi[j] - theta, 0.0)
         return rho_max, total + frac * max(top_phi[size - 1] - theta, 0.0)
-    ptr = np.zeros(h, dtype=np.int64)
+    ptr[:h] = 0
     total = 0.0
     for taken in range(cap):
         best = 0.0
@@ -215,14 +215,14 @@ def _positive_residuals(phi: np.ndarray, a: int, e: int, theta: float, step: flo
 
 
 @njit(cache=True)
-def _round_major_extra(phi, xw, a, e, top_phi, size, fp, ip) -> float:
+def _round_major_extra(phi, xw, a, e, top_phi, size, fp, ip, ptr) -> float:
     """Drain term of cohort [a, e) without splits given its largest last-round ``phi`` values."""
     h = ip[I_KV_HEADS]
     slots = ip[I_SLOTS]
     m = fp[F_BW] / fp[F_RATE]
     theta = xw[e] / slots
     step = (xw[e] - xw[a]) / slots
-    rho_max, top = _union_top(top_phi, size, theta, step, h, m)
+    rho_max, top = _union_top(top_phi, size, theta, step, h, m, ptr)
     extra = m * rho_max - top
     if m > slots:
         total = h * (xw[e] - xw[a])
@@ -248,7 +248,7 @@ def _drain_round_major(c_desc, xw, phi, order, a, e, fp, ip, heap) -> tuple:
             size += 1
             if size == cap:
                 break
-    return total, _round_major_extra(phi, xw, a, e, top_phi, size, fp, ip)
+    return total, _round_major_extra(phi, xw, a, e, top_phi, size, fp, ip, np.zeros(h, dtype=np.int64))
 
 
 @njit(cache=True)
@@ -371,6 +371,7 @@ def _sweep_side(c, xw, phi, order, ks, long_side, fp, ip, heap, out) -> None:
     m = fp[F_BW] / fp[F_RATE]
     cap = int(m) + 1
     run = np.empty(cap)  # largest phi of the cohort so far, sorted descending
+    ptr = np.zeros(h, dtype=np.int64)
     size = 0
     needs = n - ks if long_side else ks.copy()
     idx = np.argsort(needs)
@@ -393,7 +394,7 @@ def _sweep_side(c, xw, phi, order, ks, long_side, fp, ip, heap, out) -> None:
         if ip[I_FAMILY] != FAMILY_FA2 or s > 1 or need * h <= slots:
             out[j] = _cohort_layer_s(c, xw, phi, order, a, e, fp, ip, heap)
             continue
-        extra = _round_major_extra(phi, xw, a, e, run, size, fp, ip)
+        extra = _round_major_extra(phi, xw, a, e, run, size, fp, ip, ptr)
         out[j] = fp[F_LAUNCH] + fp[F_PER_REQ] * need + (h * (xw[e] - xw[a]) + extra) / fp[F_BW]
 
 
@@ -410,6 +411,25 @@ def cohort_sweep_layer_s(contexts: np.ndarray, cuts: np.ndarray, fp: np.ndarray,
     _sweep_side(c, xw, phi, order, cuts, True, fp, ip, heap, long)
     _sweep_side(c, xw, phi, order, cuts, False, fp, ip, heap, short)
     return full, short, long
+
+
+@njit(cache=True)
+def gain_sweep(
+    contexts: np.ndarray, cuts: np.ndarray, fp: np.ndarray, ip: np.ndarray, lower: float, upper: float, allowance_layer_s: float
+) -> tuple:
+    """Predicted and conservative relative gains of each cut (the ``cut`` shortest form one cohort).
+
+    Conservative: (full x (1 - lower) - (short + long) x (1 + upper) - allowance) / (full x (1 - lower)).
+    """
+    full, short, long = cohort_sweep_layer_s(contexts, cuts, fp, ip)
+    pred = np.empty(cuts.shape[0])
+    cons = np.empty(cuts.shape[0])
+    full_lo = full * (1.0 - lower)
+    for j in range(cuts.shape[0]):
+        parts = short[j] + long[j]
+        pred[j] = (full - parts) / full
+        cons[j] = (full_lo - parts * (1.0 + upper) - allowance_layer_s) / full_lo
+    return pred, cons
 
 
 @njit(cache=True)

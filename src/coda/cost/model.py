@@ -88,7 +88,9 @@ class CostModel(Protocol):
 
 
 def _cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarray:
-    arr = np.arange(1, n, dtype=np.int64) if cuts is None else np.asarray(cuts, dtype=np.int64)
+    if cuts is None:
+        return np.arange(1, n, dtype=np.int64)
+    arr = np.asarray(cuts, dtype=np.int64)
     if len(arr) and (arr.min() < 1 or arr.max() > n - 1):
         raise ValueError(f"cuts must lie in 1..{n - 1} for {n} contexts")
     return arr
@@ -275,12 +277,9 @@ class KernelCost(AnalyticCost):
     ) -> GainBounds:
         c = np.asarray(contexts, dtype=np.int64)
         k = _cuts(len(c), cuts)
-        full, short, long = kernels.cohort_sweep_layer_s(c, k, self._fp, self._ip)
-        full_lo = full * (1.0 - self._lo)
-        parts = short + long
-        pred = (full - parts) / full
-        cons = (full_lo - parts * (1.0 + self._hi) - launch_allowance_s / self._layers) / full_lo
-        return GainBounds(k, pred, cons, self.in_domain(c))
+        pred, cons = kernels.gain_sweep(c, k, self._fp, self._ip, self._lo, self._hi, launch_allowance_s / self._layers)
+        n, lo, hi = len(c), int(c.min()), int(c.max())
+        return GainBounds(k, pred, cons, self._domain.contains(n, lo, hi))
 
 
 def build_cost_model(profile: Profile) -> CostModel:
