@@ -133,7 +133,7 @@ def _triton_split_kv() -> Callable[..., Any]:
         GP: tl.constexpr,
         D: tl.constexpr,
         BN: tl.constexpr,
-        NS: tl.constexpr,
+        NS,
     ):
         split = tl.program_id(0)
         zh = tl.program_id(1)
