@@ -163,10 +163,13 @@ def profile_measure(
     device: Annotated[str, typer.Option("--device", help="cuda or cpu (cpu: a small smoke test)")] = "cuda",
     budget_s: Annotated[float, typer.Option("--budget-s", help="stop measuring new shapes after this many seconds")] = 420.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    model: Annotated[
+        str, typer.Option("--model", help="attention shape to measure (a catalog model)")
+    ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
 ) -> None:
     """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch)."""
     from coda.cost.measure import run
 
-    written = run(out, device=device, budget_s=budget_s, seed=seed)
+    written = run(out, device=device, budget_s=budget_s, seed=seed, model=model)
     for path in written:
         out_console.print(f"wrote {path}")
