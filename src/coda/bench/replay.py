@@ -29,7 +29,8 @@ from coda.sim.config import SloConfig
 from coda.workload.schema import Session, Workload, session_prompts
 from coda.workload.stats import workload_duration_s
 
-SHARDS = 32  # httpx clients the sessions are spread over (see Endpoint)
+SHARDS = 32  # httpx transports the sessions are spread over (see Endpoint)
+LAG_PERIOD_S = 0.01
 
 
 class BenchConfig(BaseModel):
@@ -84,6 +85,7 @@ class Replay:
         self._stop = asyncio.Event()
         self._cancel_reason = "run_ended"
         self.wall_s = 0.0
+        self.loop_lag: list[float] = []  # how late the client's event loop woke, every LAG_PERIOD_S
 
     # --- clock -----------------------------------------------------------------------------
     def now(self) -> float:
@@ -109,6 +111,7 @@ class Replay:
             if self.model is None:
                 self.model = endpoint.model = await endpoint.served_model()
             self._t0 = self._clock()
+            watch = asyncio.create_task(self._watch_lag())
             tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]
             everything = asyncio.gather(*tasks, return_exceptions=True)
             stopper = asyncio.create_task(self._stop.wait())
@@ -116,12 +119,19 @@ class Replay:
             await asyncio.wait({everything, stopper}, timeout=max(deadline - self.now(), 0.0), return_when=asyncio.FIRST_COMPLETED)
             if self._stop.is_set():
                 self.window_end = min(self.window_end, self.now())
-            for t in (*tasks, stopper):
+            for t in (*tasks, stopper, watch):
                 t.cancel()
-            await asyncio.gather(everything, stopper, return_exceptions=True)
+            await asyncio.gather(everything, stopper, watch, return_exceptions=True)
         finally:
             self.wall_s = self.now()
             await endpoint.close()
+
+    async def _watch_lag(self) -> None:
+        """Measure the client's own stalls: a late wake-up here delays every request's timestamps too."""
+        while True:
+            t = self._clock()
+            await asyncio.sleep(LAG_PERIOD_S)
+            self.loop_lag.append(max(0.0, self._clock() - t - LAG_PERIOD_S))
 
     def window(self) -> Window:
         return Window(self.config.warmup_s, max(self.window_end, self.config.warmup_s))

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_run
 from coda.errors import CodaError
@@ -29,6 +31,8 @@ def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
     wl = replay.workload
     s.update(
         wall_s=replay.wall_s,
+        client_lag_p99_s=float(np.percentile(replay.loop_lag, 99)) if replay.loop_lag else None,
+        client_lag_max_s=max(replay.loop_lag, default=None),
         ended_early=replay.ended_early,
         seed=cfg.seed,
         retry_budget={"spent": replay.budget.spent, "denied": replay.budget.denied},

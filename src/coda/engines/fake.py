@@ -169,6 +169,8 @@ class EngineMetrics:
         self.itl = make(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency", buckets=ITL_BUCKETS)
         self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency", buckets=E2E_BUCKETS)
         self.success = Counter("vllm:request_success", "Successful requests", (*labels, "finished_reason"), registry=self.registry)
+        # Not a vLLM metric: how late the real-time loop ran an event (the machine could not keep up).
+        self.late = make(Gauge, "coda:fake_engine_late_max_seconds", "Worst wall-clock lateness of a simulated event")
         self._values = values
 
     def finished(self, reason: str) -> None:
@@ -415,4 +417,5 @@ class FakeEngine:
         m.running.set(len(w.running) + w.n_restoring)
         m.waiting.set(len(w.waiting))
         m.kv_usage.set((w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity)  # as vLLM: cached idle blocks count as free
+        m.late.set(self.loop.late_max_s if self.loop is not None else 0.0)
         return generate_latest(m.registry)
