@@ -41,12 +41,11 @@ def _mix(cost, window=EVERYTHING) -> DecodeMix:
 
 
 # --- DecodeMix ----------------------------------------------------------------------------
-def test_a_run_cut_short_counts_only_the_steps_that_ran(padded):
+def test_a_decode_run_then_a_mixed_step(padded):
     mix = _mix(padded)
     ctx = np.array([100, 400])
-    mix.on_step(0, 0.0, np.array([1.0, 1.0, 1.0, 1.0]), [], ctx, None)  # a 4-step run announced ...
-    mix.on_step(0, 2.0, np.array([0.5]), [(64, 0)], ctx + 2, None)  # ... that an arrival ended after 2 steps
-    mix.finish(10.0)
+    mix.on_step(0, 0.0, np.array([1.0, 1.0]), [], ctx, None)  # a 2-step pure-decode run that ran
+    mix.on_step(0, 2.0, np.array([0.5]), [(64, 0)], ctx + 2, None)  # then a step with a prefill chunk
     assert mix.steps == 3 and mix.time_s == pytest.approx(2.5)
     assert mix.pure_steps == 2 and mix.pure_time_s == pytest.approx(2.0)
     assert mix.ratios().tolist() == pytest.approx([4.0, 401 / 101, 402 / 102])  # contexts grow one token per step
@@ -62,7 +61,6 @@ def test_steps_outside_the_window_and_single_decoders(padded):
     mix = _mix(padded, Window(1.5, 3.0))
     mix.on_step(1, 0.0, np.array([1.0, 1.0, 1.0, 1.0]), [], np.array([10, 20]), None)  # steps start at 0,1,2,3
     mix.on_step(2, 1.0, np.array([1.0, 1.0]), [], np.array([10]), None)  # steps start at 1, 2
-    mix.finish(100.0)
     assert mix.steps == 2 + 1 and mix.pure_steps == 3
     assert mix.multi_pure_steps == 2 and mix.ratios().tolist() == pytest.approx([22 / 12, 23 / 13])
 
@@ -82,27 +80,13 @@ def test_a_linear_attention_model_sees_no_composition_gap(contexts):
 
 
 def test_in_a_simulation_the_observer_counts_exactly_the_executed_steps():
-    class Announced:
-        needs = frozenset()
-        steps = 0
-
-        def on_step(self, worker, start_s, durations_s, *rest):
-            self.steps += len(durations_s)
-
-        def on_route(self, snap, chosen):
-            pass
-
     sessions = [make_session(f"s{i}", 0.3 * i, [(2000 + 500 * i, 300, 0.5), (200, 200, 0.0)]) for i in range(8)]
     wl = Workload(sessions=sessions, meta={"duration_s": 1000.0})
-    mix, announced = DecodeMix(), Announced()
-    sim = Simulation(wl, SimConfig(workers=2, warmup_s=0), observers=[mix, announced])
+    mix = DecodeMix()
+    sim = Simulation(wl, SimConfig(workers=2, warmup_s=0), observers=[mix])
     mix.bind(sim.cost, sim.window)
     sim.run()
-    mix.finish(sim.loop.now)
-    executed = sum(w.steps for w in sim.workers)
-    assert announced.steps > executed  # arrivals did cut decode runs short ...
-    assert mix.steps == executed  # ... and only what ran is counted
-    assert mix.pure_steps == sum(w.decode_steps for w in sim.workers)
+    assert mix.steps == sum(w.steps for w in sim.workers)  # runs cut short by arrivals report only what ran
 
 
 # --- RoutingOpportunity -------------------------------------------------------------------

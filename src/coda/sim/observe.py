@@ -28,9 +28,11 @@ class SimObserver(Protocol):
         decode_contexts: np.ndarray,
         plan: CohortPlan | None,
     ) -> None:
-        """A batch: ``len(durations_s)`` consecutive steps starting at ``start_s``; prefill chunks are
-        ``(new_tokens, cached_tokens)``; ``decode_contexts`` are the decoders' contexts at the first step
-        (each grows by one token per step of a pure-decode run)."""
+        """A batch that has just run: ``len(durations_s)`` consecutive steps (more than one only for a
+        pure-decode run, which an arrival may have cut short; only executed steps are reported)
+        starting at ``start_s``; prefill chunks are ``(new_tokens, cached_tokens)`` before the step;
+        ``decode_contexts`` are the decoders' contexts at the first step (each grows by one token per
+        step of a pure-decode run)."""
         ...
 
     def on_route(self, snap: RoutingSnapshot, chosen: int) -> None: ...

@@ -102,6 +102,7 @@ class Worker:
         self._prefills: list[tuple[SimRequest, int]] = []
         self._decoders: list[SimRequest] = []
         self._plan: CohortPlan | None = None
+        self._ctx: np.ndarray = np.empty(0, dtype=np.int64)
         self._start = 0.0
         self._ends: np.ndarray = np.empty(0)
         self._k = 0
@@ -357,9 +358,7 @@ class Worker:
             chunks = [(n, r.computed) for r, n in prefills]
             ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
-        for ob in self.observers:
-            ob.on_step(self.id, now, durs[:k], [(n, r.computed) for r, n in prefills], ctx, plan)
-        self._prefills, self._decoders, self._plan = prefills, decoders, plan
+        self._prefills, self._decoders, self._plan, self._ctx = prefills, decoders, plan, ctx
         self._start = now
         self._ends = now + np.cumsum(durs)
         self._k = k
@@ -400,6 +399,8 @@ class Worker:
         ends = self._ends[:k]
         durs = np.diff(ends, prepend=self._start)
         C = self.C
+        for ob in self.observers:
+            ob.on_step(self.id, self._start, durs, [(n, r.computed) for r, n in self._prefills], self._ctx, self._plan)
         finished: list[SimRequest] = []
         for r, n in self._prefills:
             r.computed += n

@@ -219,7 +219,6 @@ def _replay(workload: Workload, config: SimConfig, observer: DecodeMix | Routing
     sim = Simulation(workload, config, observers=[observer])
     observer.bind(sim.cost, sim.window)
     result = sim.run((lambda f: progress(label, f)) if progress else None)
-    observer.finish(sim.loop.now)
     return result
 
 

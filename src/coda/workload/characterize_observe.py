@@ -1,11 +1,10 @@
 """Simulator observers behind Findings 5-8: decode-batch composition and routing opportunity.
 
 Both are handed to ``Simulation`` at construction, then ``bind(cost, window)`` to that simulation's
-cost model and measurement window before it runs, and ``finish(now)`` after it.
+cost model and measurement window before it runs.
 
-``on_step`` announces a run of up to ``len(durations_s)`` pure-decode steps when it is scheduled,
-but an arrival can end the run early; a run's steps that really ran are those that ended by the
-time the same worker schedules its next batch (or the simulation stops).
+``on_step`` reports each batch once it has run (a pure-decode run cut short by an arrival reports
+only the steps it executed).
 """
 
 from __future__ import annotations
@@ -54,17 +53,13 @@ class DecodeMix:
     multi_pure_time_s: float = 0.0
     attn_observed_s: float = 0.0
     attn_uniform_s: float = 0.0
-    _pending: dict[int, _Batch] = field(default_factory=dict)
     _ratios: list[np.ndarray] = field(default_factory=list)
     _cvs: list[np.ndarray] = field(default_factory=list)
     _run_gaps: list[tuple[float, int]] = field(default_factory=list)  # (observed / uniform attention, steps)
 
     def on_step(self, worker: int, start_s: float, durations_s: np.ndarray, prefill_chunks: Sequence[tuple[int, int]],
                 decode_contexts: np.ndarray, plan: CohortPlan | None) -> None:
-        prev = self._pending.pop(worker, None)
-        if prev is not None:
-            self._account(prev, start_s)
-        self._pending[worker] = _Batch(start_s, durations_s, bool(prefill_chunks), decode_contexts)
+        self._account(_Batch(start_s, durations_s, bool(prefill_chunks), decode_contexts))
 
     def on_route(self, snap: RoutingSnapshot, chosen: int) -> None:
         pass
@@ -72,15 +67,9 @@ class DecodeMix:
     def bind(self, cost: CostModel, window: Window) -> None:
         self.cost, self.window = cost, window
 
-    def finish(self, now_s: float) -> None:
-        for batch in self._pending.values():
-            self._account(batch, now_s)
-        self._pending.clear()
-
-    def _account(self, b: _Batch, until_s: float) -> None:
+    def _account(self, b: _Batch) -> None:
         ends = b.start_s + np.cumsum(b.durations_s)
-        ran = int(np.searchsorted(ends, until_s, side="right"))
-        starts = ends[:ran] - b.durations_s[:ran]
+        starts = ends - b.durations_s
         steps = np.flatnonzero((starts >= self.window.start_s) & (starts <= self.window.end_s))
         if steps.size == 0:
             return
@@ -144,9 +133,6 @@ class RoutingOpportunity:
 
     def bind(self, cost: CostModel, window: Window) -> None:
         self.window = window
-
-    def finish(self, now_s: float) -> None:
-        pass
 
     def on_route(self, snap: RoutingSnapshot, chosen: int) -> None:
         if not self.window.start_s <= snap.now_s <= self.window.end_s:
