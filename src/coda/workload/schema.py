@@ -150,7 +150,7 @@ _HEADER_DECODER = msgspec.json.Decoder(_Header)
 _AT_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.S)
 
 
-def _describe(err: msgspec.DecodeError) -> tuple[str, str]:
+def describe_decode_error(err: msgspec.DecodeError) -> tuple[str, str]:
     """Split a msgspec error into (field path, problem)."""
     m = _AT_RE.match(str(err))
     assert m is not None
@@ -189,7 +189,7 @@ def read_workload(path: str | Path) -> Workload:
                 try:
                     header = _HEADER_DECODER.decode(raw)
                 except msgspec.DecodeError as err:
-                    field, problem = _describe(err)
+                    field, problem = describe_decode_error(err)
                     raise CodaError(f"{path}:{lineno}: header.{field}: {problem}") from None
                 if header.coda_workload != FORMAT_VERSION:
                     raise CodaError(
@@ -200,7 +200,7 @@ def read_workload(path: str | Path) -> Workload:
             try:
                 session = _SESSION_DECODER.decode(raw)
             except msgspec.DecodeError as err:
-                field, problem = _describe(err)
+                field, problem = describe_decode_error(err)
                 raise CodaError(f"{path}:{lineno}: {field}: {problem}") from None
             if session.session_id in seen:
                 raise CodaError(

@@ -71,10 +71,10 @@ def detect_format(path: Path) -> str:
 
 def load_workload(arg: str, fmt: str | None = None) -> Workload:
     """Load a workload from a spec string or a file (format given or detected)."""
+    if fmt is not None and fmt not in READERS:
+        raise CodaError(f"unknown workload format {fmt!r}; valid: {', '.join(READERS)}")
     if arg.startswith("synth:") or arg == "synth":
         return synth_from_spec(arg)
     path = Path(arg)
     name = fmt or detect_format(path)
-    if name not in READERS:
-        raise CodaError(f"unknown workload format {name!r}; valid: {', '.join(READERS)}")
     return READERS[name](path)

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from coda.errors import CodaError
-from coda.workload.schema import _describe, open_text
+from coda.workload.schema import describe_decode_error, open_text
 
 
 @dataclass
@@ -78,7 +78,7 @@ def jsonl_rows(path: Path, row_type: type, fmt: str) -> Iterator[tuple[int, Any]
             try:
                 yield lineno, decoder.decode(line)
             except msgspec.DecodeError as err:
-                where, problem = _describe(err)
+                where, problem = describe_decode_error(err)
                 raise line_error(path, lineno, "row" if where == "session" else where, problem, fmt) from None
 
 
