@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 from coda.bench.client import RETRYABLE, Attempt, Endpoint
 from coda.bench.overload import RetryBudget, TenantLimiter, backoff_s
 from coda.bench.prompts import Conversation
+from coda.bench.vocab import HFVocabulary, Vocabulary, WordVocabulary
 from coda.metrics import Window
 from coda.sim.config import SloConfig
 from coda.workload.schema import Session, Workload, session_prompts
@@ -56,6 +57,7 @@ class BenchConfig(BaseModel):
     retry_burst: NonNegativeFloat = Field(20.0, description="retry budget: bucket size")
     max_concurrency: PositiveInt | None = Field(None, description="per-tenant in-flight limit (429s lower it, successes restore it)")
     ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
+    tokenizer: str | None = Field(None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens")
     timeout_s: PositiveFloat = 600.0
     seed: int = 0
     slo: SloConfig = SloConfig()
@@ -73,6 +75,7 @@ class Replay:
             raise ValueError(f"warmup_s={config.warmup_s:g} leaves no measurement window in a {self.duration_s:g} s run")
         starts = sorted(workload.sessions, key=lambda s: (s.start_s, s.session_id))
         self.sessions = [s for s in starts if s.start_s * config.time_scale <= self.duration_s][: config.max_sessions]
+        self.vocab: Vocabulary = HFVocabulary(config.tokenizer) if config.tokenizer else WordVocabulary()
         self.records: list[dict[str, Any]] = []
         self.counts: Counter[str] = Counter()
         self.model: str | None = config.model
@@ -140,7 +143,7 @@ class Replay:
     async def _session(self, endpoint: Endpoint, sess: Session, shard: int) -> None:
         ts = self.config.time_scale
         ready = sess.start_s * ts
-        conv = Conversation(sess)
+        conv = Conversation(sess, self.vocab)
         trace_prompts = [p for _, p in session_prompts(sess)]
         tenant = sess.tenant or self.config.tenant
         headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant}

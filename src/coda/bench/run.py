@@ -19,7 +19,6 @@ from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
 
 Progress = Callable[[Replay], None]
-TOKENIZER = "coda word tokenizer: prompts sized in whitespace-separated words under Coda's chat template (exact for coda fake-engine)"
 
 
 def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
@@ -43,7 +42,7 @@ def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
             "model": replay.model,
             "duration_s": replay.duration_s,
             "sessions_started": len(replay.sessions),
-            "tokenizer": TOKENIZER,
+            "tokenizer": replay.vocab.name,
             "workload": {"spec": workload_spec, **{k: v for k, v in wl.meta.items() if k != "choices"},
                          "sessions": len(wl.sessions), "requests": wl.num_requests},
         },

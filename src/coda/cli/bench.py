@@ -77,6 +77,7 @@ def bench(
     retry_burst: Annotated[float | None, typer.Option("--retry-burst", help="retry budget size (default 20)")] = None,
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="per-tenant in-flight limit (default none)")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="per-attempt timeout (default 600)")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="seed of the retry jitter (and of synth specs in a sweep)")] = None,
     slo_ttft_s: Annotated[float | None, typer.Option("--slo-ttft-s", help="TTFT SLO in seconds (default 5)")] = None,
@@ -89,7 +90,7 @@ def bench(
     cli = dict(endpoint=endpoint, workload=workload, out=out, model=model, duration_s=duration, time_scale=time_scale,
                max_sessions=max_sessions, sweep=sweep, repeats=repeats, api=api, tenant=tenant,
                api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
-               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, ignore_eos=ignore_eos, timeout_s=timeout_s,
+               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s,
                seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
     extra, cfg = _config(config, cli)
     if not extra.get("workload"):

@@ -25,7 +25,6 @@ MESSAGE_OVERHEAD = 2  # <|role|> and <|end|>
 GENERATION_PROMPT = 1  # the trailing <|assistant|>
 END = "<|end|>"
 VOCAB_SIZE = 151_936  # token-id range (Qwen's vocabulary size; ids are hashes of words)
-EDIT_WORD = "edited"  # never drawn from VOCAB: marks where an edited message departs from its original
 
 _CONSONANTS = "bdfghjklmnprstvz"
 _VOWELS = "aeiou"
