@@ -72,7 +72,8 @@ def summarize(
     new_in = _col(records, "new_input_tokens", 0.0)
     rnd = _col(records, "round", 1.0)
     tbt = _col(records, "tbt_mean_s")
-    completed = np.array([r.get("state", "completed") == "completed" and r.get("finish_s") is not None for r in records], dtype=bool)
+    state = np.array([r.get("state", "completed") for r in records], dtype=object)
+    completed = np.array([s == "completed" and r.get("finish_s") is not None for s, r in zip(state, records)], dtype=bool)
     t0, t1 = window.start_s, window.end_s
     W = window.length_s
 
@@ -91,7 +92,9 @@ def summarize(
         "request_tps": float(done_in.sum() / W),
         "offered": int(offered.sum()),
         "completed": int(lat.sum()),
-        "unfinished": int((offered & ~completed).sum()),
+        "unfinished": int((offered & ~completed & ~np.isin(state, ("rejected", "failed"))).sum()),
+        "rejected": int((offered & (state == "rejected")).sum()),
+        "failed": int((offered & (state == "failed")).sum()),
         "slo_met": int((offered & slo_ok).sum()),
         "goodput": float((offered & slo_ok).sum() / max(offered.sum(), 1)),
     }

@@ -27,6 +27,7 @@ SsdOpt = Annotated[bool | None, typer.Option("--ssd/--no-ssd", help="override th
 ShadowOpt = Annotated[bool | None, typer.Option("--cpu-shadow/--no-cpu-shadow", help="override the preset's CPU-shadow publication")]
 HbmOpt = Annotated[float | None, typer.Option("--hbm-kv-gib", help="override the profile's HBM KV per worker")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="directory for summary.json and per-request records")]
+IngressOpt = Annotated[str | None, typer.Option("--ingress", help="ingress admission policy, as `coda serve` runs it (e.g. queue_limit, session, overload, a+b)")]
 
 CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
@@ -69,6 +70,7 @@ def sim(
     ssd: SsdOpt = None,
     cpu_shadow: ShadowOpt = None,
     hbm_kv_gib: HbmOpt = None,
+    ingress: IngressOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -77,7 +79,7 @@ def sim(
 
     cli = dict(workload=workload, format=fmt, system=system, workers=workers, seed=seed, profile=profile, warmup_s=warmup_s,
                drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram, ssd=ssd, cpu_shadow=cpu_shadow,
-               hbm_kv_gib=hbm_kv_gib, out=out)
+               hbm_kv_gib=hbm_kv_gib, ingress=ingress, out=out)
     extra, cfg = _settings(config, cli)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     wl = seeded_workload(spec, cfg.seed, extra.get("format")) if seed is not None else load_workload_arg(spec, extra.get("format"))
@@ -131,6 +133,7 @@ def compare(
     ssd: SsdOpt = None,
     cpu_shadow: ShadowOpt = None,
     hbm_kv_gib: HbmOpt = None,
+    ingress: IngressOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -142,7 +145,7 @@ def compare(
 
     cli = dict(workload=workload, format=fmt, systems=systems, seeds=seeds, baseline=baseline, workers=workers, seed=seed,
                profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
-               ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, out=out)
+               ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, out=out)
     extra, cfg = _settings(config, cli)
     if preset is not None:
         _paper(preset, extra, cfg, seed, as_json)

@@ -18,14 +18,15 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
-from coda.policy.registry import SystemPreset, make_execution_policy, make_router, make_state_policy, system_preset
+from coda.policy.registry import SystemPreset, make_execution_policy, make_ingress_policy, make_router, make_state_policy, system_preset
 from coda.policy.tools import ToolPredictor
 from coda.sim.config import SimConfig
+from coda.sim.ingress import SIM_SIGNALS, SimIngress
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, ToolAwareEvictor, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
-from coda.sim.request import SessionState, SimRequest
+from coda.sim.request import REJECTED, SessionState, SimRequest
 from coda.sim.worker import NodeLinks, Worker
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.workload.schema import Workload, reused_prefix_of
@@ -123,6 +124,7 @@ class Simulation:
             *(ob.needs for ob in self.observers), getattr(self.shadow_router, "needs", frozenset())
         )
         self.tool_predictor = ToolPredictor() if pp.eviction == "tool_aware" else None
+        self.ingress = self._ingress(config)
         self._owner_session: dict[int, SessionState] = {}
 
         self.indexer = KVIndexer() if config.indexer else None
@@ -174,6 +176,15 @@ class Simulation:
         self.live_sessions = 0
         self.open_measured = 0
         self.wall_s = 0.0
+
+    def _ingress(self, config: SimConfig) -> SimIngress | None:
+        if not config.ingress:
+            return None
+        policy = make_ingress_policy(config.ingress, config.policy_params.get(config.ingress))
+        missing = sorted(policy.needs - SIM_SIGNALS)
+        if missing:
+            raise CodaError(f"ingress policy {config.ingress} needs {', '.join(missing)}, which the simulator cannot supply")
+        return SimIngress(policy, config.defer_max_s, config.tenant_weights)
 
     def _indexing_listener(self, downstream: KVListener | None) -> KVListener:
         indexer = self.indexer
@@ -275,7 +286,54 @@ class Simulation:
         req.measured = self.window.start_s <= now <= self.window.end_s
         self.open_measured += req.measured
         self.requests.append(req)
-        self.workers[self._route(req, sess)].enqueue(req)
+        if self.ingress is None:
+            self.workers[self._route(req, sess)].enqueue(req)
+        else:
+            self._admit_or_not(req)
+
+    # --- ingress ---------------------------------------------------------------------------
+    def _admit_or_not(self, req: SimRequest) -> None:
+        ing = self.ingress
+        assert ing is not None
+        now = self.loop.now
+        sess = req.sess
+        tenant = sess.session.tenant or "default"
+        hit = 0.0
+        if "prefix_hit" in ing.policy.needs and req.prompt_tokens:
+            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self._matches(req.chain).values()), default=0)
+            hit = best * self.C / req.prompt_tokens
+        d = ing.decide(ing.snapshot(now, req, tenant, self.workers, hit))
+        if d.action == "admit":
+            wid = self._route(req, sess)
+            ing.admitted(wid, tenant, req.orig_prompt_tokens)
+            self.workers[wid].enqueue(req)
+        elif d.action == "defer":
+            if req.deferred_since < 0:
+                req.deferred_since = now
+            retry = max(d.retry_after_s, 0.05)
+            if now + retry - req.deferred_since > self.config.defer_max_s:
+                self._reject(req, "defer_timeout")
+            else:
+                self.loop.at(now + retry, self._admit_or_not, req)
+        else:
+            self._reject(req, d.reason)
+
+    def _reject(self, req: SimRequest, reason: str) -> None:
+        """A rejected request ends its session: the client gives up, and its unsent rounds count as rejected."""
+        now = self.loop.now
+        req.state, req.reason = REJECTED, reason
+        self.open_measured -= req.measured
+        sess = req.sess
+        for k in range(req.round_idx + 1, len(sess.session.rounds)):
+            rnd = sess.session.rounds[k]
+            gone = SimRequest(len(self.requests), sess, k, rnd.kind, now)
+            gone.state, gone.reason = REJECTED, "session_abandoned"
+            gone.new_input_tokens = rnd.new_input_tokens
+            gone.output_tokens = rnd.output_tokens
+            gone.measured = self.window.start_s <= now <= self.window.end_s
+            self.requests.append(gone)
+        sess.done = True
+        self.live_sessions -= 1
 
     def _route(self, req: SimRequest, sess: SessionState) -> int:
         self._route_seq += 1
@@ -329,6 +387,8 @@ class Simulation:
 
     def _finished(self, req: SimRequest) -> None:
         sess = req.sess
+        if self.ingress is not None:
+            self.ingress.finished(req.worker, sess.session.tenant or "default", req.orig_prompt_tokens)
         sess.context_tokens = req.orig_prompt_tokens + req.output_tokens
         sess.last_worker = req.worker
         self.open_measured -= req.measured
@@ -412,6 +472,8 @@ class SimResult:
                 "preemptions": sum(r["preemptions"] for r in self.records),
                 "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
                 "shadow": self.shadow_block(),
+                "ingress": ({"policy": cfg.ingress, "decisions": dict(sorted(sim.ingress.decisions.items())),
+                             "deferred": sum(r["deferred"] for r in self.records if r["measured"])} if sim.ingress else None),
                 "window_s": [sim.window.start_s, sim.window.end_s],
                 "config": self.config_block(),
             }

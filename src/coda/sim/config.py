@@ -47,6 +47,9 @@ class SimConfig(BaseModel):
     shadow_state: str | None = Field(None, description="state-admission policy evaluated in shadow on every admission snapshot")
     shadow_router: str | None = Field(None, description="router evaluated in shadow on every routing snapshot")
     indexer: bool = Field(False, description="routers match prefixes through a KV indexer fed by the pools' block events (as the gateway does)")
+    ingress: str | None = Field(None, description="ingress admission policy (as the gateway's; 'a+b' composes)")
+    defer_max_s: PositiveFloat = Field(60.0, description="longest a deferred request waits in the gateway queue before a 503")
+    tenant_weights: dict[str, float] = Field(default_factory=dict, description="tenant entitlement weights for tenant_share")
     eviction_window_chunks: PositiveInt = Field(2048, description="victim window of tool-aware HBM reclaim")
 
     def with_overrides(self, **kw: Any) -> SimConfig:

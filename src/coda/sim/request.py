@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-WAITING, RESTORING, RUNNING, FINISHED = 0, 1, 2, 3
-STATE_NAMES = ("waiting", "restoring", "running", "finished")
+WAITING, RESTORING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
+STATE_NAMES = ("waiting", "restoring", "running", "finished", "rejected")
 
 
 class SessionState:
@@ -49,7 +49,7 @@ class SimRequest:
         "computed", "emitted", "held", "private", "admit_seq",
         "admitted_s", "state_ready_s", "first_token_s", "finish_s", "last_token_s",
         "hbm_hit", "dram_hit", "ssd_hit", "path", "preemptions", "tbt_max", "cohort_steps",
-        "match_key", "match", "tools",
+        "match_key", "match", "tools", "deferred_since", "reason",
     )
 
     def __init__(self, rid: int, sess: SessionState, round_idx: int, kind: str, ready_s: float) -> None:
@@ -86,6 +86,8 @@ class SimRequest:
         self.match_key: Any = None
         self.match: tuple[int, int, int, int] = (0, 0, 0, 0)
         self.tools: tuple[str, ...] = ()
+        self.deferred_since = -1.0  # first time ingress admission deferred it
+        self.reason = ""  # why it was rejected
 
     def record(self) -> dict[str, Any]:
         """The per-request record written with ``--out``."""
@@ -118,5 +120,7 @@ class SimRequest:
             "path": self.path,
             "preemptions": self.preemptions,
             "cohort_steps": self.cohort_steps,
-            "state": "completed" if done else "unfinished",
+            "state": "completed" if done else ("rejected" if self.state == REJECTED else "unfinished"),
+            "reason": self.reason or None,
+            "deferred": self.deferred_since >= 0,
         }
