@@ -120,8 +120,8 @@ def plot_throughput(path: Path, records: Sequence[dict[str, Any]], window: Windo
     ax2.plot(bins[:-1], reqs, color="tab:orange", label="completed requests/s")
     ax2.set_ylabel("requests/s")
     ax.axvspan(window.start_s, window.end_s, color="grey", alpha=0.1, label="measurement window")
-    fig.legend(loc="upper right")
-    fig.tight_layout()
+    fig.legend(loc="upper center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
