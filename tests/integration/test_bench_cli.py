@@ -45,6 +45,20 @@ def test_json_contract_and_files(engine, tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_options_come_from_a_config_file_and_flags_win(engine, tmp_path):
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(f"endpoint: {engine.url}\nworkload: '{SMALL}'\nout: {tmp_path / 'out'}\ntime_scale: 0.05\ndrain_s: 20\n"
+                   "max_sessions: 2\nslo: {ttft_s: 2.5, tbt_s: 0.05}\n")
+    proc = coda("bench", "--config", str(cfg), "--slo-tbt-s", "0.2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["config"]["slo"] == {"ttft_s": 2.5, "tbt_s": 0.2} and out["config"]["sessions_started"] == 2
+    assert (tmp_path / "out" / "summary.json").exists()
+    cfg.write_text(cfg.read_text() + "colour: blue\n")
+    bad = coda("bench", "--config", str(cfg), "--json")
+    assert bad.returncode == 2 and "colour" in bad.stderr and bad.stderr.count("\n") == 1
+
+
 def test_sweep_repeats_each_rate_and_reports_the_knee(engine, tmp_path):
     proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--sweep", "2,6",
                 "--repeats", "3", "--out", str(tmp_path), "--json", timeout=300)
