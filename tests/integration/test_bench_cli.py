@@ -45,6 +45,15 @@ def test_json_contract_and_files(engine, tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_completions_api_sends_the_same_tokens_as_a_prompt_string(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url + "/v1", "--workload", SMALL, "--time-scale", "0.05", "--max-sessions", "2", "--api", "completions",
+                "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["completed"] > 0
+    for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines()):
+        assert r["state"] == "completed" and r["server_prompt_tokens"] == r["prompt_tokens"] == r["trace_prompt_tokens"]
+
+
 def test_options_come_from_a_config_file_and_flags_win(engine, tmp_path):
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(f"endpoint: {engine.url}\nworkload: '{SMALL}'\nout: {tmp_path / 'out'}\ntime_scale: 0.05\ndrain_s: 20\n"
