@@ -44,10 +44,6 @@ class KVEventPublisher:
         if self._replay is not None:
             self._task = asyncio.get_running_loop().create_task(self._serve_replay())
 
-    @property
-    def sent(self) -> int:
-        return self._seq
-
     def publish(self, events: list[KVCacheEvent]) -> None:
         """Send one batch (one engine step's events) with the next sequence number."""
         frames = encode_frames(self._topic, self._seq, KVEventBatch(ts=time.time(), events=events))

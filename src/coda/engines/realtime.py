@@ -17,7 +17,7 @@ from typing import Any
 
 
 class RealtimeLoop:
-    __slots__ = ("speedup", "now", "on_drained", "late_max_s", "events_run", "_aloop", "_wall0", "_heap", "_seq", "_handle", "_armed", "_eps")
+    __slots__ = ("speedup", "now", "on_drained", "late_max_s", "_aloop", "_wall0", "_heap", "_seq", "_handle", "_armed", "_eps")
 
     def __init__(self, speedup: float = 1.0, on_drained: Callable[[], None] | None = None) -> None:
         """Create inside a running asyncio loop. ``on_drained`` runs after each batch of due events."""
@@ -27,7 +27,6 @@ class RealtimeLoop:
         self.now = 0.0
         self.on_drained = on_drained
         self.late_max_s = 0.0  # worst wall-clock lateness of an event (the loop could not keep up)
-        self.events_run = 0
         self._aloop = asyncio.get_running_loop()
         self._wall0 = self._aloop.time()
         self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
@@ -60,14 +59,11 @@ class RealtimeLoop:
         vnow = self.virtual_now() + self._eps
         if heap:
             self.late_max_s = max(self.late_max_s, (vnow - heap[0][0]) / self.speedup)
-        n = 0
         while heap and heap[0][0] <= vnow:
             t, _, fn, arg = heapq.heappop(heap)
             if t > self.now:
                 self.now = t
             fn(arg)
-            n += 1
-        self.events_run += n
         if self.on_drained is not None:
             self.on_drained()
         if heap and heap[0][0] < self._armed:
