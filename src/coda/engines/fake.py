@@ -4,7 +4,7 @@ The worker, its scheduler, its KV pools and the cost model are the simulator's o
 loop differs (``RealtimeLoop``: virtual time runs ``speedup`` times the wall clock) and the worker
 steps one iteration per event (``decode_run_max=1``), as a real engine does, so every token is
 released at its simulated time. A request's KV chunks are named by hashing its token blocks
-(``BlockRegistry``), so two requests share chunks exactly when they share a token prefix.
+(``coda.engines.blocks``), so two requests share chunks exactly when they share a token prefix.
 Nothing here speaks HTTP (``coda.engines.server`` does).
 """
 
@@ -13,31 +13,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from types import SimpleNamespace
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.engines import tokenizer as tok
+from coda.engines.blocks import BlockRegistry, TokenSequence
 from coda.engines.kv_publisher import KVEventPublisher
+from coda.engines.metrics import EngineMetrics
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from coda.policy.registry import make_execution_policy, make_state_policy, system_preset
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVStore, Versions
-from coda.sim.request import WAITING, SessionState, SimRequest
+from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.request import WAITING, SimRequest
 from coda.sim.worker import NodeLinks, Worker
 
 MEDIUM = {"hbm": MEDIUM_GPU, "dram": MEDIUM_CPU, "ssd": MEDIUM_DISK}
-# vLLM's bucket boundaries for these histograms (vllm/v1/metrics/loggers.py).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class FakeEngineConfig(BaseModel):
@@ -65,69 +62,12 @@ class _Recorder:
         pass
 
 
-class BlockRegistry:
-    """Interns content hashes of token blocks as the worker's chunk ids (``owner << 32 | n``) and
-    keeps what a KV event says about each (hash, parent hash, token ids when events are on).
-
-    Entries are never dropped: memory grows with distinct blocks seen (about 100 bytes each, plus
-    the token ids when KV events are on)."""
-
-    def __init__(self, owner: int, block_tokens: int, keep_tokens: bool) -> None:
-        self.base = owner << OWNER_SHIFT
-        self.C = block_tokens
-        self._ids: dict[int, int] = {}
-        self.hashes: list[int] = []
-        self.parents: list[int | None] = []
-        self.tokens: list[list[int]] | None = [] if keep_tokens else None
-
-    def intern(self, hashes: Sequence[int], words: Sequence[str], start: int, n: int) -> list[int]:
-        out = []
-        ids, C = self._ids, self.C
-        for i in range(start, start + n):
-            h = hashes[i]
-            cid = ids.get(h)
-            if cid is None:
-                cid = ids[h] = self.base | len(self.hashes)
-                self.hashes.append(h)
-                self.parents.append(hashes[i - 1] if i else None)
-                if self.tokens is not None:
-                    self.tokens.append(tok.token_ids(words[i * C : (i + 1) * C]))
-            out.append(cid)
-        return out
-
-    def local(self, cid: int) -> int:
-        return cid & ((1 << OWNER_SHIFT) - 1)
-
-
-_ANONYMOUS = SimpleNamespace(session_id="", start_s=0.0)
-
-
-class _TokenSequence(SessionState):
-    """Stands in for a session: the worker asks it to name a request's next chunks (its output
-    after a finish, prompt + output after a preemption), and it answers with content hashes."""
-
-    __slots__ = ("req", "hashes", "words", "registry")
-
-    def __init__(self, owner: int, registry: BlockRegistry, words: list[str]) -> None:
-        super().__init__(0, _ANONYMOUS, owner)
-        self.registry = registry
-        self.words = words
-        self.hashes = tok.block_hashes(words, registry.C)
-        self.req: LiveRequest | None = None
-
-    def fresh_ids(self, n: int) -> list[int]:
-        assert self.req is not None
-        start = len(self.req.chain)
-        n = min(n, len(self.hashes) - start)
-        return self.registry.intern(self.hashes, self.words, start, n)
-
-
 class LiveRequest(SimRequest):
     """A simulator request with the HTTP side's view: words to stream and when they were released."""
 
     __slots__ = ("out_words", "wake", "released", "done", "aborted", "t_arrival", "t_last")
 
-    def __init__(self, rid: int, seq: _TokenSequence, prompt_tokens: int, out_words: list[str]) -> None:
+    def __init__(self, rid: int, seq: TokenSequence, prompt_tokens: int, out_words: list[str]) -> None:
         super().__init__(rid, seq, 0, "user", 0.0)
         self.prompt_tokens = self.orig_prompt_tokens = self.new_input_tokens = prompt_tokens
         self.output_tokens = len(out_words)
@@ -142,39 +82,6 @@ class LiveRequest(SimRequest):
     @property
     def cached_tokens(self) -> int:
         return max(self.hbm_hit, 0) + max(self.dram_hit, 0) + max(self.ssd_hit, 0)
-
-
-class EngineMetrics:
-    """vLLM's metric names (``vllm:...``), labelled ``model_name`` and ``engine`` as vLLM labels them."""
-
-    def __init__(self, model: str) -> None:
-        self.registry = CollectorRegistry()
-        labels = ("model_name", "engine")
-        values = (model, "0")
-
-        def make(kind: type, name: str, doc: str, **kw: Any) -> Any:
-            return kind(name, doc, labels, registry=self.registry, **kw).labels(*values)
-
-        self.running = make(Gauge, "vllm:num_requests_running", "Requests in model execution batches")
-        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Requests waiting to be processed")
-        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage (1 = 100%)")
-        self.queries = make(Counter, "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens")
-        self.hits = make(Counter, "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens")
-        self.ext_queries = make(Counter, "vllm:external_prefix_cache_queries", "External (CPU/disk tier) prefix-cache queries, in tokens")
-        self.ext_hits = make(Counter, "vllm:external_prefix_cache_hits", "External (CPU/disk tier) prefix-cache hits, in tokens")
-        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Prefill tokens processed")
-        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Generation tokens processed")
-        self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative preemptions")
-        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds", "Time to first token", buckets=TTFT_BUCKETS)
-        self.itl = make(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency", buckets=ITL_BUCKETS)
-        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency", buckets=E2E_BUCKETS)
-        self.success = Counter("vllm:request_success", "Successful requests", (*labels, "finished_reason"), registry=self.registry)
-        # Not a vLLM metric: how late the real-time loop ran an event (the machine could not keep up).
-        self.late = make(Gauge, "coda:fake_engine_late_max_seconds", "Worst wall-clock lateness of a simulated event")
-        self._values = values
-
-    def finished(self, reason: str) -> None:
-        self.success.labels(*self._values, reason).inc()
 
 
 class FakeEngine:
@@ -272,7 +179,7 @@ class FakeEngine:
         """Queue a request whose prompt is ``prompt`` (token words); it generates ``max_tokens`` tokens."""
         assert self.loop is not None and self.worker is not None
         out_words = tok.words(tok.seed_of(len(prompt), *prompt[-32:]), max_tokens)
-        seq = _TokenSequence(self.owner, self.registry, prompt + out_words)
+        seq = TokenSequence(self.owner, self.registry, prompt + out_words)
         req = LiveRequest(self._next_rid, seq, len(prompt), out_words)
         self._next_rid += 1
         seq.req = req
