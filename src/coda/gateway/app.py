@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import msgspec
 import uvicorn
 from starlette.applications import Starlette
@@ -38,7 +39,7 @@ from coda.gateway.errors import ApiError
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.metrics import GatewayMetrics
-from coda.gateway.prompt import make_tokenizer, max_tokens
+from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
 from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Upstream, strip_hop_by_hop
 from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.telemetry import Telemetry
@@ -112,7 +113,7 @@ class Gateway:
             tenant = self.ids.tenant(request.headers)
             raw = await self._body(request)
             body = self._json(raw)
-            ticket = self._plan(path, request, tenant, body)
+            ticket = self._plan(path, request, tenant, body, await self._engine_tokens(path, body))
         except ApiError as err:
             self.metrics.requests.labels(path, str(err.status)).inc()
             return err.response(path)
@@ -135,7 +136,28 @@ class Gateway:
             raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         return body
 
-    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any]) -> Ticket:
+    async def _engine_tokens(self, path: str, body: dict[str, Any]) -> Prompt | None:
+        """With the ``engine`` tokenizer: the prompt's token ids from a serving engine's /tokenize."""
+        tok = self.state.tokenizer
+        if not isinstance(tok, EngineTokenizer):
+            return None
+        req = tok.request(path, body)
+        if req is None:
+            return None
+        for w in self.state.serving(body.get("model") if isinstance(body.get("model"), str) else None):
+            if not w.healthy:
+                continue
+            try:
+                resp = await self.upstream.client.post(w.cfg.url + "/tokenize", json=req, headers=w.auth(), timeout=10.0)
+            except httpx.HTTPError:
+                continue
+            if resp.status_code == 400:  # the engine rejects the prompt itself: the client's mistake
+                raise ApiError(400, f"the engine could not tokenize the prompt: {resp.text[:300]}", "invalid_request")
+            if resp.status_code == 200:
+                return tok.from_response(resp.json())
+        return None
+
+    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any], tokens: Prompt | None = None) -> Ticket:
         state = self.state
         model = body.get("model")
         if model is not None and not isinstance(model, str):
@@ -144,7 +166,7 @@ class Gateway:
         if not candidates:
             known = ", ".join(sorted(c["id"] for c in state.model_cards()))
             raise ApiError(404, f"The model `{model}` does not exist: the gateway's engines serve {known}", "model_not_found", "model")
-        prompt = state.tokenizer.prompt(path, body)
+        prompt = tokens or state.tokenizer.prompt(path, body)
         out = max_tokens(path, body)
         lens = [w.max_model_len for w in candidates if w.max_model_len is not None]
         if lens and prompt.min_tokens + max(out, 1) > max(lens):

@@ -84,8 +84,9 @@ class TelemetryConfig(_Strict):
 
 
 class IndexerConfig(_Strict):
-    tokenizer: Literal["chars", "words"] = Field(
-        "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it)")
+    tokenizer: Literal["chars", "words", "engine"] = Field(
+        "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
+        "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)")
     block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
     approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")

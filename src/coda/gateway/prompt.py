@@ -14,6 +14,11 @@ Two tokenizers:
 - ``words``: the fake engine's whitespace tokenizer and chat template (``coda.engines``), exact
   for ``coda fake-engine``: counts are exact and block hashes equal the ones its KV events
   carry, so the gateway can consume them.
+- ``engine``: the engine's own tokenizer and chat template, through its ``/tokenize`` endpoint
+  (vLLM), so the gateway names prompt blocks exactly as vLLM's KV events do (by their token
+  ids) whatever the model. It costs one loopback round trip per request; a completions prompt
+  given as token ids needs none. Routes ``/tokenize`` cannot render (responses, messages) fall
+  back to ``chars`` units, which never match an engine's blocks.
 """
 
 from __future__ import annotations
@@ -119,5 +124,52 @@ class WordTokenizer:
         return Prompt(self._token_ids(words), len(words), len(words))
 
 
+class EngineTokenizer:
+    name = "engine"
+    tokens_per_unit = 1
+    exact = True
+
+    def __init__(self) -> None:
+        self._fallback = CharTokenizer()
+
+    def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
+        """Without a round trip: token-id prompts only (others use ``tokenize``)."""
+        ids = _token_ids(path, body)
+        if ids is None:
+            return self._fallback.prompt(path, body)
+        return Prompt(ids, len(ids), len(ids))
+
+    def request(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``/tokenize`` body for this prompt, or ``None`` when no round trip is needed or possible."""
+        if _token_ids(path, body) is not None:
+            return None
+        if path == "/v1/completions" and isinstance(body.get("prompt"), str):
+            return {"model": body.get("model"), "prompt": body["prompt"]}
+        if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
+            req = {"model": body.get("model"), "messages": body["messages"], "add_generation_prompt": True}
+            if body.get("tools"):
+                req["tools"] = body["tools"]
+            return req
+        return None
+
+    @staticmethod
+    def from_response(data: dict[str, Any]) -> Prompt:
+        ids = data.get("tokens")
+        if not isinstance(ids, list):
+            raise ApiError(502, "the engine's /tokenize answer has no token list; check the backend is vLLM", "bad_gateway")
+        return Prompt(ids, len(ids), len(ids))
+
+
+def _token_ids(path: str, body: dict[str, Any]) -> list[int] | None:
+    p = body.get("prompt") if path == "/v1/completions" else None
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return p
+    return None
+
+
 def make_tokenizer(name: str) -> Tokenizer:
-    return WordTokenizer() if name == "words" else CharTokenizer()
+    if name == "words":
+        return WordTokenizer()
+    if name == "engine":
+        return EngineTokenizer()
+    return CharTokenizer()

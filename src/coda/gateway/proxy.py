@@ -73,8 +73,7 @@ class Upstream:
         )
 
     async def open(self, w: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
-        if w.cfg.api_key:
-            headers = [*headers, (b"authorization", f"Bearer {w.cfg.api_key}".encode())]
+        headers = [*headers, *((k.encode(), v.encode()) for k, v in w.auth().items())]
         req = self.client.build_request("POST", w.cfg.url + path, content=body, headers=headers)
         return await self.client.send(req, stream=True)
 

@@ -58,6 +58,10 @@ class Worker:
     def label(self) -> str:
         return self.cfg.label
 
+    def auth(self) -> dict[str, str]:
+        """Headers that authenticate the gateway to this engine."""
+        return {"authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+
     def supplies(self, signal: str) -> bool:
         return signal in OWN_SIGNALS or any(n in self.metric_names for n in SCRAPED_SIGNALS.get(signal, ()))
 

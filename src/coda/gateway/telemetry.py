@@ -67,11 +67,8 @@ class Telemetry:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(max(2.0, self.cfg.stale_after_s)), trust_env=False)
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _headers(self, w: Worker) -> dict[str, str]:
-        return {"authorization": f"Bearer {w.cfg.api_key}"} if w.cfg.api_key else {}
-
     async def _get(self, w: Worker, path: str) -> httpx.Response:
-        return await self.client.get(w.cfg.url + path, headers=self._headers(w))
+        return await self.client.get(w.cfg.url + path, headers=w.auth())
 
     async def discover(self, w: Worker) -> None:
         r = await self._get(w, "/v1/models")

@@ -40,42 +40,60 @@ def build_tiny_model(dest: Path) -> Path:
 
 
 @contextmanager
-def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
-    """Start `vllm.entrypoints.openai.api_server` on a free port; yield its base URL."""
-    port = free_port()
-    # One core for the model's OMP threads leaves the other to the API server, so requests reach the
-    # scheduler while it decodes (on a 2-core machine the default binding starves the front end).
+def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None = None, logs: list[Path] | None = None) -> Iterator[list[str]]:
+    """Start one `vllm.entrypoints.openai.api_server` per argument list on free ports, all at once;
+    yield their base URLs once every one is healthy; always stop them."""
+    procs: list[subprocess.Popen[bytes]] = []
+    files = []
+    urls = []
+    # One core for the model's OMP threads leaves the other to the API servers, so requests reach
+    # the scheduler while it decodes (on a 2-core machine the default binding starves front ends).
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "PYTHONPATH": str(ROOT / "src"), **(env or {})}
-    cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
-           "--host", "127.0.0.1", "--port", str(port), *args]
-    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
+        for i, extra in enumerate(args):
+            port = free_port()
+            cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
+                   "--host", "127.0.0.1", "--port", str(port), *extra]
+            out = open(logs[i], "w") if logs else subprocess.DEVNULL  # noqa: SIM115
+            files.append(out)
+            procs.append(subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                tail = log.read_text()[-3000:] if log else ""
-                raise RuntimeError(f"vLLM exited with {proc.returncode} during startup:\n{tail}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        pending = set(range(len(procs)))
+        while pending:
+            for i in list(pending):
+                if procs[i].poll() is not None:
+                    tail = logs[i].read_text()[-3000:] if logs else ""
+                    raise RuntimeError(f"vLLM exited with {procs[i].returncode} during startup:\n{tail}")
+                try:
+                    if httpx.get(urls[i] + "/health", timeout=2).status_code == 200:
+                        pending.discard(i)
+                except httpx.HTTPError:
+                    pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM did not become healthy within {STARTUP_S} s")
             time.sleep(1)
-        yield url
+        yield urls
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if log:
-            out.close()
+        for f in files:
+            if f is not subprocess.DEVNULL:
+                f.close()
+
+
+@contextmanager
+def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
+    """One server (see ``vllm_servers``)."""
+    with vllm_servers(model, [list(args)], env=env, logs=[log] if log else None) as urls:
+        yield urls[0]
 
 
 def metric_sum(text: str, name: str) -> float:
