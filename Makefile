@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.coda-installed
-SYSTEMS ?= vllm
+SYSTEMS ?= vllm,coda
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
@@ -37,7 +37,11 @@ test: $(STAMP) $(VLLM_STAMP)
 
 ## make bench: performance benchmarks (ratios against baselines measured in the same run)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/sim_speed.py
+	$(BIN)/python benchmarks/sim_speed.py --systems vllm,coda-single
+	$(BIN)/python -m pytest benchmarks/test_policy_speed.py --benchmark-only --benchmark-columns=median,mean,ops -q
+	$(BIN)/python benchmarks/bench_cost.py
+	$(BIN)/python benchmarks/bench_harness.py
+	$(BIN)/python benchmarks/bench_gateway.py --quick
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks
