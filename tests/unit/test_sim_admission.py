@@ -7,7 +7,6 @@ import pytest
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload
-
 from tests.conftest import make_session
 
 CHUNK_GIB = 96 * 1024 * 64 / 2**30
