@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,measure]'
 	@touch $(STAMP)
 
 ## make run: the main job on the built-in workload (4 workers, 3 req/s of synthetic agent sessions)
