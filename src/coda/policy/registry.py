@@ -75,10 +75,11 @@ class SystemPreset:
     state: str
     execution: str
     eviction: Literal["lru", "tool_aware"]
-    dram: bool
-    ssd: bool
-    cpu_shadow: bool
     description: str
+    # the paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
+    dram: bool = True
+    ssd: bool = False
+    cpu_shadow: bool = True
 
     def tiers_text(self) -> str:
         parts = ["HBM", "DRAM" if self.dram else None, "SSD" if self.ssd else None]
@@ -86,108 +87,27 @@ class SystemPreset:
         return f"{tiers}; CPU-shadow {'on' if self.cpu_shadow else 'off'}; eviction {self.eviction}"
 
 
-SYSTEMS: dict[str, SystemPreset] = {
-    "vllm": SystemPreset(
-        name="vllm",
-        router="round_robin",
-        state="fifo",
-        execution="full",
-        eviction="lru",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="vLLM with prefix caching and a CPU KV store written as blocks complete "
-        "(as vLLM's offloading connector or LMCache do): round-robin routing, FCFS admission, one attention launch",
-    ),
-    "smetric": SystemPreset(
-        name="smetric",
-        router="smetric",
-        state="fifo",
-        execution="full",
-        eviction="lru",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="session affinity with a load guard (SMetric) in front of vLLM-like workers",
-    ),
-    "cachewise": SystemPreset(
-        name="cachewise",
-        router="least_loaded",
-        state="fewest_blocks",
-        execution="full",
-        eviction="tool_aware",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow",
-    ),
-    "cachewise+ta": SystemPreset(
-        name="cachewise+ta",
-        router="least_loaded",
-        state="tiered_aging",
-        execution="full",
-        eviction="tool_aware",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks",
-    ),
-    "coda-single": SystemPreset(
-        name="coda-single",
-        router="coda",
-        state="tiered_aging",
-        execution="cohort",
-        eviction="tool_aware",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="Coda's single-worker admission layer: Tiered-Aging, Compatibility-Aware cohorts, tool-aware reclaim",
-    ),
-    "coda": SystemPreset(
-        name="coda",
-        router="coda",
-        state="tiered_aging",
-        execution="cohort",
-        eviction="tool_aware",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim",
-    ),
-    "coda-route-only": SystemPreset(
-        name="coda-route-only",
-        router="coda",
-        state="fifo",
-        execution="full",
-        eviction="lru",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)",
-    ),
-    "coda-admit-only": SystemPreset(
-        name="coda-admit-only",
-        router="smetric",
-        state="tiered_aging",
-        execution="cohort",
-        eviction="tool_aware",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="ablation: Coda's engine admission behind the SMetric router",
-    ),
-    "dynamo": SystemPreset(
-        name="dynamo",
-        router="dynamo_kv",
-        state="fifo",
-        execution="full",
-        eviction="lru",
-        dram=True,
-        ssd=False,
-        cpu_shadow=True,
-        description="NVIDIA Dynamo's KV-aware router (w * prefill_blocks + decode_blocks, host/disk hit credits) in front of vLLM-like workers",
-    ),
-}
+SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
+    SystemPreset("vllm", "round_robin", "fifo", "full", "lru",
+                 "vLLM with prefix caching and a CPU KV store written as blocks complete (as vLLM's offloading connector "
+                 "or LMCache do): round-robin routing, FCFS admission, one attention launch"),
+    SystemPreset("smetric", "smetric", "fifo", "full", "lru",
+                 "session affinity with a load guard (SMetric) in front of vLLM-like workers"),
+    SystemPreset("dynamo", "dynamo_kv", "fifo", "full", "lru",
+                 "NVIDIA Dynamo's KV-aware router (w * prefill_blocks + decode_blocks, host/disk hit credits) in front of vLLM-like workers"),
+    SystemPreset("cachewise", "least_loaded", "fewest_blocks", "full", "tool_aware",
+                 "CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow"),
+    SystemPreset("cachewise+ta", "least_loaded", "tiered_aging", "full", "tool_aware",
+                 "CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks"),
+    SystemPreset("coda-single", "coda", "tiered_aging", "cohort", "tool_aware",
+                 "Coda's single-worker admission layer: Tiered-Aging, Compatibility-Aware cohorts, tool-aware reclaim"),
+    SystemPreset("coda", "coda", "tiered_aging", "cohort", "tool_aware",
+                 "Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim"),
+    SystemPreset("coda-route-only", "coda", "fifo", "full", "lru",
+                 "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
+    SystemPreset("coda-admit-only", "smetric", "tiered_aging", "cohort", "tool_aware",
+                 "ablation: Coda's engine admission behind the SMetric router"),
+)}
 
 
 def _lookup(kind: str, name: str, table: dict[str, Any]) -> Any:
