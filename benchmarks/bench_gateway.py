@@ -41,7 +41,7 @@ from coda.bench.client import Endpoint
 from coda.bench.prompts import Conversation
 from coda.engines import tokenizer as tok
 from coda.engines.launch import FakeEngineProcess
-from coda.gateway.procs import running
+from coda.procs import running
 from coda.workload.spec import load_workload
 
 Body = tuple[str, bytes]  # (session id, request body)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
-from coda.gateway.procs import Proc, running
+from coda.procs import Proc, running
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "coda-fake"

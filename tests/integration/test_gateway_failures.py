@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
-from coda.gateway.procs import running, spawn
+from coda.procs import running, spawn
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "coda-fake"

@@ -17,7 +17,7 @@ import openai
 import pytest
 import yaml
 
-from coda.gateway.procs import running
+from coda.procs import running
 from tests.integration.vllm.support import build_tiny_model, free_port, vllm_servers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -1,6 +1,6 @@
-"""Start ``coda`` servers (``fake-engine``, ``serve``) as child processes and wait until they
-listen: used by the gateway's integration tests and benchmark, which run real servers on
-loopback. A process that exits before it listens raises with its stderr."""
+"""Start ``coda`` servers (``fake-engine``, ``serve``) as child processes and wait until they print
+``listening on URL``: the integration tests and benchmarks run real servers on loopback. A
+process that exits before it listens raises with its stderr."""
 
 from __future__ import annotations
 
