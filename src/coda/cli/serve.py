@@ -23,7 +23,7 @@ def serve(
     router: Annotated[str | None, typer.Option("--router", help="router: round_robin, least_loaded, smetric, dynamo_kv, coda")] = None,
     shadow: Annotated[str | None, typer.Option("--shadow", help="an ingress policy or router whose decisions are logged, not enforced")] = None,
     decision_log: Annotated[str | None, typer.Option("--decision-log", help="JSONL file of every ingress decision ('-': stderr)")] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="chars (default) or words (exact for coda fake-engine)")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="chars (default), words (exact for coda fake-engine) or engine (the engine's /tokenize: exact for vLLM)")] = None,
     max_wait_s: Annotated[float | None, typer.Option("--max-wait-s", help="longest a deferred request waits before its 503")] = None,
     scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="engine /metrics scrape period (default 0.25)")] = None,
     drain_timeout_s: Annotated[float | None, typer.Option("--drain-timeout-s", help="on SIGTERM, how long in-flight requests may finish")] = None,
