@@ -31,7 +31,7 @@ from coda.policy.registry import make_execution_policy, make_state_policy, syste
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
 from coda.sim.kvcache import HbmPool, KVStore, Versions
-from coda.sim.request import WAITING, SimRequest
+from coda.sim.request import SimRequest
 from coda.sim.worker import NodeLinks, Worker
 
 MEDIUM = {"hbm": MEDIUM_GPU, "dram": MEDIUM_CPU, "ssd": MEDIUM_DISK}
@@ -219,11 +219,8 @@ class FakeEngine:
         req.aborted = True
         if req.done:
             return
-        if req.state == WAITING and req in self.worker.waiting:
-            self.worker.waiting.remove(req)
+        if self.worker.abort(req):
             self._end(req, "abort")
-        else:
-            req.output_tokens = min(req.output_tokens, req.emitted + 1)
 
     # --- worker callbacks ------------------------------------------------------------------
     def _on_finish(self, req: SimRequest) -> None:

@@ -124,6 +124,15 @@ class Worker:
         self.waiting.append(req)
         self.kick()
 
+    def abort(self, req: SimRequest) -> bool:
+        """Stop a request as an engine's abort does: a waiting one leaves the queue now (returns
+        True); a running or restoring one ends after its current step, freeing its KV then."""
+        if req.state == WAITING and req in self.waiting:
+            self.waiting.remove(req)
+            return True
+        req.output_tokens = min(req.output_tokens, req.emitted + 1)
+        return False
+
     def kick(self) -> None:
         """Something changed: start a step if idle, else end a decode run at its next boundary."""
         if not self.busy:
