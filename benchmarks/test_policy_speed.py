@@ -69,3 +69,16 @@ def test_indexer_match_128k_tokens_16_workers(benchmark):
     workers = [WorkerTiers(w, f"hbm:{w}", f"dram:{w // 4}") for w in range(16)]
     got = benchmark(idx.match, chain, workers)
     assert got[15].hbm_blocks == 450 and got[0].dram_blocks == 500
+
+
+@pytest.mark.parametrize("profile", ["a100-qwen3coder30b-fp8", "a100-qwen3coder30b-fp8-fa2"])
+def test_cohort_plan_256(benchmark, profile):
+    """Goal: a cohort plan for 256 decoders in <= 50 us (the analytic profile has no bounds and
+    returns at once: the baseline)."""
+    from coda.policy.execution import Cohort
+
+    cost = build_cost_model(load_profile(profile))
+    contexts = rng.integers(2_000, 16_000, 256)  # inside the fitted domain, so the bounds are evaluated
+    pol = Cohort(cost)
+    pol.plan(contexts)  # compile the kernel model once
+    benchmark(pol.plan, contexts)

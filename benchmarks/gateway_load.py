@@ -1,0 +1,109 @@
+"""Gateway load test (issue 8): find the knee with `coda bench --sweep`, then hold 3x the knee for
+ten minutes per ingress policy, and report goodput, TTFT of admitted requests and the gateway's RSS.
+
+Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`), `coda serve` in
+front of them with the `coda` router, `coda bench` replaying the synthetic agent workload through
+the gateway. Checks printed at the end: the gateway stays up; its RSS grows by <= 50 MiB from
+minute 1 to minute 10; goodput with `queue_limit` or `session` is at least `admit_all`'s; p95
+TTFT of admitted (completed) requests is lower.
+
+    python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--rates 0.5,1,2,4] [--out runs/gateway-load]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from coda.engines.launch import FakeEngineProcess
+from coda.procs import running
+
+POLICIES = ("admit_all", "queue_limit", "session")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def bench(endpoint: str, args: list[str], out: Path) -> dict:
+    cmd = [sys.executable, "-m", "coda.cli", "bench", "--endpoint", endpoint, "--out", str(out), "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def sample_rss(pid: int, samples: list[tuple[float, float]], stop: threading.Event, t0: float) -> None:
+    while not stop.wait(10.0):
+        with contextlib.suppress(OSError, RuntimeError):
+            samples.append((time.monotonic() - t0, rss_mib(pid)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--speedup", type=float, default=5.0)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--rates", default="0.5,1,2,4")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="runs/gateway-load")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scale = 1.0 / args.speedup  # replay the trace as fast as the engines simulate it
+    console = Console()
+    with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
+        backends = ["--backend", e0.url, "--backend", e1.url]
+        sweep_wl = "synth:rate=1,duration=900,seed=0"
+        with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
+            sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
+                                   "--time-scale", str(scale), "--warmup-s", str(300 * scale)], out / "sweep")  # warm-up: 300 trace seconds
+        knee = sweep.get("knee_rate")
+        if knee is None:
+            raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
+        rate = 3 * knee
+        duration = args.minutes * 60 / scale  # trace seconds that replay in `minutes` of wall time
+        wl = f"synth:rate={rate},duration={duration:.0f},seed=11"
+        rows = []
+        for policy in POLICIES:
+            with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", policy) as gw:
+                samples: list[tuple[float, float]] = []
+                stop = threading.Event()
+                t0 = time.monotonic()
+                th = threading.Thread(target=sample_rss, args=(gw.pid, samples, stop, t0), daemon=True)
+                th.start()
+                s = bench(gw.url, ["--workload", wl, "--time-scale", str(scale), "--warmup-s", "60"], out / policy)
+                stop.set()
+                alive = gw.popen.poll() is None
+            after_1 = [r for t, r in samples if t >= 60]
+            rows.append({"policy": policy, "rate": rate, "goodput": s["goodput"], "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
+                         "completed": s["completed"], "rejected": s["rejected"], "failed": s["failed"], "alive": alive,
+                         "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
+                         "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None})
+    (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "args": vars(args)}, indent=2, default=str))
+    table = Table(title=f"gateway at 3x the knee ({knee} req/s -> {rate} req/s), {args.minutes:g} min each, fake engines x{args.speedup:g}")
+    for c in ("policy", "goodput", "TTFT p95 (admitted)", "offered", "completed", "rejected", "failed", "gateway up", "RSS min 1 -> end (MiB)", "growth"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(r["policy"], f"{r['goodput']:.3f}", f"{r['ttft_p95_s']:.2f} s" if r["ttft_p95_s"] else "-", str(r["offered"]),
+                      str(r["completed"]), str(r["rejected"]), str(r["failed"]), str(r["alive"]),
+                      f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f}" if r["rss_end_mib"] else "-",
+                      f"{r['rss_growth_mib']:+.1f}" if r["rss_growth_mib"] is not None else "-")
+    console.print(table)
+    base = rows[0]
+    for r in rows[1:]:
+        console.print(f"{r['policy']}: goodput {'>=' if r['goodput'] >= base['goodput'] else '<'} admit_all; "
+                      f"TTFT p95 {'lower' if (r['ttft_p95_s'] or 0) < (base['ttft_p95_s'] or 0) else 'not lower'}")
+
+
+if __name__ == "__main__":
+    main()
