@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from coda.cli import JsonOpt, app, fmt_value, out_console, print_json
+
+if TYPE_CHECKING:
+    from coda.cost.api_measure import EngineInfo
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect, fit and check cost profiles.")
 app.add_typer(profile_app, name="profile")
@@ -23,7 +26,7 @@ def profile_show(
     from coda.cost.profile import GiB, load_profile
 
     p = load_profile(profile)
-    kv = p.model.kv_bytes_per_token
+    kv = p.step_model.kv_bytes_per_token if p.step_model is not None else p.model.kv_bytes_per_token  # type: ignore[union-attr]
     sizing = {
         "kv_bytes_per_token": kv,
         "kv_kib_per_token": kv / 1024,
@@ -50,10 +53,10 @@ def profile_show(
             else:
                 table.add_row(f"{prefix}.{k}", fmt_value(v), p.provenance.get(f"{prefix}.{k}", ""))
 
-    for section in ("gpu", "model", "tiers", "overheads", "attention"):
+    for section in ("gpu", "model", "tiers", "overheads", "attention", "step_model"):
         if dump.get(section) is not None:
             rows(section, dump[section])
-    for link in ("h2d", "d2h", "ssd_read"):
+    for link in (k for k in ("h2d", "d2h", "ssd_read") if dump[k] is not None):
         pts = ", ".join(f"{b / 2**20:.3g} MiB:{s * 1e3:.3g} ms" for b, s in dump[link]["points"])
         table.add_row(link, pts, p.provenance.get(link, ""))
     out_console.print(table)
@@ -159,17 +162,108 @@ def profile_check(
 
 @profile_app.command("measure")
 def profile_measure(
-    out: Annotated[Path, typer.Option("--out", help="folder for the CSVs and hardware.json")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="GPU: folder for the CSVs and hardware.json; --endpoint: the profile JSON (default NAME.json)")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option("--endpoint", help="measure a live engine's step costs through its OpenAI API instead of GPU kernels")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="--endpoint: the profile's name")] = "measured",
+    repeats: Annotated[int, typer.Option("--repeats", help="--endpoint: measurements per shape (median kept)")] = 3,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="--endpoint: tokens per decode stream")] = 96,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="--endpoint: largest decode batch (at most the engine's max_num_seqs)")] = 8,
+    kv_bytes_per_token: Annotated[
+        int | None, typer.Option("--kv-bytes-per-token", help="--endpoint: KV bytes per token (default: from vLLM's /metrics when it can tell)")
+    ] = None,
+    note: Annotated[str, typer.Option("--note", help="--endpoint: how the engine was started (flags), kept in the description")] = "",
     device: Annotated[str, typer.Option("--device", help="cuda or cpu (cpu: a small smoke test)")] = "cuda",
     budget_s: Annotated[float, typer.Option("--budget-s", help="stop measuring new shapes after this many seconds")] = 420.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model: Annotated[
         str, typer.Option("--model", help="attention shape to measure (a catalog model)")
     ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
+    as_json: JsonOpt = False,
 ) -> None:
-    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch)."""
+    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch), or with
+    --endpoint a live engine's step costs through its API, fitted into a profile `coda sim --profile` runs."""
+    from coda.errors import CodaError
+
+    if endpoint is not None:
+        _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, kv_bytes_per_token, note, seed, as_json)
+        return
+    if out is None:
+        raise CodaError("--out is required: the folder for the measured CSVs and hardware.json")
     from coda.cost.measure import run
 
     written = run(out, device=device, budget_s=budget_s, seed=seed, model=model)
     for path in written:
         out_console.print(f"wrote {path}")
+
+
+def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_tokens: int, max_batch: int, kv_bytes: int | None,
+                      note: str, seed: int, as_json: bool) -> None:
+    import asyncio
+    import datetime
+    import json
+
+    from coda.cli import err_console
+    from coda.cost.api_measure import Plan, Prober
+    from coda.cost.empirical_fit import COLUMNS, fit_step_model, measured_profile, write_samples
+    from coda.cost.profile import Profile
+    from coda.errors import CodaError
+
+    if repeats < 1 or output_tokens < 8 or max_batch < 1:
+        raise CodaError("--repeats and --max-batch must be >= 1 and --output-tokens >= 8")
+
+    async def go() -> tuple:
+        prober = Prober(url, seed=seed, log=lambda m: err_console.print(m, highlight=False))
+        try:
+            info = await prober.inspect()
+            plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats)
+            return (info, *await prober.measure(plan))
+        finally:
+            await prober.close()
+
+    info, prefill, decode = asyncio.run(go())
+    kv = _kv_bytes(info, kv_bytes)
+    fit = fit_step_model(prefill, decode)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
+    write_samples(samples, prefill, decode)
+    data = measured_profile(name, info, prefill, decode, fit, kv_bytes_per_token=kv, samples=samples.name,
+                            date=datetime.date.today().isoformat(), machine=_machine(), note=note)
+    Profile.model_validate(data)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    if as_json:
+        print_json({"out": str(out), "samples": str(samples), "step_model": data["step_model"], "forms": fit.forms})
+        return
+    out_console.print(f"wrote {out} and {samples}: {data['description']}", highlight=False, soft_wrap=True)
+    for k in COLUMNS:
+        out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
+    f = data["step_model"]["fit"]
+    out_console.print(f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items()))
+    out_console.print(f"  error |pred/meas - 1|: prefill median {f['prefill_median_err']:.3f} max {f['prefill_max_err']:.3f}, "
+                      f"decode median {f['decode_median_err']:.3f} max {f['decode_max_err']:.3f}, leave-one-out median {f['loo_err']:.3f}")
+
+
+def _kv_bytes(info: EngineInfo, given: int | None) -> tuple[int, str]:
+    """KV bytes per token: given, or vLLM's KV memory over its token capacity when no block override hides it."""
+    from coda.errors import CodaError
+
+    if given is not None:
+        return given, "given: --kv-bytes-per-token"
+    cache = info.cache
+    mem, tokens, override = cache.get("kv_cache_memory_bytes", ""), cache.get("kv_cache_size_tokens", ""), cache.get("num_gpu_blocks_override")
+    if mem.isdigit() and tokens.isdigit() and override in (None, "None"):
+        return int(mem) // int(tokens), "measured: vllm:cache_config_info kv_cache_memory_bytes / kv_cache_size_tokens"
+    raise CodaError("--kv-bytes-per-token is needed: the engine does not tell (2 x layers x KV heads x head dim x dtype bytes)")
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()) \
+        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return f"{platform.node()}, {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"

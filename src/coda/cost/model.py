@@ -283,7 +283,12 @@ class KernelCost(AnalyticCost):
 
 
 def build_cost_model(profile: Profile) -> CostModel:
-    """The kernel-level model when the profile has an attention section, else the analytic roofline."""
+    """The empirical step model of a measured profile, the kernel-level model when the profile has
+    an attention section, else the analytic roofline."""
+    if profile.kind == "measured":
+        from coda.cost.empirical import EmpiricalCost  # it builds on this module's types
+
+        return EmpiricalCost(profile)
     if profile.attention is not None:
         return KernelCost(profile)
     return AnalyticCost(profile)

@@ -141,19 +141,84 @@ class AttentionSpec(_Strict):
     held_out: HeldOut
 
 
+class StepDomain(_Strict):
+    """Where a step model was measured; the simulator may go beyond it (extrapolation)."""
+
+    prefill_tokens_max: PositiveInt
+    cached_tokens_max: int = Field(ge=0)
+    decode_batch_max: PositiveInt
+    decode_context_max: PositiveInt
+
+
+class StepFit(_Strict):
+    """How well the step model explains its own measurements (|predicted / measured - 1|)."""
+
+    samples: PositiveInt
+    prefill_median_err: float = Field(ge=0)
+    prefill_max_err: float = Field(ge=0)
+    decode_median_err: float = Field(ge=0)
+    decode_max_err: float = Field(ge=0)
+    loo_err: float = Field(ge=0, description="leave-one-out median error, the worse of prefill's and decode's")
+
+
+class StepModel(_Strict):
+    """An engine's step time measured through its API (``coda profile measure --endpoint``):
+
+    step = fixed_s + token_s x (prefill tokens + decodes) + seq_s x (prefill chunks + decodes)
+           + prefill_pair_s x sum of new x (cached + (new + 1) / 2) + decode_context_s x decode contexts.
+
+    ``api_latency_s`` + (``api_prompt_token_s`` + ``api_text_token_s``) x prompt tokens is what a
+    client of text prompts waits beyond the engine's steps (request in, parsed and tokenized, first
+    token out); the simulator does not charge it,
+    comparisons with a client's TTFT add it (``EmpiricalCost.api_s``).
+    """
+
+    fixed_s: float = Field(ge=0, description="per step, whatever its batch (scheduling, sampling, launch)")
+    token_s: float = Field(ge=0, description="per token computed (weights, MLP): prefill tokens and one per decode")
+    seq_s: float = Field(ge=0, description="per sequence in the step (input preparation, sampling)")
+    prefill_pair_s: float = Field(ge=0, description="per (new token, attended token) pair of causal prefill attention")
+    decode_context_s: float = Field(ge=0, description="per context token a decode attends to")
+    api_latency_s: float = Field(ge=0, description="client-observed latency outside the engine's steps")
+    api_prompt_token_s: float = Field(ge=0, description="API latency per prompt token (parsing, block hashing)")
+    api_text_token_s: float = Field(ge=0, description="more API latency per prompt token of a text prompt (tokenization)")
+    kv_bytes_per_token: PositiveInt
+    block_tokens: PositiveInt = Field(description="the engine's KV block size (use it as the simulator's chunk_tokens)")
+    kv_capacity_tokens: PositiveInt = Field(description="KV the engine holds (blocks x block size)")
+    max_model_len: PositiveInt
+    domain: StepDomain
+    fit: StepFit
+
+
+MEASURED_SECTIONS = ("step_model",)
+MODEL_SECTIONS = ("gpu", "model", "overheads", "h2d", "d2h", "ssd_read")
+
+
 class Profile(_Strict):
     name: str
     description: str
     kind: Literal["analytic", "fitted", "measured"]
-    gpu: GpuSpec
-    model: ModelSpec
+    gpu: GpuSpec | None = None
+    model: ModelSpec | None = None
     tiers: TierSpec
-    h2d: LinkCurve
-    d2h: LinkCurve
-    ssd_read: LinkCurve
-    overheads: Overheads
+    h2d: LinkCurve | None = None
+    d2h: LinkCurve | None = None
+    ssd_read: LinkCurve | None = None
+    overheads: Overheads | None = None
     attention: AttentionSpec | None = None
+    step_model: StepModel | None = None
     provenance: dict[str, str]
+
+    @model_validator(mode="after")
+    def _sections_of_its_kind(self) -> Profile:
+        """Analytic and fitted profiles describe hardware and model; measured ones a step model."""
+        if self.kind == "measured":
+            if self.step_model is None or self.attention is not None:
+                raise ValueError("a measured profile needs a step_model section and no attention section")
+            return self
+        missing = [s for s in MODEL_SECTIONS if getattr(self, s) is None]
+        if missing or self.step_model is not None:
+            raise ValueError(f"{self.kind} profiles need {', '.join(missing) or 'no step_model section'}")
+        return self
 
     @model_validator(mode="after")
     def _every_constant_has_provenance(self) -> Profile:
@@ -176,10 +241,10 @@ def _numeric_fields(profile: Profile) -> list[str]:
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append(f"{prefix}.{key}")
 
-    for section in ("gpu", "model", "tiers", "overheads", "attention"):
+    for section in ("gpu", "model", "tiers", "overheads", "attention", "step_model"):
         if getattr(profile, section) is not None:
             walk(section, getattr(profile, section).model_dump())
-    out += ["h2d", "d2h", "ssd_read"]
+    out += [link for link in ("h2d", "d2h", "ssd_read") if getattr(profile, link) is not None]
     return out
 
 

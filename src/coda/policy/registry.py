@@ -158,3 +158,18 @@ def make_ingress_policy(name: str, params: dict[str, Any] | None = None) -> _ing
     if unknown:
         raise CodaError(f"ingress policy {name}: parameters for {', '.join(unknown)}, which is not part of it; key them by part name")
     return _ingress.compose([_lookup("ingress policy", p, INGRESS_POLICIES)(params.get(p) or {}) for p in parts])
+
+
+# --- appended presets ----------------------------------------------------------------------
+SYSTEMS["vllm+ta"] = SystemPreset(
+    name="vllm+ta",
+    router="round_robin",
+    state="tiered_aging",
+    execution="full",
+    eviction="lru",
+    dram=True,
+    ssd=False,
+    cpu_shadow=True,
+    description="vLLM with Coda's Tiered-Aging order of its waiting queue and nothing else changed "
+    "(what --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler runs)",
+)

@@ -82,17 +82,28 @@ TOOL_BANDS = (
 
 @dataclass(frozen=True, slots=True)
 class SynthSpec:
-    """Parameters of a synthetic workload: target request rate, arrival window, seed."""
+    """Parameters of a synthetic workload: target request rate, arrival window, seed.
+
+    ``tokens`` scales every token count (prompts, appends, outputs, the context cap) and ``tools``
+    every tool and think time, so the same session structure fits a small engine (a 4-8K context)
+    and a short run; at 1 (the default) the calibrated workload is unchanged.
+    """
 
     rate: float
     duration: float
     seed: int = 0
+    tokens: float = 1.0
+    tools: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
             raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
         if not (self.duration > 0 and math.isfinite(self.duration)):
             raise ValueError(f"duration must be > 0 s, got {self.duration}")
+        if not 0 < self.tokens <= 1:
+            raise ValueError(f"tokens must be a scale in (0, 1], got {self.tokens}")
+        if not (self.tools > 0 and math.isfinite(self.tools)):
+            raise ValueError(f"tools must be a time scale > 0, got {self.tools}")
 
 
 def log_quantile(knots: tuple[tuple[float, float], ...], u: np.ndarray) -> np.ndarray:
@@ -117,38 +128,45 @@ def _tool_names(rng: np.random.Generator, durations: np.ndarray) -> list[str]:
     return names
 
 
-def _session(rng: np.random.Generator, sid: str, start: float, growth_u: float) -> Session:
+def _tokens(n: float, scale: float) -> int:
+    """A token count scaled (at least one token); exact at scale 1."""
+    return max(1, round(n * scale))
+
+
+def _session(rng: np.random.Generator, sid: str, start: float, growth_u: float, token_scale: float = 1.0, tool_scale: float = 1.0) -> Session:
     growth = float(log_quantile(GROWTH_KNOTS, np.array([growth_u]))[0])
     # Draw the agent and task context; a draw whose growth would pass the context cap is redrawn
     # (long-growing sessions start small), so the growth distribution is kept, not clipped.
     for _ in range(32):
         g_idx = rng.choice(len(PREFIX_GROUPS), p=[w for _, w, _ in PREFIX_GROUPS])
         group, _, sys_tokens = PREFIX_GROUPS[g_idx]
-        task = int(rng.lognormal(math.log(TASK_CONTEXT_MEDIAN), TASK_CONTEXT_SIGMA))
-        first = sys_tokens + max(16, task)
-        if growth * first <= CONTEXT_CAP:
+        sys_tokens = _tokens(sys_tokens, token_scale)
+        task = int(rng.lognormal(math.log(TASK_CONTEXT_MEDIAN * token_scale), TASK_CONTEXT_SIGMA))
+        first = sys_tokens + max(_tokens(16, token_scale), task)
+        if growth * first <= CONTEXT_CAP * token_scale:
             break
-    growth = min(growth, CONTEXT_CAP / first)
+    growth = min(growth, CONTEXT_CAP * token_scale / first)
     appended_total = (growth - 1.0) * first
-    n_rounds = max(1, int(round(appended_total / APPEND_PER_ROUND)) + 1) if growth > 1.0001 else 1
+    n_rounds = max(1, int(round(appended_total / (APPEND_PER_ROUND * token_scale))) + 1) if growth > 1.0001 else 1
 
-    outputs = np.clip(np.rint(_lognormal_with_mean(rng, OUTPUT_MEAN, OUTPUT_SIGMA, n_rounds)), 1, 16_384).astype(int)
+    outputs = np.clip(np.rint(_lognormal_with_mean(rng, OUTPUT_MEAN * token_scale, OUTPUT_SIGMA, n_rounds)), 1, _tokens(16_384, token_scale)).astype(int)
     q_user = (1 - TRACELAB_FOLLOWUP_FRAC - 1 / TRACELAB_ROUNDS_PER_SESSION) / (1 - 1 / TRACELAB_ROUNDS_PER_SESSION)
     is_user = rng.random(n_rounds) < q_user
     is_user[0] = True
 
     # Appended input of rounds 1..n-1: user messages are short; tool results fill the growth.
     new_inputs = np.zeros(n_rounds, dtype=int)
-    user_msgs = np.rint(rng.lognormal(math.log(USER_MSG_MEDIAN), USER_MSG_SIGMA, n_rounds)).astype(int) + 1
+    user_msgs = np.rint(rng.lognormal(math.log(USER_MSG_MEDIAN * token_scale), USER_MSG_SIGMA, n_rounds)).astype(int) + 1
     tool_w = rng.lognormal(0.0, TOOL_RESULT_SIGMA, n_rounds)
     later = np.arange(n_rounds) >= 1
     tool_rounds = later & ~is_user
     fixed = int(outputs[:-1].sum() + user_msgs[later & is_user].sum())
     residual = appended_total - fixed
     if tool_rounds.any():
-        min_total = MIN_TOOL_RESULT * int(tool_rounds.sum())
+        min_tool = _tokens(MIN_TOOL_RESULT, token_scale)
+        min_total = min_tool * int(tool_rounds.sum())
         share = tool_w[tool_rounds] / tool_w[tool_rounds].sum()
-        new_inputs[tool_rounds] = MIN_TOOL_RESULT + np.floor(share * max(0.0, residual - min_total)).astype(int)
+        new_inputs[tool_rounds] = min_tool + np.floor(share * max(0.0, residual - min_total)).astype(int)
     new_inputs[later & is_user] = user_msgs[later & is_user]
 
     breaks = rng.random(n_rounds) < BREAK_PROB
@@ -162,11 +180,12 @@ def _session(rng: np.random.Generator, sid: str, start: float, growth_u: float) 
         tool_s = think_s = 0.0
         if followed_by_tool:
             k = 1 + int(rng.poisson(TRACELAB_TOOL_CALLS_PER_TOOL_ROUND - 1))
-            durs = log_quantile(TOOL_KNOTS, rng.random(k))
-            tools = [ToolCall(name=n, duration_s=round(float(d), 4)) for n, d in zip(_tool_names(rng, durs), durs)]
+            raw = log_quantile(TOOL_KNOTS, rng.random(k))  # names follow the unscaled duration's band
+            durs = raw * tool_scale
+            tools = [ToolCall(name=n, duration_s=round(float(d), 4)) for n, d in zip(_tool_names(rng, raw), durs)]
             tool_s = round(float(durs.max()), 4)
         elif followed_by_user:
-            think_s = round(float(rng.lognormal(math.log(THINK_MEDIAN_S), THINK_SIGMA)), 3)
+            think_s = round(float(rng.lognormal(math.log(THINK_MEDIAN_S), THINK_SIGMA)) * tool_scale, 3)
         if i == 0:
             rounds.append(
                 Round(
@@ -210,12 +229,14 @@ def synthesize(spec: SynthSpec) -> Workload:
     starts = np.sort(rng.uniform(0.0, spec.duration, n)).tolist()
     # Stratified growth draws: small workloads still follow the published quantiles.
     growth_u = (rng.permutation(n) + rng.random(n)) / max(n, 1)
-    sessions = [_session(rng, f"s{spec.seed}-{i:05d}", starts[i], float(growth_u[i])) for i in range(n)]
+    sessions = [_session(rng, f"s{spec.seed}-{i:05d}", starts[i], float(growth_u[i]), spec.tokens, spec.tools) for i in range(n)]
     meta = {
         "source": "synth",
         "rate": spec.rate,
         "duration_s": spec.duration,
         "seed": spec.seed,
+        **({"token_scale": spec.tokens} if spec.tokens != 1 else {}),
+        **({"tool_time_scale": spec.tools} if spec.tools != 1 else {}),
         "choices": SYNTH_CHOICES,
     }
     return Workload(sessions=sessions, meta=meta)

@@ -1,0 +1,309 @@
+"""Measure a live engine's step costs through its OpenAI API (``coda profile measure --endpoint``).
+
+Nothing inside the engine is visible, so every timing is the latency of a controlled request on
+``/v1/completions`` (the server's default sampling, as clients use it), one measurement at a time
+on an otherwise idle engine. Prompts are token ids (sizes exact; ids drawn from 10-999, which
+every vocabulary has) except where the server's own text handling is the point:
+
+* prefill: the time to the first streamed token after a fresh prompt of ``new`` tokens (every
+  prompt starts with its own random tokens, so nothing hits the prefix cache), or after ``cached``
+  tokens that an earlier request of the same prefix left in the prefix cache (the engine's
+  reported ``cached_tokens`` says how many really hit; the rest count as new);
+* text: the same for a text prompt of Coda's words sent a second time; nearly all of it hits the
+  prefix cache, so what is left beyond the step is the API's own work, which grows with the
+  prompt (tokenization);
+* decode: ``batch`` concurrent requests over ``context``-token prompts sent once before, so every
+  prompt is cached, the batch joins in one step and decodes in lockstep; the step time is the
+  median latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token, which
+  cancels the API latency and the first step. These are not streamed: a long streamed answer
+  also times the server's per-token work, which on a loaded machine arrives late and in bursts.
+
+Each shape is warmed up, then measured ``repeats`` times in interleaved rounds (a slow moment of
+the machine touches every shape a little, not one shape a lot), and the median is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from coda.engines import tokenizer as tok
+from coda.errors import CodaError
+
+MIN_ID, MAX_ID = 10, 1000
+SHORT = 8  # tokens of the reference decode request
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the endpoint says about itself (``/v1/models``, ``/version``, vLLM's ``/metrics``)."""
+
+    url: str
+    model: str
+    root: str | None
+    version: str | None
+    max_model_len: int | None
+    block_tokens: int | None
+    kv_capacity_tokens: int | None
+    cache: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One request as the client saw it: ``done_s`` is its first chunk when streamed, else its end."""
+
+    sent_s: float
+    done_s: float
+    tokens: int
+    prompt_tokens: int
+    cached_tokens: int | None
+
+    @property
+    def seconds(self) -> float:
+        return self.done_s - self.sent_s
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    """Latency of one token after a prompt: ``new`` tokens computed over ``cached`` ones; a text
+    prompt (``text_tokens`` > 0) is also tokenized by the server, a token-id prompt is not."""
+
+    new: int
+    cached: int
+    ttft_s: list[float]
+    text_tokens: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.ttft_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSample:
+    batch: int
+    context: float  # mean context over the measured steps
+    step_s: list[float]
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.step_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The shapes to measure: prefills as (new, cached), decodes as (batch, context)."""
+
+    prefill: tuple[tuple[int, int], ...]
+    decode: tuple[tuple[int, int], ...]
+    text: tuple[int, ...] = ()  # words of cached text prompts (the server's tokenizer cost)
+    output_tokens: int = 96
+    repeats: int = 3
+    warmup: int = 1
+
+    @classmethod
+    def for_engine(cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3) -> Plan:
+        """A grid over what the engine can hold: prompts within max_model_len, and every decode
+        batch (prompts, outputs, a block of slack each) within its KV capacity."""
+        limit = info.max_model_len or 4096
+        cap = info.kv_capacity_tokens or limit
+        slack = output_tokens + (info.block_tokens or 16)
+        top = min(limit, cap) - slack
+        news = sorted({n for n in (16, 128, 512, 1024, 2048, 3072, 4096, 6144) if n <= top} | {top})
+        cached = [(n, int(f * top)) for n in (64, 512) for f in (0.25, 0.5, 0.75) if n + int(f * top) <= top]
+        decode = [(b, c) for b in (1, 2, 4, 8, 16, 32) if b <= max_batch
+                  for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)}) if 64 <= c <= top and b * (c + slack) <= cap]
+        text = tuple(n for n in (64, 256, 512, 1024, 1536) if 3 * n <= top)  # a word is at most ~3 tokens
+        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, output_tokens, repeats)
+
+
+def _fail(url: str, what: str) -> CodaError:
+    return CodaError(f"--endpoint {url}: {what}")
+
+
+def _labels(text: str, metric: str) -> dict[str, str]:
+    """Labels of the first sample of a Prometheus metric, without a full parser."""
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            body = line[len(metric) + 1 : line.rindex("}")]
+            return {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in _split_labels(body))}
+    return {}
+
+
+def _split_labels(body: str) -> list[str]:
+    parts, cur, quoted = [], "", False
+    for ch in body:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in (*parts, cur) if "=" in p]
+
+
+def _gauge(text: str, metric: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric + "{") or line.startswith(metric + " "))
+
+
+class Prober:
+    """Timed requests to one endpoint; ``measure`` runs a ``Plan``."""
+
+    def __init__(self, url: str, *, seed: int = 0, timeout_s: float = 300.0, log: Callable[[str], None] = lambda _: None) -> None:
+        base = url.rstrip("/")
+        self.url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.rng = random.Random(seed)
+        self.log = log
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.model = ""
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    # --- the engine ------------------------------------------------------------------------
+    async def _get(self, path: str) -> httpx.Response | None:
+        try:
+            return await self.client.get(path)
+        except httpx.HTTPError:
+            return None
+
+    async def inspect(self) -> EngineInfo:
+        """The served model and, from vLLM's ``/metrics``, the KV cache; a clear error if this is not an OpenAI server."""
+        try:
+            resp = await self.client.get("/v1/models")
+        except httpx.ConnectError as err:
+            raise _fail(self.url, f"cannot connect ({err or 'connection refused'}); is the engine running?") from None
+        except httpx.HTTPError as err:
+            raise _fail(self.url, f"GET /v1/models failed: {type(err).__name__}: {err}") from None
+        try:
+            models = resp.json()["data"]
+            entry = models[0]
+            self.model = str(entry["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _fail(self.url, f"GET /v1/models answered HTTP {resp.status_code} without an OpenAI model list; not an OpenAI-compatible server") from None
+        version = await self._get("/version")
+        metrics = await self._get("/metrics")
+        text = metrics.text if metrics is not None and metrics.status_code == 200 else ""
+        cache = _labels(text, "vllm:cache_config_info")
+        if _gauge(text, "vllm:num_requests_running") + _gauge(text, "vllm:num_requests_waiting") > 0:
+            raise _fail(self.url, "the engine is serving other requests; measure an idle engine")
+        blocks = cache.get("num_gpu_blocks")
+        bs = cache.get("block_size")
+        return EngineInfo(
+            url=self.url,
+            model=self.model,
+            root=entry.get("root"),
+            version=(version.json().get("version") if version is not None and version.status_code == 200 else None),
+            max_model_len=entry.get("max_model_len"),
+            block_tokens=int(bs) if bs and bs.isdigit() else None,
+            kv_capacity_tokens=int(blocks) * int(bs) if blocks and blocks.isdigit() and bs and bs.isdigit() else None,
+            cache=cache,
+        )
+
+    # --- one request -----------------------------------------------------------------------
+    def ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(MIN_ID, MAX_ID) for _ in range(n)]
+
+    async def complete(self, prompt: list[int] | str, max_tokens: int, *, stream: bool = False) -> Timing:
+        """One request with the server's default sampling (as clients send). Streamed, it is timed to
+        its first chunk (a client's TTFT); not streamed, to its end: long streamed answers would also
+        time the server's per-token work, which on a loaded machine arrives late and in bursts."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+        if stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        sent = time.perf_counter()
+        first: float | None = None
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    raise _fail(self.url, f"POST /v1/completions answered HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+                if stream:
+                    usage = None
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data:") and not line.endswith("[DONE]"):
+                            first = first or time.perf_counter()
+                            usage = json.loads(line[5:]).get("usage") or usage
+                else:
+                    usage = json.loads(await resp.aread()).get("usage")
+                done = time.perf_counter()
+        except httpx.HTTPError as err:
+            raise _fail(self.url, f"POST /v1/completions failed: {type(err).__name__}: {err}") from None
+        except (ValueError, AttributeError):
+            raise _fail(self.url, "POST /v1/completions answered with something other than OpenAI JSON; not an OpenAI-compatible server") from None
+        try:
+            tokens, prompt_tokens = int(usage["completion_tokens"]), int(usage["prompt_tokens"])  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
+            raise _fail(self.url, "POST /v1/completions answered without an OpenAI usage block; not an OpenAI-compatible server") from None
+        if tokens != max_tokens:
+            raise _fail(self.url, f"asked for {max_tokens} tokens with ignore_eos, got {tokens}; the server must honour ignore_eos")
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")  # type: ignore[union-attr]
+        return Timing(sent, first if stream and first is not None else done, tokens, prompt_tokens, cached)
+
+    # --- shapes ----------------------------------------------------------------------------
+    async def prefill(self, new: int, cached: int) -> tuple[int, int, float]:
+        """(new, cached, latency) of one single-token request; ``cached`` as the engine reports it when it does."""
+        prefix = self.ids(cached)
+        if cached:
+            await self.complete(prefix, 1)
+        t = await self.complete(prefix + self.ids(new), 1, stream=True)
+        hit = cached if t.cached_tokens is None else t.cached_tokens
+        return new + cached - hit, hit, t.seconds
+
+    async def text(self, words: int) -> tuple[int, int, int, float]:
+        """(new, cached, prompt tokens, latency) of a text prompt of ``words`` words sent a second time:
+        nearly all of it hits the prefix cache, so what is left beyond the step is the API's work,
+        tokenization included."""
+        prompt = tok.text(self.rng.randrange(1 << 62), words)
+        await self.complete(prompt, 1)
+        t = await self.complete(prompt, 1, stream=True)
+        hit = t.cached_tokens or 0
+        return t.prompt_tokens - hit, hit, t.prompt_tokens, t.seconds
+
+    async def decode(self, batch: int, context: int, output: int) -> float:
+        """Step time of ``batch`` lockstep requests over cached ``context``-token prompts: the median
+        latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token."""
+        prompts = [self.ids(context) for _ in range(batch)]
+        for p in prompts:
+            await self.complete(p, 1)
+        short = await asyncio.gather(*(self.complete(p, SHORT) for p in prompts))
+        long = await asyncio.gather(*(self.complete(p, output) for p in prompts))
+        return (statistics.median(t.seconds for t in long) - statistics.median(t.seconds for t in short)) / (output - SHORT)
+
+    async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample]]:
+        self.log(f"warm-up: {len(plan.prefill)} prefill, {len(plan.decode)} decode and {len(plan.text)} text shapes x {plan.warmup}")
+        for _ in range(plan.warmup):
+            for n, c in plan.prefill:
+                await self.prefill(n, c)
+            for b, c in plan.decode:
+                await self.decode(b, c, 2 * SHORT)
+            for w in plan.text:
+                await self.text(w)
+        pre: dict[tuple[int, int], list[float]] = {}
+        hits: dict[tuple[int, int], tuple[int, int]] = {}
+        dec: dict[tuple[int, int], list[float]] = {}
+        txt: dict[int, list[tuple[int, int, int, float]]] = {}
+        for r in range(plan.repeats):
+            self.log(f"round {r + 1}/{plan.repeats}")
+            for n, c in plan.prefill:
+                new, hit, ttft = await self.prefill(n, c)
+                pre.setdefault((n, c), []).append(ttft)
+                hits[(n, c)] = (new, hit)
+            for b, c in plan.decode:
+                dec.setdefault((b, c), []).append(await self.decode(b, c, plan.output_tokens))
+            for w in plan.text:
+                txt.setdefault(w, []).append(await self.text(w))
+        prefill = [PrefillSample(*hits[k], ttft_s=v) for k, v in pre.items()]
+        # A text's hit varies with where its last block ends; the median repeat stands for the shape.
+        for runs in txt.values():
+            new, hit, n, _ = sorted(runs, key=lambda r: r[3])[len(runs) // 2]
+            prefill.append(PrefillSample(new, hit, [r[3] for r in runs], text_tokens=n))
+        decode = [DecodeSample(b, c + (SHORT + plan.output_tokens) / 2.0, v) for (b, c), v in dec.items()]
+        return prefill, decode

@@ -1,0 +1,196 @@
+"""Fit the empirical step model (``coda.cost.empirical``) to timings measured through an API.
+
+Two kinds of measurement constrain the six constants together:
+
+* a prefill's latency = api_latency + api_prompt_token x prompt tokens (+ api_text_token x
+  prompt tokens for a text prompt: tokenization) + step(one chunk of ``new`` over ``cached``);
+* a lockstep decode batch's step = step(``batch`` decodes of mean context ``context``).
+
+Prefills alone cannot tell the fixed step cost from the API latency, nor decodes alone the
+per-token from the per-sequence cost; together they can. Least squares on relative error (every
+shape counts alike, fast or slow), constants non-negative (exactly: the best of every subset of
+free constants). The model's form is chosen from the data: each optional term (the quadratic
+prefill pairs, the decode context) stays only if dropping it worsens the leave-one-out median
+error (the worse of prefill's and decode's) by more than ``FORM_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coda.cost.api_measure import DecodeSample, EngineInfo, PrefillSample
+from coda.cost.empirical import TERMS, step_features
+
+COLUMNS = ("api_latency_s", "api_prompt_token_s", "api_text_token_s", *TERMS)
+OPTIONAL = ("prefill_pair_s", "decode_context_s")
+FORM_TOLERANCE = 0.005  # absolute leave-one-out median error a term must save to stay
+
+
+@dataclass(frozen=True, slots=True)
+class StepFitResult:
+    constants: dict[str, float]
+    form: tuple[str, ...]  # the columns kept
+    prefill_err: np.ndarray  # |predicted / measured - 1| per prefill sample
+    decode_err: np.ndarray
+    loo_err: np.ndarray  # leave-one-out errors of the chosen form, all samples
+    loo_score: float  # the worse of the prefill and decode leave-one-out median errors
+    forms: dict[str, float]  # ``loo_score`` of each form tried
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return x @ np.array([self.constants[c] for c in COLUMNS])
+
+
+def design(prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows over ``COLUMNS``, measured seconds, and how many rows are prefills (they come first)."""
+    rows = [np.concatenate(([1.0, s.new + s.cached, s.text_tokens], step_features([(s.new, s.cached)], ()))) for s in prefill]
+    rows += [np.concatenate(([0.0, 0.0, 0.0], step_features((), np.full(s.batch, s.context)))) for s in decode]
+    y = np.array([s.seconds for s in prefill] + [s.seconds for s in decode])
+    return np.array(rows), y, len(prefill)
+
+
+def nnls_relative(x: np.ndarray, y: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
+    """Non-negative least squares of relative error over the ``allowed`` columns (exact subset search)."""
+    a = x / y[:, None]
+    b = np.ones(len(y))
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    best, best_sse = np.zeros(x.shape[1]), float(len(y))  # the all-zero solution
+    for k in range(1, len(allowed) + 1):
+        for cols in itertools.combinations(allowed, k):
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            sse = float(((a[:, cols] @ sol - b) ** 2).sum())
+            if sse < best_sse - 1e-12:
+                best_sse = sse
+                best = np.zeros(x.shape[1])
+                best[list(cols)] = sol
+    return best / scale
+
+
+def _loo(x: np.ndarray, y: np.ndarray, allowed: Sequence[int]) -> np.ndarray:
+    keep = np.ones(len(y), dtype=bool)
+    err = np.empty(len(y))
+    for i in range(len(y)):
+        keep[i] = False
+        theta = nnls_relative(x[keep], y[keep], allowed)
+        keep[i] = True
+        err[i] = abs(x[i] @ theta / y[i] - 1.0)
+    return err
+
+
+def fit_step_model(prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> StepFitResult:
+    """Constants, the chosen form and its errors."""
+    if len(prefill) < 3 or len(decode) < 3:
+        raise ValueError(f"need at least 3 prefill and 3 decode shapes to fit, got {len(prefill)} and {len(decode)}")
+    x, y, n_pre = design(prefill, decode)
+    base = [i for i, c in enumerate(COLUMNS) if c not in OPTIONAL]
+    forms: dict[str, float] = {}
+    loo: dict[tuple[int, ...], np.ndarray] = {}
+    score: dict[tuple[int, ...], float] = {}
+    for k in range(len(OPTIONAL) + 1):
+        for extra in itertools.combinations(OPTIONAL, k):
+            cols = tuple(sorted(base + [COLUMNS.index(c) for c in extra]))
+            loo[cols] = _loo(x, y, cols)
+            # Both kinds must be explained: a median over all samples would hide the fewer decodes.
+            score[cols] = forms["+".join(extra) or "linear"] = float(max(np.median(loo[cols][:n_pre]), np.median(loo[cols][n_pre:])))
+    # The simplest form within the tolerance of the best one.
+    best = min(score.values())
+    chosen = min((cols for cols in loo if score[cols] <= best + FORM_TOLERANCE), key=lambda c: (len(c), score[c]))
+    theta = nnls_relative(x, y, chosen)
+    err = np.abs(x @ theta / y - 1.0)
+    return StepFitResult(
+        constants=dict(zip(COLUMNS, (float(t) for t in theta))),
+        form=tuple(COLUMNS[i] for i in chosen),
+        prefill_err=err[:n_pre],
+        decode_err=err[n_pre:],
+        loo_err=loo[chosen],
+        loo_score=score[chosen],
+        forms=forms,
+    )
+
+
+def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> None:
+    """Every repeat of every shape, the raw material of the fit."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(("kind", "new", "cached", "text_tokens", "batch", "context", "repeat", "seconds"))
+        for s in prefill:
+            w.writerows(("prefill", s.new, s.cached, s.text_tokens, "", "", i, f"{t:.6g}") for i, t in enumerate(s.ttft_s))
+        for d in decode:
+            w.writerows(("decode", "", "", "", d.batch, f"{d.context:g}", i, f"{t:.6g}") for i, t in enumerate(d.step_s))
+
+
+def measured_profile(
+    name: str,
+    info: EngineInfo,
+    prefill: Sequence[PrefillSample],
+    decode: Sequence[DecodeSample],
+    fit: StepFitResult,
+    *,
+    kv_bytes_per_token: tuple[int, str],
+    samples: str,
+    date: str,
+    machine: str,
+    note: str,
+) -> dict[str, Any]:
+    """A ``measured`` profile (JSON-ready) with the provenance of every constant."""
+    if info.block_tokens is None or info.kv_capacity_tokens is None or info.max_model_len is None:
+        raise ValueError("the engine did not report its block size, KV capacity and max_model_len")
+    kv_tok, kv_source = kv_bytes_per_token
+    where = f"{info.url} ({info.model}: {info.root}, engine {info.version or 'version unknown'}) on {date}"
+    src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes measured through the API of {where}; samples in {samples}"
+    metrics = "measured: vllm:cache_config_info at /metrics"
+    c = fit.constants
+    step_model = {
+        **{k: c[k] for k in COLUMNS},
+        "kv_bytes_per_token": kv_tok,
+        "block_tokens": info.block_tokens,
+        "kv_capacity_tokens": info.kv_capacity_tokens,
+        "max_model_len": info.max_model_len,
+        "domain": {
+            "prefill_tokens_max": max(s.new for s in prefill),
+            "cached_tokens_max": max(s.cached for s in prefill),
+            "decode_batch_max": max(d.batch for d in decode),
+            "decode_context_max": int(max(d.context for d in decode)),
+        },
+        "fit": {
+            "samples": len(prefill) + len(decode),
+            "prefill_median_err": float(np.median(fit.prefill_err)),
+            "prefill_max_err": float(fit.prefill_err.max()),
+            "decode_median_err": float(np.median(fit.decode_err)),
+            "decode_max_err": float(fit.decode_err.max()),
+            "loo_err": fit.loo_score,
+        },
+    }
+    forms = ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items())
+    prov = {f"step_model.{k}": src + (f"; form chosen by leave-one-out median error ({forms})" if k in OPTIONAL else "") for k in COLUMNS}
+    prov |= {
+        "step_model.kv_bytes_per_token": kv_source,
+        "step_model.block_tokens": metrics + " block_size",
+        "step_model.kv_capacity_tokens": metrics + " num_gpu_blocks x block_size",
+        "step_model.max_model_len": "measured: max_model_len in /v1/models",
+        **{f"step_model.domain.{k}": "measured: the largest shape measured" for k in step_model["domain"]},  # type: ignore[attr-defined]
+        **{f"step_model.fit.{k}": "fitted: |predicted / measured - 1| over the fit's own samples" for k in step_model["fit"]},  # type: ignore[attr-defined]
+        "tiers.hbm_kv_bytes": "measured: kv_capacity_tokens x kv_bytes_per_token",
+        "tiers.dram_kv_bytes": "measured: none; the profile describes one engine without KV offload",
+        "tiers.ssd_kv_bytes": "measured: none; the profile describes one engine without KV offload",
+        "tiers.workers_per_node": "measured: one engine",
+    }
+    return {
+        "name": name,
+        "description": f"Step costs of {info.model} ({info.root}) served by engine {info.version or '?'} at {info.url}, measured "
+        f"through its OpenAI API on {date}; machine: {machine}. {note}".strip(),
+        "kind": "measured",
+        "tiers": {"hbm_kv_bytes": info.kv_capacity_tokens * kv_tok, "dram_kv_bytes": 0, "ssd_kv_bytes": 0, "workers_per_node": 1},
+        "step_model": step_model,
+        "provenance": prov,
+    }

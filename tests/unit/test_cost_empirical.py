@@ -1,0 +1,159 @@
+"""The empirical step model: the fit recovers known constants, the form follows the data, the
+cost model charges what the profile says, and a bad endpoint gives one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import numpy as np
+import pytest
+
+from coda.cost.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _labels
+from coda.cost.empirical import EmpiricalCost, step_features
+from coda.cost.empirical_fit import COLUMNS, fit_step_model, measured_profile
+from coda.cost.model import build_cost_model
+from coda.cost.profile import Profile, load_profile
+from coda.errors import CodaError
+
+TRUE = {"api_latency_s": 5e-3, "api_prompt_token_s": 1e-6, "api_text_token_s": 2e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
+        "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}
+INFO = EngineInfo("http://127.0.0.1:1", "tiny", "/models/tiny", "0.32.0", 6144, 32, 8000)
+
+
+def timings(true: dict[str, float], noise: float, seed: int = 0) -> tuple[list[PrefillSample], list[DecodeSample]]:
+    """What `Prober.measure` would return from an engine whose steps follow ``true`` exactly, with
+    relative noise on every repeat."""
+    theta = np.array([true[c] for c in COLUMNS])
+    rng = np.random.default_rng(seed)
+
+    def repeats(t: float) -> list[float]:
+        return [t * (1 + noise * rng.standard_normal()) for _ in range(5)]
+
+    pre = []
+    for n, c, text in [(16, 0, 0), (128, 0, 0), (512, 0, 0), (1024, 0, 0), (2048, 0, 0), (4096, 0, 0), (6000, 0, 0), (64, 1500, 0),
+                       (64, 4500, 0), (512, 3000, 0), (1, 63, 64), (5, 1019, 1024), (9, 3063, 3072)]:
+        t = theta @ np.concatenate(([1.0, n + c, text], step_features([(n, c)], ())))
+        pre.append(PrefillSample(n, c, repeats(t), text_tokens=text))
+    dec = []
+    for b, ctx in [(1, 100), (1, 2000), (1, 5000), (2, 500), (2, 3000), (4, 100), (4, 1800), (8, 100), (8, 800)]:
+        t = theta[3:] @ step_features((), [ctx] * b)
+        dec.append(DecodeSample(b, ctx, repeats(t)))
+    return pre, dec
+
+
+def test_fit_recovers_known_constants_from_synthetic_timings():
+    fit = fit_step_model(*timings(TRUE, noise=0.01))
+    for k, v in TRUE.items():
+        assert fit.constants[k] == pytest.approx(v, rel=0.15), k
+    assert fit.form == COLUMNS
+    assert np.median(fit.prefill_err) < 0.02 and np.median(fit.decode_err) < 0.02 and fit.loo_score < 0.03
+
+
+def test_exact_timings_are_fitted_exactly():
+    fit = fit_step_model(*timings(TRUE, noise=0.0))
+    assert all(fit.constants[k] == pytest.approx(v, rel=1e-6) for k, v in TRUE.items())
+
+
+def test_the_form_follows_the_data():
+    """An engine without quadratic prefill attention gets a model without it; with it, keeps it."""
+    linear = fit_step_model(*timings({**TRUE, "prefill_pair_s": 0.0}, noise=0.01))
+    assert "prefill_pair_s" not in linear.form and linear.constants["prefill_pair_s"] == 0.0
+    assert linear.forms["prefill_pair_s+decode_context_s"] >= linear.forms["decode_context_s"] - 0.005
+    quadratic = fit_step_model(*timings(TRUE, noise=0.01))
+    assert quadratic.forms["decode_context_s"] > 3 * quadratic.forms["prefill_pair_s+decode_context_s"]
+
+
+def test_too_few_shapes_is_refused():
+    pre, dec = timings(TRUE, 0.0)
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_step_model(pre[:2], dec)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    pre, dec = timings(TRUE, noise=0.0)
+    data = measured_profile("t", INFO, pre, dec, fit_step_model(pre, dec), kv_bytes_per_token=(2048, "given: test"),
+                            samples="t.samples.csv", date="2026-01-01", machine="test", note="")
+    return Profile.model_validate(data)
+
+
+def test_measured_profile_has_provenance_and_builds_the_empirical_model(profile):
+    assert profile.kind == "measured" and profile.gpu is None and profile.tiers.hbm_kv_bytes == 8000 * 2048
+    assert profile.provenance["step_model.fixed_s"].startswith("fitted: ")
+    assert isinstance(build_cost_model(profile), EmpiricalCost)
+    data = profile.model_dump()
+    del data["provenance"]["step_model.token_s"]
+    with pytest.raises(ValueError, match="provenance missing for: step_model.token_s"):
+        Profile.model_validate(data)
+    data = profile.model_dump()
+    data["step_model"] = None
+    with pytest.raises(ValueError, match="needs a step_model section"):
+        Profile.model_validate(data)
+
+
+def test_cost_model_charges_the_step_formula(profile):
+    cost = EmpiricalCost(profile)
+    t = TRUE
+    mixed = cost.step_s([(512, 1024), (0, 99)], [100, 300])
+    assert mixed == pytest.approx(t["fixed_s"] + t["token_s"] * 514 + t["seq_s"] * 3 + t["prefill_pair_s"] * 512 * (1024 + 513 / 2)
+                                  + t["decode_context_s"] * 400, rel=1e-6)
+    ctx = np.array([100, 900, 4000])
+    run = cost.decode_steps_s(ctx, 40)
+    assert run[0] == pytest.approx(cost.step_s((), ctx)) and run[39] == pytest.approx(cost.step_s((), ctx + 39))
+    assert cost.prefill_only_s(2048, 0) == pytest.approx(cost.step_s([(2048, 0)], ()))
+    assert cost.api_s(1000) == pytest.approx(t["api_latency_s"] + 1000 * (t["api_prompt_token_s"] + t["api_text_token_s"]), rel=1e-6)
+    assert cost.kv_bytes(10) == 20480 and cost.step_s((), []) == 0.0
+    bounds = cost.cohort_gain_bounds(ctx)
+    assert not bounds.in_domain and (bounds.predicted == 0).all() and (bounds.conservative < 0).all()
+    assert cost.h2d_s(0) == 0.0
+    with pytest.raises(CodaError, match="--no-dram"):
+        cost.h2d_s(1e6)
+
+
+def test_shipped_profile_loads_with_its_provenance():
+    p = load_profile("vllm-cpu-tiny")
+    assert p.kind == "measured" and p.step_model is not None and p.step_model.block_tokens == 32
+    assert "vLLM-CPU" in p.description and p.step_model.fit.samples >= 20
+
+
+def test_plan_keeps_within_the_engine():
+    plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
+    assert max(n + c for n, c in plan.prefill) + 128 + 32 <= 6144
+    assert all(b * (c + 128 + 32) <= 8000 for b, c in plan.decode) and max(b for b, _ in plan.decode) == 8
+    assert _labels('vllm:cache_config_info{block_size="32",num_gpu_blocks="250",x="a,b"} 1.0', "vllm:cache_config_info") == {
+        "block_size": "32", "num_gpu_blocks": "250", "x": "a,b"}
+
+
+def measure(url: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coda.cli", "profile", "measure", "--endpoint", url, "--out", "/tmp/never.json"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_unreachable_endpoint_is_one_clear_line():
+    proc = measure("http://127.0.0.1:9")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--endpoint http://127.0.0.1:9: cannot connect" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_server_that_is_not_openai_is_one_clear_line():
+    class Html(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(404)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>not here</html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = measure(f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not an OpenAI-compatible server" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
