@@ -11,14 +11,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from coda.cost.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _labels
+from coda.cost.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
 from coda.cost.empirical import EmpiricalCost, step_features
 from coda.cost.empirical_fit import COLUMNS, fit_step_model, measured_profile
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
 
-TRUE = {"api_latency_s": 5e-3, "api_prompt_token_s": 1e-6, "api_text_token_s": 2e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
+TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
         "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}
 INFO = EngineInfo("http://127.0.0.1:1", "tiny", "/models/tiny", "0.32.0", 6144, 32, 8000)
 
@@ -35,7 +35,7 @@ def timings(true: dict[str, float], noise: float, seed: int = 0) -> tuple[list[P
     pre = []
     for n, c, text in [(16, 0, 0), (128, 0, 0), (512, 0, 0), (1024, 0, 0), (2048, 0, 0), (4096, 0, 0), (6000, 0, 0), (64, 1500, 0),
                        (64, 4500, 0), (512, 3000, 0), (1, 63, 64), (5, 1019, 1024), (9, 3063, 3072)]:
-        t = theta @ np.concatenate(([1.0, n + c, text], step_features([(n, c)], ())))
+        t = theta @ np.concatenate(([1.0, 0 if text else n + c, text], step_features([(n, c)], ())))
         pre.append(PrefillSample(n, c, repeats(t), text_tokens=text))
     dec = []
     for b, ctx in [(1, 100), (1, 2000), (1, 5000), (2, 500), (2, 3000), (4, 100), (4, 1800), (8, 100), (8, 800)]:
@@ -104,7 +104,7 @@ def test_cost_model_charges_the_step_formula(profile):
     run = cost.decode_steps_s(ctx, 40)
     assert run[0] == pytest.approx(cost.step_s((), ctx)) and run[39] == pytest.approx(cost.step_s((), ctx + 39))
     assert cost.prefill_only_s(2048, 0) == pytest.approx(cost.step_s([(2048, 0)], ()))
-    assert cost.api_s(1000) == pytest.approx(t["api_latency_s"] + 1000 * (t["api_prompt_token_s"] + t["api_text_token_s"]), rel=1e-6)
+    assert cost.api_s(1000) == pytest.approx(t["api_latency_s"] + 1000 * t["api_text_token_s"], rel=1e-6)
     assert cost.kv_bytes(10) == 20480 and cost.step_s((), []) == 0.0
     bounds = cost.cohort_gain_bounds(ctx)
     assert not bounds.in_domain and (bounds.predicted == 0).all() and (bounds.conservative < 0).all()
@@ -123,8 +123,9 @@ def test_plan_keeps_within_the_engine():
     plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
     assert max(n + c for n, c in plan.prefill) + 128 + 32 <= 6144
     assert all(b * (c + 128 + 32) <= 8000 for b, c in plan.decode) and max(b for b, _ in plan.decode) == 8
-    assert _labels('vllm:cache_config_info{block_size="32",num_gpu_blocks="250",x="a,b"} 1.0', "vllm:cache_config_info") == {
-        "block_size": "32", "num_gpu_blocks": "250", "x": "a,b"}
+    metrics = _samples('vllm:cache_config_info{block_size="32",num_gpu_blocks="250",x="a,b"} 1.0\n')
+    assert metrics["vllm:cache_config_info"] == [({"block_size": "32", "num_gpu_blocks": "250", "x": "a,b"}, 1.0)]
+    assert _samples("<html>not metrics</html>") == {}
 
 
 def measure(url: str) -> subprocess.CompletedProcess:

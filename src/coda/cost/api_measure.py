@@ -5,7 +5,8 @@ Nothing inside the engine is visible, so every timing is the latency of a contro
 on an otherwise idle engine. Prompts are token ids (sizes exact; ids drawn from 10-999, which
 every vocabulary has) except where the server's own text handling is the point:
 
-* prefill: the time to the first streamed token after a fresh prompt of ``new`` tokens (every
+* prefill: the time to the first streamed token (through ``coda bench``'s client, so its TTFT is
+  what that client sees) after a fresh prompt of ``new`` tokens (every
   prompt starts with its own random tokens, so nothing hits the prefix cache), or after ``cached``
   tokens that an earlier request of the same prefix left in the prefix cache (the engine's
   reported ``cached_tokens`` says how many really hit; the rest count as new);
@@ -25,7 +26,6 @@ the machine touches every shape a little, not one shape a lot), and the median i
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 
+from coda.bench.client import Endpoint
 from coda.engines import tokenizer as tok
 from coda.errors import CodaError
 
@@ -128,30 +130,18 @@ def _fail(url: str, what: str) -> CodaError:
     return CodaError(f"--endpoint {url}: {what}")
 
 
-def _labels(text: str, metric: str) -> dict[str, str]:
-    """Labels of the first sample of a Prometheus metric, without a full parser."""
-    for line in text.splitlines():
-        if line.startswith(metric + "{"):
-            body = line[len(metric) + 1 : line.rindex("}")]
-            return {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in _split_labels(body))}
-    return {}
+def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus samples by name (labels, value); empty for a text that is not an exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-
-def _split_labels(body: str) -> list[str]:
-    parts, cur, quoted = [], "", False
-    for ch in body:
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [p for p in (*parts, cur) if "=" in p]
-
-
-def _gauge(text: str, metric: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric + "{") or line.startswith(metric + " "))
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                out.setdefault(smp.name, []).append((dict(smp.labels), float(smp.value)))
+    except ValueError:
+        return {}
+    return out
 
 
 class Prober:
@@ -163,10 +153,12 @@ class Prober:
         self.rng = random.Random(seed)
         self.log = log
         self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.endpoint = Endpoint(self.url, model=None, api="completions", timeout_s=timeout_s)
         self.model = ""
 
     async def close(self) -> None:
         await self.client.aclose()
+        await self.endpoint.close()
 
     # --- the engine ------------------------------------------------------------------------
     async def _get(self, path: str) -> httpx.Response | None:
@@ -191,9 +183,9 @@ class Prober:
             raise _fail(self.url, f"GET /v1/models answered HTTP {resp.status_code} without an OpenAI model list; not an OpenAI-compatible server") from None
         version = await self._get("/version")
         metrics = await self._get("/metrics")
-        text = metrics.text if metrics is not None and metrics.status_code == 200 else ""
-        cache = _labels(text, "vllm:cache_config_info")
-        if _gauge(text, "vllm:num_requests_running") + _gauge(text, "vllm:num_requests_waiting") > 0:
+        samples = _samples(metrics.text if metrics is not None and metrics.status_code == 200 else "")
+        cache = samples.get("vllm:cache_config_info", [({}, 0.0)])[0][0]
+        if sum(v for name in ("vllm:num_requests_running", "vllm:num_requests_waiting") for _, v in samples.get(name, ())) > 0:
             raise _fail(self.url, "the engine is serving other requests; measure an idle engine")
         blocks = cache.get("num_gpu_blocks")
         bs = cache.get("block_size")
@@ -212,40 +204,43 @@ class Prober:
     def ids(self, n: int) -> list[int]:
         return [self.rng.randrange(MIN_ID, MAX_ID) for _ in range(n)]
 
-    async def complete(self, prompt: list[int] | str, max_tokens: int, *, stream: bool = False) -> Timing:
-        """One request with the server's default sampling (as clients send). Streamed, it is timed to
-        its first chunk (a client's TTFT); not streamed, to its end: long streamed answers would also
-        time the server's per-token work, which on a loaded machine arrives late and in bursts."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
-        if stream:
-            body |= {"stream": True, "stream_options": {"include_usage": True}}
+    async def complete(self, prompt: list[int] | str, max_tokens: int) -> Timing:
+        """One request, not streamed, timed to its end, with the server's default sampling (as
+        clients send): a long streamed answer would also time the server's per-token work, which on
+        a loaded machine arrives late and in bursts."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
         sent = time.perf_counter()
-        first: float | None = None
         try:
-            async with self.client.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    raise _fail(self.url, f"POST /v1/completions answered HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                if stream:
-                    usage = None
-                    async for line in resp.aiter_lines():
-                        if line.startswith("data:") and not line.endswith("[DONE]"):
-                            first = first or time.perf_counter()
-                            usage = json.loads(line[5:]).get("usage") or usage
-                else:
-                    usage = json.loads(await resp.aread()).get("usage")
-                done = time.perf_counter()
+            resp = await self.client.post("/v1/completions", json=body)
         except httpx.HTTPError as err:
             raise _fail(self.url, f"POST /v1/completions failed: {type(err).__name__}: {err}") from None
-        except (ValueError, AttributeError):
-            raise _fail(self.url, "POST /v1/completions answered with something other than OpenAI JSON; not an OpenAI-compatible server") from None
+        done = time.perf_counter()
+        if resp.status_code != 200:
+            raise _fail(self.url, f"POST /v1/completions answered HTTP {resp.status_code}: {resp.text[:200]!r}")
         try:
-            tokens, prompt_tokens = int(usage["completion_tokens"]), int(usage["prompt_tokens"])  # type: ignore[index]
+            usage = resp.json().get("usage")
+        except (ValueError, AttributeError):
+            usage = None
+        return self._timing(sent, done, max_tokens, usage)
+
+    async def first_token(self, prompt: list[int] | str) -> Timing:
+        """One streamed single-token request through ``coda bench``'s own client, timed to its first
+        chunk: the TTFT that client sees (its overhead included)."""
+        body = msgspec.json.encode({"model": self.model, "prompt": prompt, "max_tokens": 1, "ignore_eos": True, "stream": True,
+                                    "stream_options": {"include_usage": True}})
+        a = await self.endpoint.send(body, {})
+        if not a.ok or a.first_token_s is None:
+            raise _fail(self.url, f"POST /v1/completions (streamed): {a.reason or f'HTTP {a.status}'}")
+        return self._timing(a.sent_s, a.first_token_s, 1, a.usage)
+
+    def _timing(self, sent: float, done: float, max_tokens: int, usage: Any) -> Timing:
+        try:
+            tokens, prompt_tokens = int(usage["completion_tokens"]), int(usage["prompt_tokens"])
         except (KeyError, TypeError, ValueError):
             raise _fail(self.url, "POST /v1/completions answered without an OpenAI usage block; not an OpenAI-compatible server") from None
         if tokens != max_tokens:
             raise _fail(self.url, f"asked for {max_tokens} tokens with ignore_eos, got {tokens}; the server must honour ignore_eos")
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")  # type: ignore[union-attr]
-        return Timing(sent, first if stream and first is not None else done, tokens, prompt_tokens, cached)
+        return Timing(sent, done, tokens, prompt_tokens, (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
 
     # --- shapes ----------------------------------------------------------------------------
     async def prefill(self, new: int, cached: int) -> tuple[int, int, float]:
@@ -253,7 +248,7 @@ class Prober:
         prefix = self.ids(cached)
         if cached:
             await self.complete(prefix, 1)
-        t = await self.complete(prefix + self.ids(new), 1, stream=True)
+        t = await self.first_token(prefix + self.ids(new))
         hit = cached if t.cached_tokens is None else t.cached_tokens
         return new + cached - hit, hit, t.seconds
 
@@ -263,7 +258,7 @@ class Prober:
         tokenization included."""
         prompt = tok.text(self.rng.randrange(1 << 62), words)
         await self.complete(prompt, 1)
-        t = await self.complete(prompt, 1, stream=True)
+        t = await self.first_token(prompt)
         hit = t.cached_tokens or 0
         return t.prompt_tokens - hit, hit, t.prompt_tokens, t.seconds
 

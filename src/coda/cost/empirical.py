@@ -52,7 +52,7 @@ class EmpiricalCost:
         self.theta = np.array([getattr(sm, t) for t in TERMS])
         self._ctx_s = sm.decode_context_s
         self._kv_tok = sm.kv_bytes_per_token
-        self._api = (sm.api_latency_s, sm.api_prompt_token_s + sm.api_text_token_s)
+        self._api = (sm.api_latency_s, sm.api_text_token_s)
 
     def api_s(self, prompt_tokens: int) -> float:
         """What a client waits beyond the engine's steps for a text prompt (not charged by the simulator)."""

@@ -2,8 +2,8 @@
 
 Two kinds of measurement constrain the six constants together:
 
-* a prefill's latency = api_latency + api_prompt_token x prompt tokens (+ api_text_token x
-  prompt tokens for a text prompt: tokenization) + step(one chunk of ``new`` over ``cached``);
+* a prefill's latency = api_latency + api_id_token (token-id prompts: parsing) or api_text_token
+  (text prompts: tokenization) x prompt tokens + step(one chunk of ``new`` over ``cached``);
 * a lockstep decode batch's step = step(``batch`` decodes of mean context ``context``).
 
 Prefills alone cannot tell the fixed step cost from the API latency, nor decodes alone the
@@ -28,7 +28,7 @@ import numpy as np
 from coda.cost.api_measure import DecodeSample, EngineInfo, PrefillSample
 from coda.cost.empirical import TERMS, step_features
 
-COLUMNS = ("api_latency_s", "api_prompt_token_s", "api_text_token_s", *TERMS)
+COLUMNS = ("api_latency_s", "api_id_token_s", "api_text_token_s", *TERMS)
 OPTIONAL = ("prefill_pair_s", "decode_context_s")
 FORM_TOLERANCE = 0.005  # absolute leave-one-out median error a term must save to stay
 
@@ -49,7 +49,8 @@ class StepFitResult:
 
 def design(prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> tuple[np.ndarray, np.ndarray, int]:
     """Rows over ``COLUMNS``, measured seconds, and how many rows are prefills (they come first)."""
-    rows = [np.concatenate(([1.0, s.new + s.cached, s.text_tokens], step_features([(s.new, s.cached)], ()))) for s in prefill]
+    rows = [np.concatenate(([1.0, 0.0 if s.text_tokens else s.new + s.cached, s.text_tokens], step_features([(s.new, s.cached)], ())))
+            for s in prefill]
     rows += [np.concatenate(([0.0, 0.0, 0.0], step_features((), np.full(s.batch, s.context)))) for s in decode]
     y = np.array([s.seconds for s in prefill] + [s.seconds for s in decode])
     return np.array(rows), y, len(prefill)
