@@ -1,0 +1,627 @@
+"""Shared harness for the evaluation experiments (docs/evaluation.md).
+
+Every number an experiment prints comes from ``run_cell``: one simulation of one system on one
+workload and seed, with read-only instrumentation attached (nothing here changes a policy's
+decision; wrappers call the policy and only count what it did). Aggregation follows DESIGN.md:
+means with 95% Student-t intervals over seeds, gains as ratios of sums over seeds; the interval
+of a ratio of sums is a jackknife over seeds (leave one seed out, t quantile with n-1 df).
+
+Run from the repository root with the project's venv:  python experiments/<script>.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coda.cost.model import build_cost_model
+from coda.cost.profile import load_profile
+from coda.metrics import mean_ci, summarize
+from coda.policy import registry
+from coda.policy.execution import Cohort
+from coda.policy.registry import SystemPreset
+from coda.policy.routing import CodaRouter, SMetric, candidates, context_distance, least_loaded_of
+from coda.policy.state import FewestBlocks, TieredAging
+from coda.sim.cluster import Simulation
+from coda.sim.config import SimConfig
+from coda.sim.paper import PaperWorkload
+from coda.workload.schema import Round, Session, ToolCall, Workload
+from coda.workload.stats import workload_duration_s
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "runs" / "experiments"
+SEEDS = [0, 1, 2, 3, 4]
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+# Experiment-only system presets (registered at run time, never shipped): the same components
+# as the shipped presets, recombined one factor at a time.
+EXTRA_SYSTEMS = {
+    "cachewise-lru": dict(router="least_loaded", state="fewest_blocks", execution="full", eviction="lru"),
+    "ta-lru": dict(router="least_loaded", state="tiered_aging", execution="full", eviction="lru"),
+    "fifo-ta-evict": dict(router="least_loaded", state="fifo", execution="full", eviction="tool_aware"),
+    "fifo-cohort": dict(router="least_loaded", state="fifo", execution="cohort", eviction="lru"),
+    "cachewise+cohort": dict(router="least_loaded", state="fewest_blocks", execution="cohort", eviction="tool_aware"),
+    # multi-worker: the coda router with CacheWise's admission, and smetric with it
+    "coda-route+fb": dict(router="coda", state="fewest_blocks", execution="full", eviction="tool_aware"),
+    "smetric+fb": dict(router="smetric", state="fewest_blocks", execution="full", eviction="tool_aware"),
+}
+for _name, _kw in EXTRA_SYSTEMS.items():
+    registry.SYSTEMS.setdefault(
+        _name, SystemPreset(name=_name, dram=True, ssd=False, cpu_shadow=True, description=f"experiment-only: {_kw}", **_kw)
+    )
+
+
+# Experiment-only state policies (diagnostics, never shipped): they isolate which half of
+# Tiered-Aging (the time-based cost, or the starvation guard) drives a difference.
+@dataclasses.dataclass(slots=True)
+class GuardedFewestBlocks:
+    """fewest_blocks with Tiered-Aging's starvation guard: once the oldest ready request has
+    waited ``w_max_s`` it goes first, and nothing else is admitted until it fits."""
+
+    w_max_s: float = 20.0
+    frontier: int = 64
+    name: str = "fewest_blocks_guarded"
+
+    def choose(self, snap: Any) -> int | None:
+        if not len(snap):
+            return None
+        if snap.now_s - snap.ready_s[0] >= self.w_max_s:
+            return 0 if snap.fits[0] else None
+        feasible = np.flatnonzero(snap.fits)
+        if not feasible.size:
+            return None
+        return int(feasible[np.argmin(snap.extra_blocks[feasible])])
+
+
+@dataclasses.dataclass(slots=True)
+class AgedFewestBlocks:
+    """Tiered-Aging's rule with the cost measured in HBM blocks instead of seconds:
+    ``extra_blocks / (1 + wait / tau)``, optionally with the starvation guard."""
+
+    tau_s: float = 5.0
+    w_max_s: float = 20.0
+    starvation_guard: bool = True
+    frontier: int = 64
+    name: str = "aged_fewest_blocks"
+
+    def choose(self, snap: Any) -> int | None:
+        if not len(snap):
+            return None
+        wait = snap.now_s - snap.ready_s
+        if self.starvation_guard and wait[0] >= self.w_max_s:
+            return 0 if snap.fits[0] else None
+        feasible = np.flatnonzero(snap.fits)
+        if not feasible.size:
+            return None
+        aged = snap.extra_blocks[feasible] / (1.0 + wait[feasible] / self.tau_s)
+        return int(feasible[np.lexsort((snap.ready_s[feasible], aged))[0]])
+
+
+registry.STATE_POLICIES.setdefault("fewest_blocks_guarded", lambda cost, params: registry.with_params(GuardedFewestBlocks, params, "fewest_blocks_guarded"))
+registry.STATE_POLICIES.setdefault("aged_fewest_blocks", lambda cost, params: registry.with_params(AgedFewestBlocks, params, "aged_fewest_blocks"))
+for _name, _state in (("cw-guarded", "fewest_blocks_guarded"), ("cw-aged-blocks", "aged_fewest_blocks")):
+    registry.SYSTEMS.setdefault(_name, SystemPreset(name=_name, router="least_loaded", state=_state, execution="full", eviction="tool_aware",
+                                                    dram=True, ssd=False, cpu_shadow=True, description=f"experiment-only: {_state} + tool-aware reclaim"))
+
+
+# --- workloads ------------------------------------------------------------------------------
+PAPER_SINGLE = {"M1": PaperWorkload("M1", 3, 0.25), "M2": PaperWorkload("M2", 5, 0.25), "M3": PaperWorkload("M3", 7, 0.25)}
+PAPER_MULTI = {"Q1": PaperWorkload("Q1", 3), "Q2": PaperWorkload("Q2", 5), "Q3": PaperWorkload("Q3", 7)}
+DURATION_S = 3600.0
+WARMUP_S = 1200.0
+
+
+def paper_workload(label: str, seed: int) -> Workload:
+    """M1-M3 / Q1-Q3 exactly as ``coda compare --preset paper-single|paper-multi`` builds them;
+    also ``m<r>`` / ``q<r>`` for other rates r (m9 = a quarter of the sessions of the 9 req/s
+    workload, built like M1-M3; q9 = all of them)."""
+    return _paper_def(label).build(seed, DURATION_S)
+
+
+def _paper_def(label: str) -> PaperWorkload:
+    wl = {**PAPER_SINGLE, **PAPER_MULTI}.get(label)
+    if wl is None:
+        if label[:1] not in ("m", "q"):
+            raise ValueError(f"workload label {label!r}: M1-M3, Q1-Q3, m<rate> or q<rate>")
+        wl = PaperWorkload(label, float(label[1:]), 0.25 if label[0] == "m" else None)
+    return wl
+
+
+def describe_workload(label: str) -> str:
+    return f"{label} = {_paper_def(label).describe(DURATION_S)} (seed = run seed)"
+
+
+def scale_tools(wl: Workload, factor: float) -> Workload:
+    """Every tool call (and so every round's tool interval) ``factor`` times as long; think times kept."""
+    sessions = []
+    for s in wl.sessions:
+        rounds = [
+            dataclasses_replace_round(r, tool_duration_s=r.tool_duration_s * factor,
+                                      tools=[ToolCall(name=t.name, duration_s=t.duration_s * factor) for t in r.tools])
+            for r in s.rounds
+        ]
+        sessions.append(Session(session_id=s.session_id, start_s=s.start_s, rounds=rounds, prefix_group=s.prefix_group, tenant=s.tenant))
+    return Workload(sessions=sessions, meta={**wl.meta, "tool_scale": factor}, block_tokens=wl.block_tokens)
+
+
+def constant_tools(wl: Workload) -> Workload:
+    """Every tool interval replaced by the workload's mean tool interval (same total tool time, no tail)."""
+    durs = [r.tool_duration_s for s in wl.sessions for r in s.rounds if r.tools]
+    mean = float(np.mean(durs))
+    sessions = []
+    for s in wl.sessions:
+        rounds = [
+            dataclasses_replace_round(r, tool_duration_s=mean, tools=[ToolCall(name=t.name, duration_s=mean) for t in r.tools]) if r.tools else r
+            for r in s.rounds
+        ]
+        sessions.append(Session(session_id=s.session_id, start_s=s.start_s, rounds=rounds, prefix_group=s.prefix_group, tenant=s.tenant))
+    return Workload(sessions=sessions, meta={**wl.meta, "tools": f"constant {mean:.3f} s"}, block_tokens=wl.block_tokens)
+
+
+def scale_tokens(wl: Workload, factor: float) -> Workload:
+    """Every token count (system prompt, appended input, cache-break prefixes and outputs) times
+    ``factor``; tool and think times kept. Every context scales by ``factor``, so batches keep
+    their max/min context ratios (the heterogeneity cohorts act on) while, e.g. with 1/13, the
+    200K context cap becomes about 15.4K, inside the fitted profiles' measured domain (16,384)."""
+    sessions = []
+    for s in wl.sessions:
+        rounds: list[Round] = []
+        context = 0
+        for i, r in enumerate(s.rounds):
+            new = max(1, int(round(r.new_input_tokens * factor)))
+            prefix = None if r.prefix_tokens is None else int(round(r.prefix_tokens * factor))
+            if i > 0 and prefix is not None:
+                prefix = min(prefix, context)
+            out = max(1, int(round(r.output_tokens * factor)))
+            rounds.append(dataclasses_replace_round(r, new_input_tokens=new, prefix_tokens=prefix, output_tokens=out))
+            reused = prefix if prefix is not None else (context if i > 0 else 0)
+            context = reused + new + out
+        sessions.append(Session(session_id=s.session_id, start_s=s.start_s, rounds=rounds, prefix_group=s.prefix_group, tenant=s.tenant))
+    return Workload(sessions=sessions, meta={**wl.meta, "token_scale": factor}, block_tokens=wl.block_tokens)
+
+
+def dataclasses_replace_round(r: Round, **kw: Any) -> Round:
+    fields = {f: getattr(r, f) for f in r.__struct_fields__}
+    fields.update(kw)
+    return Round(**fields)
+
+
+# --- instrumentation (read-only) ------------------------------------------------------------
+class StateProbe:
+    """Wraps a worker's state policy: returns exactly the wrapped policy's choice and counts which
+    branch of Tiered-Aging decided (or, for any policy, how its choice relates to FCFS and to
+    fewest-blocks on the same snapshot)."""
+
+    def __init__(self, inner: Any, window: tuple[float, float] = (0.0, math.inf)) -> None:
+        self.inner = inner
+        self.window = window
+        self.name = inner.name
+        self.frontier = inner.frontier
+        self.fb = FewestBlocks()
+        self.branches: Counter[str] = Counter()
+        self.decisions = 0
+        self.same_as_fcfs = 0
+        self.same_as_fb = 0
+        self.chosen_extra = 0.0
+        self.fb_extra = 0.0
+        self.chosen_dram_tokens = 0.0
+        self.head_wait_over_wmax = 0
+        self.queue_len = 0
+
+    def choose(self, snap: Any) -> int | None:
+        idx = self.inner.choose(snap)
+        n = len(snap)
+        if n == 0 or not self.window[0] <= snap.now_s <= self.window[1]:
+            return idx
+        self.decisions += 1
+        self.queue_len += n
+        wait = snap.now_s - snap.ready_s
+        inner = self.inner
+        if isinstance(inner, TieredAging):
+            feas = np.flatnonzero(snap.fits)
+            if inner.starvation_guard and wait[0] >= inner.w_max_s:
+                self.branches["guard: oldest first" if snap.fits[0] else "guard: oldest does not fit, admit nothing"] += 1
+            elif not feas.size:
+                self.branches["nothing fits"] += 1
+            elif wait[feas[0]] >= inner.w_max_s:
+                self.branches["W_max: oldest feasible"] += 1
+            else:
+                self.branches["age-adjusted cost"] += 1
+        else:
+            self.branches["none" if idx is None else "chosen"] += 1
+        if wait[0] >= 20.0:
+            self.head_wait_over_wmax += 1
+        fb = self.fb.choose(snap)
+        if idx is not None:
+            self.same_as_fcfs += idx == 0
+            self.same_as_fb += fb == idx
+            self.chosen_extra += float(snap.extra_blocks[idx])
+            self.chosen_dram_tokens += float(snap.dram_tokens[idx])
+            if fb is not None:
+                self.fb_extra += float(snap.extra_blocks[fb])
+        return idx
+
+    def report(self) -> dict[str, Any]:
+        admitted = self.decisions - self.branches.get("guard: oldest does not fit, admit nothing", 0) - self.branches.get("nothing fits", 0) - self.branches.get("none", 0)
+        d = max(self.decisions, 1)
+        a = max(admitted, 1)
+        return {
+            "decisions": self.decisions,
+            "branches": {k: v / d for k, v in sorted(self.branches.items())},
+            "admissions_equal_fcfs": self.same_as_fcfs / a,
+            "admissions_equal_fewest_blocks": self.same_as_fb / a,
+            "mean_extra_blocks_chosen": self.chosen_extra / a,
+            "mean_extra_blocks_fewest_blocks_choice": self.fb_extra / a,
+            "mean_dram_tokens_chosen": self.chosen_dram_tokens / a,
+            "head_waited_20s_share": self.head_wait_over_wmax / d,
+            "mean_frontier_len": self.queue_len / d,
+        }
+
+
+class StepProbe:
+    """Observer of executed batches: pure-decode steps, cohort splits, attention time saved
+    (cost model of the run, full launch vs the plan executed), and a shadow cohort policy on
+    batches that ran as one launch (what ``cohort`` would have done there)."""
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, cost: Any, window: tuple[float, float] = (0.0, math.inf), shadow_cohort: bool = True) -> None:
+        self.cost = cost
+        self.window = window
+        self.shadow = Cohort(cost) if shadow_cohort and hasattr(cost, "cohort_gain_bounds") else None
+        self.decode_steps = 0
+        self.eligible_steps = 0  # n >= 4 and max/min >= 1.5
+        self.in_domain_steps = 0
+        self.split_steps = 0
+        self.shadow_split_steps = 0
+        self.busy_s = 0.0
+        self.decode_s = 0.0
+        self.attn_full_s = 0.0
+        self.attn_plan_s = 0.0
+        self.shadow_saved_s = 0.0
+        self.uniform_gap_s = 0.0  # attention above a near-uniform batch of the same size and total context
+        self.batch_sizes: list[int] = []
+        self.ratios: list[float] = []
+        self._domain = getattr(cost, "in_domain", None)
+
+    def on_route(self, snap: Any, chosen: int) -> None:
+        pass
+
+    def on_step(self, worker: int, start_s: float, durs: np.ndarray, prefills: Sequence, ctx: np.ndarray, plan: Any) -> None:
+        k = len(durs)
+        if not self.window[0] <= start_s <= self.window[1]:
+            return
+        self.busy_s += float(durs.sum())
+        if prefills or len(ctx) == 0:
+            return
+        self.decode_steps += k
+        self.decode_s += float(durs.sum())
+        n = len(ctx)
+        ratio = float(ctx.max() / max(ctx.min(), 1))
+        self.batch_sizes.append(n)
+        self.ratios.append(ratio)
+        if n >= 4 and ratio >= 1.5:
+            self.eligible_steps += k
+            if self._domain is not None and self._domain(ctx):
+                self.in_domain_steps += k
+        full = self.cost.decode_attention_s(ctx)
+        self.attn_full_s += full * k
+        tot = int(ctx.sum())
+        uni = np.full(n, tot // n, dtype=np.int64)
+        uni[: tot - (tot // n) * n] += 1
+        self.uniform_gap_s += (full - self.cost.decode_attention_s(uni)) * k
+        if plan is not None:
+            self.split_steps += k
+            self.attn_plan_s += self.cost.cohort_attention_s(ctx, plan) * k
+        else:
+            self.attn_plan_s += full * k
+            if self.shadow is not None and n >= 4:
+                sp = self.shadow.plan(ctx)
+                if sp is not None:
+                    self.shadow_split_steps += k
+                    self.shadow_saved_s += (full - self.cost.cohort_attention_s(ctx, sp)) * k
+
+    def report(self) -> dict[str, Any]:
+        bs = np.array(self.batch_sizes) if self.batch_sizes else np.zeros(1)
+        rt = np.array(self.ratios) if self.ratios else np.ones(1)
+        return {
+            "decode_steps": self.decode_steps,
+            "eligible_share": self.eligible_steps / max(self.decode_steps, 1),
+            "in_domain_share": self.in_domain_steps / max(self.decode_steps, 1),
+            "split_share": self.split_steps / max(self.decode_steps, 1),
+            "shadow_split_share": self.shadow_split_steps / max(self.decode_steps, 1),
+            "attn_share_of_decode_time": self.attn_full_s / max(self.decode_s, 1e-12),
+            "skew_penalty_share_of_busy": self.uniform_gap_s / max(self.busy_s, 1e-12),
+            "skew_penalty_of_attention": self.uniform_gap_s / max(self.attn_full_s - self.uniform_gap_s, 1e-12),
+            "attn_saved_share_of_busy": (self.attn_full_s - self.attn_plan_s) / max(self.busy_s, 1e-12),
+            "shadow_attn_saved_share_of_busy": self.shadow_saved_s / max(self.busy_s, 1e-12),
+            "decode_time_share": self.decode_s / max(self.busy_s, 1e-12),
+            "batch_p50": float(np.median(bs)),
+            "ratio_p50": float(np.median(rt)),
+        }
+
+
+class RouteProbe:
+    """Observer of routing decisions: which rule of the coda router decides (re-evaluated on the
+    same snapshot with the router's own methods), whether the context rule changes the outcome
+    against the least-loaded fallback, the chosen worker's load above the minimum, and the
+    load spread across workers at each decision."""
+
+    needs = frozenset({"match", "decode_contexts"})
+
+    def __init__(self, window: tuple[float, float] = (0.0, math.inf)) -> None:
+        self.window = window
+        self.coda = CodaRouter()
+        self.smetric = SMetric()
+        self.kinds: Counter[str] = Counter()
+        self.decisions = 0
+        self.excess_load = 0.0
+        self.spread_req = 0.0
+        self.spread_kv = 0.0
+        self.kv_max_over_mean = 0.0
+        self.smetric_differs = 0
+        self.d_chosen: list[float] = []
+        self.d_smetric: list[float] = []
+
+    def on_step(self, *a: Any) -> None:
+        pass
+
+    def on_route(self, snap: Any, chosen: int) -> None:
+        if not self.window[0] <= snap.now_s <= self.window[1]:
+            return
+        self.decisions += 1
+        ws = candidates(snap)
+        loads = np.array([w.active_requests for w in ws])
+        kv = np.array([w.active_kv_blocks for w in ws], dtype=float)
+        self.excess_load += snap.workers[chosen].active_requests - loads.min()
+        self.spread_req += loads.max() - loads.min()
+        self.spread_kv += (kv.max() - kv.min())
+        self.kv_max_over_mean += kv.max() / kv.mean() if kv.mean() > 0 else 1.0
+        aff = self.coda.parent.affinity(snap)
+        if aff is not None:
+            self.kinds["affinity"] += 1
+        else:
+            comp = self.coda.compatible(snap)
+            ll = least_loaded_of(ws)
+            if comp is None:
+                self.kinds["fallback: least loaded (a near worker has no decoders)"] += 1
+            elif comp.worker_id == ll.worker_id:
+                self.kinds["context rule, same as least loaded"] += 1
+            else:
+                self.kinds["context rule, differs from least loaded"] += 1
+        sm = self.smetric.route(snap)
+        if sm != chosen:
+            self.smetric_differs += 1
+            L = snap.request.reusable_tokens + snap.request.new_tokens
+            a, b = snap.workers[chosen].decode_contexts, snap.workers[sm].decode_contexts
+            if a and b:
+                self.d_chosen.append(context_distance(a, L))
+                self.d_smetric.append(context_distance(b, L))
+
+    def report(self) -> dict[str, Any]:
+        d = max(self.decisions, 1)
+        return {
+            "decisions": self.decisions,
+            "kinds": {k: v / d for k, v in sorted(self.kinds.items())},
+            "mean_load_above_min": self.excess_load / d,
+            "mean_load_spread": self.spread_req / d,
+            "mean_kv_blocks_spread": self.spread_kv / d,
+            "mean_kv_max_over_mean": self.kv_max_over_mean / d,
+            "differs_from_smetric": self.smetric_differs / d,
+            "mean_distance_chosen": float(np.mean(self.d_chosen)) if self.d_chosen else None,
+            "mean_distance_smetric": float(np.mean(self.d_smetric)) if self.d_smetric else None,
+        }
+
+
+# --- one cell -------------------------------------------------------------------------------
+METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tbt_p50_s", "tbt_p95_s",
+           "tbt_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "reuse_hbm", "reuse_store", "decode_concurrency", "preemptions", "offered",
+           "completed", "unfinished")
+
+
+def _swap_evictor(sim: Simulation, kind: str) -> None:
+    """Replace the tool-aware evictor's predictor (experiment only) by
+
+    - ``oracle``: the true remaining tool / think time from the trace (a session that has ended:
+      infinite), i.e. the best any tool-aware predictor could do;
+    - ``median``: the median (instead of the mean) residual time of the same observed samples.
+    """
+    import bisect
+
+    def oracle(owner: int) -> float:
+        sess = sim._owner_session.get(owner)
+        if sess is None or sess.out_since is None:
+            return 0.0
+        if sess.done:
+            return 1e12
+        rnd = sess.session.rounds[sess.next_round - 1]
+        return max(sess.out_since + rnd.tool_duration_s + rnd.think_time_s - sim.loop.now, 1e-9)
+
+    def median(owner: int) -> float:
+        sess = sim._owner_session.get(owner)
+        pred = sim.tool_predictor
+        if sess is None or sess.out_since is None or pred is None:
+            return 0.0
+        elapsed = sim.loop.now - sess.out_since
+        k = pred.key(sess.out_tools)
+        for samples in (pred._by_key.get(k), pred._all if k != ("<user>",) else None):
+            if samples is not None and len(samples.values) >= pred.min_samples:
+                vals = samples.values
+                i = bisect.bisect_right(vals, elapsed)
+                if i == len(vals):
+                    return elapsed
+                return max(vals[(i + len(vals)) // 2] - elapsed, 1e-9)
+        return 0.0
+
+    fn = {"oracle": oracle, "median": median}[kind]
+    for w in sim.workers:
+        if w.hbm.evictor is None:
+            raise ValueError(f"system {sim.config.system} has no tool-aware evictor to swap")
+        w.hbm.evictor.remaining = fn
+
+
+def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, probes: Sequence[str] = ("state", "step"),
+             slo_pairs: Sequence[tuple[float, float]] = (), evictor: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """One simulation with read-only probes; returns metrics, probe reports and per-worker shares.
+    ``evictor``: swap the tool-aware reclaim's predictor (``oracle`` / ``median``, see _swap_evictor)."""
+    cfg = SimConfig(system=system, workers=workers, seed=seed, warmup_s=overrides.pop("warmup_s", WARMUP_S)).with_overrides(**overrides)
+    observers: list[Any] = []
+    step = route = None
+    cost = build_cost_model(load_profile(cfg.profile))
+    win = (cfg.warmup_s, workload_duration_s(workload))  # the simulator's measurement window
+    if "step" in probes:
+        step = StepProbe(cost, win)
+        observers.append(step)
+    if "route" in probes:
+        route = RouteProbe(win)
+        observers.append(route)
+    sim = Simulation(workload, cfg, cost=cost, observers=observers)
+    if evictor is not None:
+        _swap_evictor(sim, evictor)
+    state_probes = []
+    if "state" in probes:
+        for w in sim.workers:
+            p = StateProbe(w.state_policy, (sim.window.start_s, sim.window.end_s))
+            w.state_policy = p
+            state_probes.append(p)
+    t0 = time.perf_counter()
+    res = sim.run()
+    wall = time.perf_counter() - t0
+    summ = res.summary()
+    out: dict[str, Any] = {m: summ.get(m) for m in METRICS}
+    out["wall_s"] = wall
+    out["resumed_paths"] = summ["resumed_paths"]
+    out["shadow"] = summ["shadow"]
+    out["hbm_used_frac_mean"] = float(np.mean(res.sim.recorder.samples["hbm_used_frac"])) if res.sim.recorder.samples["hbm_used_frac"] else None
+    w = res.sim.window
+    samples = res.sim.recorder.samples
+    ts = np.array(samples["t_s"])
+    sel = (ts >= w.start_s) & (ts <= w.end_s)
+    ttft = np.array([r["ttft_s"] for r in res.records if r["measured"] and r["ttft_s"] is not None])
+    out["ttft_max_s"] = float(ttft.max()) if ttft.size else None
+    out["ttft_over_60s"] = int((ttft > 60).sum()) + int(summ.get("unfinished") or 0)
+    out["waiting_mean"] = float(np.mean(np.array(samples["waiting"])[sel])) if sel.any() else None
+    for ttft, tbt in slo_pairs:
+        s = summarize(res.records, w, ttft_slo_s=ttft, tbt_slo_s=tbt, gaps=res.sim.recorder.gaps())
+        out[f"slo_tps@{ttft:g}/{tbt:g}"] = s["slo_tps"]
+    if state_probes:
+        out["state_probe"] = _merge_state(state_probes)
+    if step is not None:
+        out["step_probe"] = step.report()
+    if route is not None:
+        out["route_probe"] = route.report()
+    if workers > 1:
+        per = Counter()
+        for r in res.records:
+            if r["finish_s"] is not None and w.start_s <= r["finish_s"] <= w.end_s:
+                per[r["worker"]] += r["output_tokens"]
+        tot = sum(per.values()) or 1
+        shares = sorted((per[i] / tot for i in range(workers)), reverse=True)
+        out["worker_output_shares"] = shares
+    out["config"] = {"system": system, "seed": seed, "workers": workers, "profile": cfg.profile, "hbm_kv_gib": cfg.hbm_kv_gib,
+                     "policy_params": cfg.policy_params, "slo": cfg.slo.model_dump(), "warmup_s": cfg.warmup_s}
+    return out
+
+
+def _merge_state(probes: list[StateProbe]) -> dict[str, Any]:
+    if len(probes) == 1:
+        return probes[0].report()
+    agg = StateProbe(probes[0].inner, probes[0].window)
+    for p in probes:
+        agg.branches.update(p.branches)
+        for f in ("decisions", "same_as_fcfs", "same_as_fb", "chosen_extra", "fb_extra", "chosen_dram_tokens", "head_wait_over_wmax", "queue_len"):
+            setattr(agg, f, getattr(agg, f) + getattr(p, f))
+    return agg.report()
+
+
+# --- aggregation ----------------------------------------------------------------------------
+def ratio_ci(num: Sequence[float], den: Sequence[float]) -> tuple[float, float, float]:
+    """Ratio of sums over seeds (paired) with a jackknife 95% interval: (ratio, lo, hi)."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    r = a.sum() / b.sum()
+    n = len(a)
+    if n < 2:
+        return r, math.nan, math.nan
+    loo = np.array([(a.sum() - a[i]) / (b.sum() - b[i]) for i in range(n)])
+    se = math.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum())
+    t = T975.get(n - 1, 1.96)
+    return r, r - t * se, r + t * se
+
+
+def fmt_gain(num: Sequence[float], den: Sequence[float]) -> str:
+    r, lo, hi = ratio_ci(num, den)
+    return f"{(r - 1) * 100:+.1f}% [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+
+
+def fmt_ci(values: Iterable[float | None], digits: int = 1, scale: float = 1.0) -> str:
+    ci = mean_ci(v * scale for v in values if v is not None)
+    if ci["mean"] is None:
+        return "-"
+    return f"{ci['mean']:.{digits}f}" + (f" ± {ci['ci95']:.{digits}f}" if ci["ci95"] is not None else "")
+
+
+def col(rows: list[dict[str, Any]], key: str) -> list[float]:
+    out = []
+    for r in rows:
+        if key in r:
+            out.append(r[key])
+            continue
+        v: Any = r
+        for k in key.split("."):
+            v = v.get(k) if isinstance(v, dict) else None
+        out.append(v)
+    return out
+
+
+def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [v for v in col(rows, key) if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def save(name: str, payload: Any) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    p = OUT / f"{name}.json"
+    p.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return p
+
+
+def cached(name: str, cells: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+    """Results saved by an earlier run of the same experiment (same cell names), when REUSE=1."""
+    import os
+
+    p = OUT / f"{name}.json"
+    if os.environ.get("REUSE") == "1" and p.exists():
+        data = json.loads(p.read_text())
+        if set(data) == set(cells):
+            log(f"  reusing {p}")
+            return data
+    return None
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def grid(cells: dict[str, Callable[[int], dict[str, Any]]], seeds: Sequence[int] = SEEDS, tag: str = "") -> dict[str, list[dict[str, Any]]]:
+    """Run each named cell for every seed (sequentially: one simulation at a time)."""
+    res: dict[str, list[dict[str, Any]]] = {}
+    for name, fn in cells.items():
+        t0 = time.perf_counter()
+        res[name] = [fn(s) for s in seeds]
+        log(f"{tag}{name}: {time.perf_counter() - t0:.1f} s")
+    return res

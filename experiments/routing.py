@@ -1,0 +1,249 @@
+"""Multi-worker evaluation and routing analysis (docs/evaluation.md, part 2).
+
+    python experiments/routing.py [EXPERIMENT ...]     # default: all
+
+  paper      Figure 11 / 12 / 14 / 16 and Table 2 shape: Q1-Q3 x vllm, smetric, cachewise, dynamo,
+             coda, coda-route-only, coda-admit-only on 4 workers, gains with jackknife intervals,
+             and the routing probe on every run (which rule decided, load spread, distances)
+  router     the router alone, engine admission held fixed: smetric vs coda with FCFS engines
+             (smetric vs coda-route-only) and with CacheWise engines (smetric+fb vs coda-route+fb),
+             the coda router's load slack 0 / 1 / 2, and smetric vs coda-route-only under the FA2
+             kernel-level model, where mixing context lengths in a batch costs attention time
+  concentration  one-round requests (Azure code trace, sped up x1 / x8 / x16): every decision
+             goes to the coda router's context rule; does it concentrate load?
+  Table 2 distances come from the same RouteProbe (experiments/common.py): on every routing
+  decision in the window, smetric is evaluated in shadow on the same snapshot.
+
+Four workers sharing one DRAM store, seeds 0-4, warm-up 1,200 s of a 3,600 s arrival window
+(the paper-multi preset's), profile a100-qwen3coder30b-fp8, default SLO (TTFT <= 5 s, mean TBT <= 0.1 s).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    ROOT,
+    SEEDS,
+    cached,
+    col,
+    describe_workload,
+    fmt_ci,
+    fmt_gain,
+    log,
+    md_table,
+    mean_of,
+    paper_workload,
+    run_cell,
+    save,
+)
+
+WORKERS = 4
+FA2 = "a100-qwen3coder30b-fp8-fa2"
+SYSTEMS = ["vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"]
+
+
+def run_grid(cells: dict[str, tuple[str, str, dict[str, Any]]], name: str) -> dict[str, list[dict[str, Any]]]:
+    prev = cached(name, cells)
+    if prev is not None:
+        return prev
+    out = {}
+    wl_cache: dict[tuple[str, int], Any] = {}
+    for name, (label, system, over) in cells.items():
+        t0 = time.perf_counter()
+        rows = []
+        for s in SEEDS:
+            if (label, s) not in wl_cache:
+                wl_cache.clear()
+                wl_cache[(label, s)] = paper_workload(label, s)
+            rows.append(run_cell(wl_cache[(label, s)], system, s, workers=WORKERS, probes=("state", "step", "route"), **over))
+        out[name] = rows
+        log(f"  {name}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def header(title: str, workloads: list[str], note: str = "") -> str:
+    lines = [f"## {title}", "", f"Seeds {', '.join(map(str, SEEDS))}; {WORKERS} workers, one shared DRAM store; warm-up 1,200 s; " + note, ""]
+    lines += [f"- {describe_workload(w)}" for w in workloads]
+    return "\n".join(lines) + "\n"
+
+
+def route_rows(res: dict[str, list[dict[str, Any]]], names: list[str]) -> list[list[str]]:
+    rows = []
+    for n in names:
+        rs = res[n]
+        kinds: dict[str, float] = {}
+        for r in rs:
+            for k, v in r["route_probe"]["kinds"].items():
+                kinds[k] = kinds.get(k, 0.0) + v / len(rs)
+        shares = [r["worker_output_shares"][0] for r in rs]
+        rows.append([n, f"{mean_of(rs, 'route_probe.differs_from_smetric'):.1%}", _f(mean_of(rs, "route_probe.mean_distance_chosen")),
+                     _f(mean_of(rs, "route_probe.mean_distance_smetric")), fmt_ci(col(rs, "route_probe.mean_load_above_min"), 2),
+                     fmt_ci(col(rs, "route_probe.mean_load_spread"), 2), fmt_ci(col(rs, "route_probe.mean_kv_max_over_mean"), 2),
+                     fmt_ci(shares, 3), "; ".join(f"{k} {v:.1%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))])
+    return rows
+
+
+ROUTE_HEAD = ["cell", "decisions differing from smetric (shadow)", "mean distance, chosen (differing, both with decoders)", "same, smetric's choice",
+              "chosen load - min load", "load spread (max - min requests)", "busiest / mean active KV", "largest worker share of output",
+              "which coda rule would decide (coda router re-evaluated on the snapshot)"]
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def exp_paper() -> str:
+    wls = ["Q1", "Q2", "Q3"]
+    cells = {f"{w}/{s}": (w, s, {}) for w in wls for s in SYSTEMS}
+    res = run_grid(cells, "paper_multi")
+    save("paper_multi", res)
+    out = [header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8; default SLO.")]
+    rows = []
+    for w in wls:
+        for s in SYSTEMS:
+            rs = res[f"{w}/{s}"]
+            rows.append([w, s, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "request_tps"), 3), fmt_ci(col(rs, "slo_tps")),
+                         fmt_ci(col(rs, "ttft_p50_s"), 2), fmt_ci(col(rs, "ttft_p95_s"), 2), fmt_ci(col(rs, "tbt_p50_s"), 1, 1e3),
+                         fmt_ci(col(rs, "tbt_p95_s"), 1, 1e3), fmt_ci(col(rs, "e2e_p50_s"), 1), fmt_ci(col(rs, "e2e_p95_s"), 1),
+                         fmt_ci(col(rs, "reuse_hbm"), 3), fmt_ci(col(rs, "reuse_store"), 3), fmt_ci(col(rs, "decode_concurrency"), 2)])
+    out.append(md_table(["workload", "system", "output tok/s", "requests/s", "SLO tok/s", "TTFT p50 s", "TTFT p95 s", "TBT p50 ms", "TBT p95 ms",
+                         "E2E p50 s", "E2E p95 s", "HBM reuse", "store reuse", "decode conc. per worker"], rows))
+    out.append("\nGains of coda, ratio of sums over seeds [jackknife 95% interval]:\n")
+    rows = []
+    for w in wls:
+        for ref in ["vllm", "smetric", "cachewise", "dynamo", "coda-route-only", "coda-admit-only"]:
+            a, b = res[f"{w}/coda"], res[f"{w}/{ref}"]
+            rows.append([w, f"coda vs {ref}", fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "request_tps"), col(b, "request_tps")),
+                         fmt_gain(col(a, "slo_tps"), col(b, "slo_tps"))])
+        best = max((s for s in ["vllm", "smetric", "cachewise", "dynamo"]), key=lambda s: sum(col(res[f"{w}/{s}"], "output_tps")))
+        bslo = max((s for s in ["vllm", "smetric", "cachewise", "dynamo"]), key=lambda s: sum(col(res[f"{w}/{s}"], "slo_tps")))
+        rows.append([w, f"strongest baseline: output {best}, SLO {bslo}", "", "", ""])
+    out.append(md_table(["workload", "comparison", "output", "requests", "SLO"], rows))
+    out.append("\nAblation (Figure 14 shape), against smetric:\n")
+    rows = []
+    for w in wls:
+        for s in ["coda-route-only", "coda-admit-only", "coda"]:
+            a, b = res[f"{w}/{s}"], res[f"{w}/smetric"]
+            rows.append([w, s, fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "slo_tps"), col(b, "slo_tps"))])
+    out.append(md_table(["workload", "system", "output vs smetric", "SLO vs smetric"], rows))
+    out.append("\nRouting probe (Table 2 shape and load concentration):\n")
+    out.append(md_table(ROUTE_HEAD, route_rows(res, [f"{w}/{s}" for w in wls for s in SYSTEMS])))
+    return "\n".join(out)
+
+
+def exp_router() -> str:
+    wls = ["Q2", "Q3"]
+    cells = {}
+    for w in wls:
+        cells[f"{w}/smetric"] = (w, "smetric", {})
+        cells[f"{w}/coda-route-only"] = (w, "coda-route-only", {})
+        cells[f"{w}/coda-route-only slack 0"] = (w, "coda-route-only", {"policy_params": {"coda": {"load_slack": 0}}})
+        cells[f"{w}/coda-route-only slack 2"] = (w, "coda-route-only", {"policy_params": {"coda": {"load_slack": 2}}})
+        cells[f"{w}/smetric+fb"] = (w, "smetric+fb", {})
+        cells[f"{w}/coda-route+fb"] = (w, "coda-route+fb", {})
+        cells[f"{w}/smetric, FA2 kernel model"] = (w, "smetric", {"profile": FA2})
+        cells[f"{w}/coda-route-only, FA2 kernel model"] = (w, "coda-route-only", {"profile": FA2})
+    res = run_grid(cells, "router")
+    save("router", res)
+
+    def reference(k: str) -> str:
+        w = k.split("/")[0]
+        if k.endswith("+fb"):
+            return f"{w}/smetric+fb"
+        if k.endswith("FA2 kernel model"):
+            return f"{w}/smetric, FA2 kernel model"
+        return f"{w}/smetric"
+
+    ref = {k: reference(k) for k in res}
+    out = [header("The router alone (engine admission fixed)", wls,
+                  "profile a100-qwen3coder30b-fp8 unless the cell says 'FA2 kernel model' (a100-qwen3coder30b-fp8-fa2: batch "
+                  "composition changes attention time there, it does not in the analytic model); default SLO. smetric+fb / coda-route+fb = "
+                  "the router with CacheWise engines (fewest_blocks + tool-aware reclaim), experiment-only recombinations.")]
+    rows = []
+    for k, rs in res.items():
+        b = res[ref[k]]
+        rows.append([k, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "slo_tps")), fmt_ci(col(rs, "ttft_p95_s"), 2), fmt_ci(col(rs, "reuse_hbm"), 3),
+                     fmt_ci(col(rs, "preemptions"), 0), "ref" if ref[k] == k else fmt_gain(col(rs, "output_tps"), col(b, "output_tps")),
+                     "ref" if ref[k] == k else fmt_gain(col(rs, "slo_tps"), col(b, "slo_tps"))])
+    out.append(md_table(["cell", "output tok/s", "SLO tok/s", "TTFT p95 s", "HBM reuse", "preemptions", "gain output", "gain SLO"], rows))
+    out.append("")
+    out.append(md_table(ROUTE_HEAD, route_rows(res, list(res))))
+    return "\n".join(out)
+
+
+AZURE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
+
+
+def _speedup(wl: Any, factor: float) -> Any:
+    """An open-loop trace replayed ``factor`` times faster (timestamps divided)."""
+    from common import dataclasses_replace_round
+
+    from coda.workload.schema import Session, Workload
+
+    sessions = [Session(session_id=s.session_id, start_s=s.start_s / factor, prefix_group=s.prefix_group, tenant=s.tenant,
+                        rounds=[dataclasses_replace_round(r, at_s=None if r.at_s is None else r.at_s / factor) for r in s.rounds])
+                for s in wl.sessions]
+    return Workload(sessions=sessions, meta={**wl.meta, "speedup": factor}, block_tokens=wl.block_tokens)
+
+
+def exp_concentration() -> str:
+    """Does the coda router concentrate load when affinity never decides? One-round requests
+    (Azure code trace, no continuations), so every decision goes to the context rule."""
+    from coda.workload.spec import load_workload
+
+    base = load_workload(str(AZURE))
+    variants = {"Azure code x1 (2.6 req/s)": 1.0, "Azure code x8 (20.5 req/s)": 8.0, "Azure code x16 (41 req/s)": 16.0}
+    cells = {}
+    for v, f in variants.items():
+        for system in ("smetric", "coda-route-only"):
+            cells[f"{v}/{system}"] = (v, system, f)
+    prev = cached("concentration", cells)
+    if prev is None:
+        prev = {}
+        for name, (_v, system, f) in cells.items():
+            wl = _speedup(base, f)
+            dur = max(r.at_s for sess in wl.sessions for r in sess.rounds)
+            t0 = time.perf_counter()
+            prev[name] = [run_cell(wl, system, 0, workers=WORKERS, probes=("route",), warmup_s=dur / 3)]
+            log(f"  {name}: {time.perf_counter() - t0:.1f} s")
+    res = prev
+    save("concentration", res)
+    out = [f"## Load concentration without affinity ({AZURE.name}, one-round requests)", "",
+           f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8, open-loop replay with timestamps divided by the speed-up; "
+           "seed 0 (the replay is deterministic); warm-up = first third of the replay; default SLO.", ""]
+    rows = []
+    for name, rs in res.items():
+        r = rs[0]
+        rp = r["route_probe"]
+        rows.append([name, f"{r['output_tps']:.1f}", f"{r['slo_tps']:.1f}", f"{r['ttft_p95_s']:.2f}", f"{rp['mean_load_above_min']:.2f}",
+                     f"{rp['mean_load_spread']:.2f}", f"{rp['mean_kv_max_over_mean']:.2f}", f"{r['worker_output_shares'][0]:.3f}",
+                     "; ".join(f"{k} {v:.1%}" for k, v in sorted(rp["kinds"].items(), key=lambda kv: -kv[1]))])
+    out.append(md_table(["cell", "output tok/s", "SLO tok/s", "TTFT p95 s", "chosen load - min load", "load spread (max - min requests)",
+                         "busiest / mean active KV", "largest worker share of output", "which coda rule decides"], rows))
+    return "\n".join(out)
+
+
+EXPERIMENTS = {"paper": exp_paper, "router": exp_router, "concentration": exp_concentration}
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(EXPERIMENTS)
+    for n in names:
+        if n not in EXPERIMENTS:
+            raise SystemExit(f"unknown experiment {n!r}; valid: {', '.join(EXPERIMENTS)}")
+    for n in names:
+        log(f"== {n}")
+        text = EXPERIMENTS[n]()
+        print(text + "\n", flush=True)
+        (ROOT / "runs" / "experiments").mkdir(parents=True, exist_ok=True)
+        (ROOT / "runs" / "experiments" / f"routing_{n}.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
