@@ -21,7 +21,9 @@ class InWindow(RouteDistance):
 
 wl = load_workload("synth:rate=5,duration=900,seed=0")
 obs = InWindow(300.0, 900.0)
-res = Simulation(wl, SimConfig(system="coda", workers=4, warmup_s=300.0), observers=[obs]).run()
+sim = Simulation(wl, SimConfig(system="coda", workers=4, warmup_s=300.0), observers=[obs])
+obs.window = sim.window  # as run_preset does
+res = sim.run()
 s = res.summary()
 print(f"Table 2 'decisions' (RouteDistance.decisions): {obs.decisions}")
 print(f"decisions inside the measurement window [{res.sim.window.start_s:g}, {res.sim.window.end_s:g}] s: {obs.inside}")

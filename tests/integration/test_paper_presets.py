@@ -49,7 +49,7 @@ def test_shadow_differences_per_system(single):
 def test_markdown_and_figures(single, tmp_path):
     preset, runs, rep = single
     md = markdown(rep)
-    assert "| M2 | cachewise |" in md and "Calibrated SLO" in md and "would have chosen differently" in md
+    assert "| M2 | cachewise |" in md and "Calibrated SLO" in md and "would have admitted another request or none" in md
     paths = plots(preset, runs, rep, tmp_path)
     assert {p.name for p in paths} == {"latency_cdfs.png", "throughput.png"}
     assert all(p.stat().st_size > 10_000 for p in paths)

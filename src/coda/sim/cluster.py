@@ -364,7 +364,7 @@ class Simulation:
         )
         snap = RoutingSnapshot(self.loop.now, rr, tuple(views))
         wid = self.router.route(snap)
-        if self.shadow_router is not None:
+        if self.shadow_router is not None and self.window.start_s <= snap.now_s <= self.window.end_s:
             self.router_shadow["decisions"] += 1
             self.router_shadow["differs"] += self.shadow_router.route(snap) != wid
         for ob in self.observers:
@@ -481,7 +481,9 @@ class SimResult:
         return out
 
     def shadow_block(self) -> dict[str, Any]:
-        """How often a shadow policy, on the same snapshots, would have decided differently."""
+        """How often a shadow policy, on the same snapshots in the measurement window, would have decided
+        differently: over admission choices (the shadow admitting another request or none) and
+        over routing decisions."""
         sim, cfg = self.sim, self.sim.config
         out: dict[str, Any] = {}
         if cfg.shadow_state:

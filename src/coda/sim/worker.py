@@ -86,6 +86,7 @@ class Worker:
         self.shadow = shadow
         self.shadow_decisions = 0
         self.shadow_differs = 0
+        self.window = recorder.window
         self.frontier = max(state_policy.frontier, shadow.frontier if shadow is not None else 1)
         self.chunk_bytes = cost.kv_bytes(chunk_tokens)
 
@@ -199,10 +200,11 @@ class Worker:
     def _decide(self) -> int | None:
         snap = self.snapshot()
         idx = self.state_policy.choose(snap)
-        if self.shadow is not None:
+        if self.shadow is not None and idx is not None and self.window.start_s <= snap.now_s <= self.window.end_s:
+            # an admission choice in the measurement window; would the shadow have admitted another (or none)?
             sidx = self.shadow.choose(snap)
             self.shadow_decisions += 1
-            self.shadow_differs += (None if idx is None else int(snap.request_ids[idx])) != (None if sidx is None else int(snap.request_ids[sidx]))
+            self.shadow_differs += sidx is None or int(snap.request_ids[sidx]) != int(snap.request_ids[idx])
         return idx
 
     def _admit(self, req: SimRequest) -> None:
