@@ -219,14 +219,20 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         prober = Prober(url, seed=seed, log=lambda m: err_console.print(m, highlight=False))
         try:
             info = await prober.inspect()
+            if info.block_tokens is None or info.kv_capacity_tokens is None or info.max_model_len is None:
+                raise CodaError(f"--endpoint {url}: the engine reports no KV block size and capacity (vLLM's vllm:cache_config_info "
+                                "at /metrics) or no max_model_len at /v1/models; a profile needs them")
+            kv = _kv_bytes(info, kv_bytes)
             plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats)
-            return (info, *await prober.measure(plan))
+            return (info, kv, *await prober.measure(plan))
         finally:
             await prober.close()
 
-    info, prefill, decode = asyncio.run(go())
-    kv = _kv_bytes(info, kv_bytes)
-    fit = fit_step_model(prefill, decode)
+    info, kv, prefill, decode = asyncio.run(go())
+    try:
+        fit = fit_step_model(prefill, decode)
+    except ValueError as err:
+        raise CodaError(f"--endpoint {url}: {err}; the engine holds too little (max_model_len, KV) for the grid") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
     write_samples(samples, prefill, decode)
@@ -264,6 +270,7 @@ def _machine() -> str:
     import os
     import platform
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()) \
-        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
     return f"{platform.node()}, {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"

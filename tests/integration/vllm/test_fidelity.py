@@ -50,11 +50,13 @@ TIGHT = f"synth:rate=200,duration={DURATION},seed=3,tokens=0.03,tools=0.03"
 # difference. What this machine allows is asserted as such (docs/fidelity.md has the numbers):
 # TTFT p50 misses 10% (-18% to -29%: under load a client waits ~3 ms more beyond the engine's
 # steps than the idle measurement says, and the simulator does not model the API server), and
-# TBT p50 lands within 6.5-14% (the machine's speed drifts by ~10% between measurement and replay).
+# TBT p50 landed within 0.1-8.9% in five runs, near the line at times (the machine's speed drifts by ~10%
+# between measurement and replay).
 TOLERANCE = {"output_tps": 0.10, "tbt_p50_s": 0.15, "ttft_p50_s": 0.40}
 TA_TOLERANCE = 0.50
 # What Tiered-Aging moves under a thrashing prefix cache, in the engine and in the simulator: the
-# tail of TTFT (cached continuations go ahead of cold prompts that would evict them).
+# tail of TTFT (down at 45 s, as cached continuations go ahead of cold prompts that would evict
+# them; up at 120 s, as a tail waits W_max before it goes first).
 TA_METRIC = "ttft_p95_s"
 MARKERS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
 
@@ -180,6 +182,5 @@ def test_sim_predicts_a_real_vllm_engine_and_the_tiered_aging_difference(model, 
 
     for k, err in errors.items():
         assert abs(err) <= TOLERANCE[k], f"{k}: sim {sim_v[k]:.4g} vs real {real_v[k]:.4g} ({err:+.1%})"
-    simulated, measured = diffs[TA_METRIC]
-    assert measured < 0, f"Tiered-Aging did not lower {TA_METRIC} on the engine ({measured:+.4g} s): the workload is not KV-tight"
+    simulated, measured = diffs[TA_METRIC]  # within half of it: the same sign and size
     assert abs(simulated - measured) <= TA_TOLERANCE * abs(measured), f"{TA_METRIC}: simulated difference {simulated:.4g} vs measured {measured:.4g}"
