@@ -11,6 +11,7 @@ Nothing here speaks HTTP (``coda.engines.server`` does).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from coda.engines.metrics import EngineMetrics
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
+from coda.metrics import Window
 from coda.policy.registry import make_execution_policy, make_state_policy, system_preset
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
@@ -54,6 +56,8 @@ class FakeEngineConfig(BaseModel):
 
 class _Recorder:
     """The worker reports gaps and steps to a recorder; the fake engine measures at the HTTP edge instead."""
+
+    window = Window(-math.inf, math.inf)  # an engine has no measurement window
 
     def steps(self, *_: Any) -> None:
         pass
