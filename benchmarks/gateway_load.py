@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--rates", default="0.5,1,2,4")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sweep-duration", type=float, default=900.0, help="trace seconds of each sweep run")
     ap.add_argument("--out", default="runs/gateway-load")
     args = ap.parse_args()
     out = Path(args.out)
@@ -63,10 +64,10 @@ def main() -> None:
     console = Console()
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
         backends = ["--backend", e0.url, "--backend", e1.url]
-        sweep_wl = "synth:rate=1,duration=900,seed=0"
+        sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
         with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
             sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
-                                   "--time-scale", str(scale), "--warmup-s", str(300 * scale)], out / "sweep")  # warm-up: 300 trace seconds
+                                   "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
         knee = sweep.get("knee_rate")
         if knee is None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
