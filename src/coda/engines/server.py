@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from coda.engines import tokenizer as tok
 from coda.engines.api import DIALECTS, ApiError, Generation, Json, Outcome
 from coda.engines.fake import FakeEngine, FakeEngineConfig, LiveRequest
 from coda.errors import CodaError
+from coda.listen import listen
 
 _decode = msgspec.json.Decoder()
 
@@ -137,23 +137,6 @@ def create_app(config: FakeEngineConfig) -> Starlette:
     return app
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket whose accepted connections get TCP_NODELAY from asyncio (it sets it
-    only when the socket's protocol is IPPROTO_TCP, which ``socket.create_server`` leaves at 0):
-    without it, Nagle's algorithm holds a stream's first chunk until the client ACKs the headers,
-    up to 40 ms of delayed ACK added to TTFT."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve(config: FakeEngineConfig, host: str, port: int, on_ready: Callable[[str, Json], None]) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's graceful shutdown); ``on_ready`` gets the base URL and
     the engine's description (configuration and cost-profile provenance).
@@ -163,10 +146,10 @@ async def serve(config: FakeEngineConfig, host: str, port: int, on_ready: Callab
     app = create_app(config)
     app.state.engine.start()
     try:
-        sock = _listen(host, port)
-    except OSError as err:
+        sock = listen(host, port)
+    except CodaError:
         app.state.engine.close()
-        raise CodaError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        raise
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=5))
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():

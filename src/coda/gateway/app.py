@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from coda.errors import CodaError
 from coda.gateway.admission import Admission, DecisionLog
 from coda.gateway.config import GatewayConfig
 from coda.gateway.errors import ApiError
@@ -43,6 +41,7 @@ from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tok
 from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Upstream, strip_hop_by_hop
 from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.telemetry import Telemetry
+from coda.listen import listen
 
 log = logging.getLogger("coda.gateway")
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
@@ -288,22 +287,6 @@ class _DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """The listening socket, created with ``IPPROTO_TCP`` so that asyncio sets TCP_NODELAY on
-    every accepted connection (``socket.create_server`` leaves the protocol at 0, and Nagle's
-    algorithm then holds a response's first chunk for the client's delayed ACK, about 40 ms)."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as err:
-        sock.close()
-        raise CodaError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    return sock
 
 
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
