@@ -175,6 +175,18 @@ def test_retry_after_is_honoured_then_the_request_and_its_session_are_rejected(s
     assert summary["deferred"] == 1 and summary["admitted"] == 2 and summary["rejected_by_reason"] == {"attempts_exhausted": 1, "session_abandoned": 3}
 
 
+def test_an_abandoned_session_offers_only_the_rounds_that_would_be_ready_in_the_window(server):
+    server.reset(lambda s: status(529, **{"Retry-After": "0"}))
+    gappy = Session(session_id="gappy", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=4.0) for _ in range(4)])
+    replay, summary = bench(server.url, [gappy], max_attempts=1)
+    recs = sorted(replay.records, key=lambda r: r["round"])
+    # Rejected at about 0 s; served instantly, rounds 1 and 2 would be ready 4 and 8 s later, round 3
+    # after the 10 s window: it is not offered, as it would not be for a session still running.
+    assert [r["round"] for r in recs] == [0, 1, 2] and [r["reason"] for r in recs[1:]] == ["session_abandoned"] * 2
+    assert recs[2]["ready_s"] - recs[1]["ready_s"] == pytest.approx(4.0) and 4.0 <= recs[1]["ready_s"] < 5.0
+    assert (summary["offered"], summary["rejected"]) == (3, 3)
+
+
 def test_retry_after_ms_and_529_then_success(server):
     server.reset(lambda s: status(529, **{"retry-after-ms": "150"}) if s.nth == 0 else ok(4))
     replay, summary = bench(server.url, sessions(("s", 1)))

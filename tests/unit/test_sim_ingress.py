@@ -20,7 +20,7 @@ def wl():
 
 
 def run(wl, **kw):
-    res = Simulation(wl, SimConfig(workers=1, system="cachewise", warmup_s=0, drain_s=20_000, **kw)).run()
+    res = Simulation(wl, SimConfig(**{"workers": 1, "system": "cachewise", "warmup_s": 0, "drain_s": 20_000, **kw})).run()
     return res, res.summary()
 
 
@@ -58,6 +58,27 @@ def test_rejection_abandons_the_session_and_counts_its_unsent_rounds(wl):
         if "rejected" in states:  # nothing of a session completes after its rejection
             first = states.index("rejected")
             assert all(x == "rejected" for x in states[first:])
+
+
+def test_unsent_rounds_are_offered_when_they_would_have_become_ready(wl):
+    """An abandoned session's rounds follow each other by their tool and think times, and only those
+    ready inside the window are offered: a rejection near the window's end is not charged the
+    session's whole future."""
+    res, s = run(wl, ingress="overload", warmup_s=300, policy_params={"overload": {"max_inflight": 4}})
+    sessions = {x.session_id: x for x in wl.sessions}
+    gone = [r for r in res.records if r["reason"] == "session_abandoned"]
+    assert gone and any(not r["measured"] for r in gone) and any(r["measured"] for r in gone)
+    by_session: dict[str, list[dict]] = {}
+    for r in gone:
+        by_session.setdefault(r["session_id"], []).append(r)
+    for sid, recs in by_session.items():
+        recs.sort(key=lambda r: r["round"])
+        rounds = sessions[sid].rounds
+        for a, b in zip(recs, recs[1:]):
+            gap = rounds[a["round"]].tool_duration_s + rounds[a["round"]].think_time_s
+            assert b["ready_s"] - a["ready_s"] == pytest.approx(gap)
+    start, end = res.sim.window.start_s, res.sim.window.end_s
+    assert start == 300 and all(r["measured"] == (start <= r["ready_s"] <= end) for r in gone)
 
 
 def test_deferred_requests_wait_and_then_run_or_time_out(wl):

@@ -5,8 +5,9 @@ ready when round k's response has ended plus its (scaled) tool or think time. Ev
 becomes ready inside the run's arrival window is *offered* and ends exactly once as
 ``completed``, ``rejected`` (429/503/529 after the attempt limit or the retry budget, with the
 status and reason) or ``failed`` (anything else, with the reason). A session whose round did not
-complete is abandoned; its unsent rounds are recorded then, with reason ``session_abandoned`` and
-the state of the round that ended it, so shedding cannot shrink goodput's denominator. Retries
+complete is abandoned; its unsent rounds are recorded then, with reason ``session_abandoned``, the
+state of the round that ended it, and the time each would have become ready had the session been
+served instantly (``unsent_ready_s``), so shedding cannot shrink goodput's denominator. Retries
 belong to their round's record and are never counted as offered requests.
 """
 
@@ -27,7 +28,7 @@ from coda.bench.prompts import Conversation
 from coda.bench.vocab import HFVocabulary, Vocabulary, WordVocabulary
 from coda.metrics import Window
 from coda.sim.config import SloConfig
-from coda.workload.schema import Session, Workload, session_prompts
+from coda.workload.schema import Session, Workload, next_ready_s, session_prompts, unsent_ready_s
 from coda.workload.stats import workload_duration_s
 
 SHARDS = 32  # httpx transports the sessions are spread over (see Endpoint)
@@ -147,13 +148,14 @@ class Replay:
         trace_prompts = [p for _, p in session_prompts(sess)]
         tenant = sess.tenant or self.config.tenant
         headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant}
-        for k, rnd in enumerate(sess.rounds):
-            if rnd.at_s is not None:
-                ready = max(ready, rnd.at_s * ts)
+        first = sess.rounds[0]
+        if first.at_s is not None:
+            ready = max(ready, first.at_s * ts)
+        for k in range(len(sess.rounds)):
             if ready > self.duration_s:
                 return  # rounds that become ready after the window are not offered
             # The prompt is built before the round is ready: the client's own work is not the user's latency.
-            body = endpoint.body(conv.prompt(k), rnd.output_tokens)
+            body = endpoint.body(conv.prompt(k), sess.rounds[k].output_tokens)
             await self._sleep_until(ready)
             if self._stop.is_set():
                 return
@@ -169,7 +171,8 @@ class Replay:
                 self._abandon(sess, k + 1, rec["state"], tenant, trace_prompts)
                 return
             conv.reply(text)
-            ready = rec["end_s"] + (rnd.tool_duration_s + rnd.think_time_s) * ts
+            if k + 1 < len(sess.rounds):
+                ready = next_ready_s(sess, k, rec["end_s"], ts)
 
     def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
         rnd = sess.rounds[k]
@@ -187,9 +190,10 @@ class Replay:
         return rec
 
     def _abandon(self, sess: Session, first: int, state: str, tenant: str, trace_prompts: list[int]) -> None:
-        now = self.now()
-        for k in range(first, len(sess.rounds)):
-            rec = self._record(sess, k, now, tenant, trace_prompts[k])
+        for k, ready in unsent_ready_s(sess, first, self.now(), self.config.time_scale):
+            if ready > self.duration_s:
+                return  # as for a live session: rounds ready after the window are not offered
+            rec = self._record(sess, k, ready, tenant, trace_prompts[k])
             rec["state"], rec["reason"] = state, "session_abandoned"
             self.counts[state] += 1
 

@@ -29,7 +29,7 @@ from coda.sim.observe import SimObserver
 from coda.sim.request import REJECTED, SessionState, SimRequest
 from coda.sim.worker import NodeLinks, Worker
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
-from coda.workload.schema import Workload, reused_prefix_of
+from coda.workload.schema import Workload, next_ready_s, reused_prefix_of, unsent_ready_s
 from coda.workload.stats import workload_duration_s
 
 
@@ -319,18 +319,18 @@ class Simulation:
             self._reject(req, d.reason)
 
     def _reject(self, req: SimRequest, reason: str) -> None:
-        """A rejected request ends its session: the client gives up, and its unsent rounds count as rejected."""
-        now = self.loop.now
+        """A rejected request ends its session: the client gives up, and its unsent rounds count as
+        rejected, each when it would have become ready (see ``unsent_ready_s``)."""
         req.state, req.reason = REJECTED, reason
         self.open_measured -= req.measured
         sess = req.sess
-        for k in range(req.round_idx + 1, len(sess.session.rounds)):
+        for k, ready in unsent_ready_s(sess.session, req.round_idx + 1, self.loop.now):
             rnd = sess.session.rounds[k]
-            gone = SimRequest(len(self.requests), sess, k, rnd.kind, now)
+            gone = SimRequest(len(self.requests), sess, k, rnd.kind, ready)
             gone.state, gone.reason = REJECTED, "session_abandoned"
             gone.new_input_tokens = rnd.new_input_tokens
             gone.output_tokens = rnd.output_tokens
-            gone.measured = self.window.start_s <= now <= self.window.end_s
+            gone.measured = self.window.start_s <= ready <= self.window.end_s
             self.requests.append(gone)
         sess.done = True
         self.live_sessions -= 1
@@ -400,11 +400,7 @@ class Simulation:
         sess.out_tools = req.tools
         if k + 1 < len(rounds):
             sess.next_round = k + 1
-            nxt = rounds[k + 1]
-            t = self.loop.now + rounds[k].tool_duration_s + rounds[k].think_time_s
-            if nxt.at_s is not None:
-                t = max(nxt.at_s, self.loop.now)
-            self.loop.at(t, self._ready, sess)
+            self.loop.at(next_ready_s(sess.session, k, self.loop.now), self._ready, sess)
         else:
             sess.done = True
             self.live_sessions -= 1

@@ -5,7 +5,8 @@ simulated workers (engine queue, active KV use, in-flight requests and tokens). 
 request waits in the gateway's queue and is asked about again after ``retry_after_s``, until it
 has waited ``defer_max_s``, then it is answered 503 and counts as rejected. ``reject``: 429/529.
 A client that is rejected gives up on its session, so the session's unsent rounds count as
-rejected too (``session_abandoned``): shedding never shrinks the goodput denominator.
+rejected too (``session_abandoned``), each at the time it would have become ready had the session
+been served instantly: shedding never shrinks the goodput denominator.
 """
 
 from __future__ import annotations

@@ -97,6 +97,27 @@ def reused_prefix_of(rnd: Round, previous_context: int, index: int) -> int:
     return previous_context if index > 0 else 0
 
 
+def next_ready_s(session: Session, k: int, ended_s: float, time_scale: float = 1.0) -> float:
+    """When round ``k + 1`` becomes ready if round ``k`` ended at ``ended_s``: after round k's tool
+    or think time, or at its own timestamp for open-loop rounds (never before round k ended)."""
+    nxt = session.rounds[k + 1]
+    if nxt.at_s is not None:
+        return max(nxt.at_s * time_scale, ended_s)
+    prev = session.rounds[k]
+    return ended_s + (prev.tool_duration_s + prev.think_time_s) * time_scale
+
+
+def unsent_ready_s(session: Session, first: int, ended_s: float, time_scale: float = 1.0) -> Iterator[tuple[int, float]]:
+    """Rounds ``first..`` of a session abandoned at ``ended_s``, each with the time it would have
+    become ready had every round been served instantly: the earliest its client would have sent
+    it. Counting them at those times, not all at once, charges shedding for the demand it turned
+    away inside a measurement window and no more."""
+    t = ended_s
+    for k in range(first, len(session.rounds)):
+        t = next_ready_s(session, k - 1, t, time_scale)
+        yield k, t
+
+
 def session_prompts(session: Session) -> Iterator[tuple[int, int]]:
     """Yield ``(reused_prefix_tokens, prompt_tokens)`` for each round of a session."""
     context = 0
