@@ -14,7 +14,7 @@ from coda.gateway.admission import Admission, DecisionLog
 from coda.gateway.config import build_config
 from coda.gateway.errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
-from coda.gateway.prompt import CharTokenizer, Prompt
+from coda.gateway.prompt import CharTokenizer
 from coda.gateway.state import GatewayState, Ticket
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
@@ -40,7 +40,7 @@ def ticket(s: GatewayState, tenant: str, session: str | None, tokens: int) -> Ti
     units = list(range(tokens // 64))
     hashes = s.block_hashes(session, units)
     cands = s.serving("m")
-    return Ticket(s.next_rid(), "/v1/chat/completions", tenant, session, "m", Prompt(units, tokens, tokens // 3), 16, hashes, cands,
+    return Ticket(s.next_rid(), "/v1/chat/completions", tenant, session, "m", tokens, 16, hashes, cands,
                   s.match(hashes, cands))
 
 
@@ -66,7 +66,7 @@ def test_inflight_counts_return_to_zero(seq):
         elif op == "pass":
             s.passed(s.workers[k % 3])
         assert sum(len(w.inflight) for w in s.workers) == len(open_tickets)
-        assert sum(s.tenant_inflight.values()) == sum(t.prompt.tokens for t in open_tickets.values())
+        assert sum(s.tenant_inflight.values()) == sum(t.prompt_tokens for t in open_tickets.values())
     for t in open_tickets.values():
         s.end(t)
         s.end(t)  # idempotent

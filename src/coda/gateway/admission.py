@@ -62,7 +62,7 @@ class DecisionLog:
 def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | None, waited_s: float, deferred: bool) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id, "model": t.model,
-        "prompt_tokens": t.prompt.tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
+        "prompt_tokens": t.prompt_tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
         "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "signals": snap.signals(),
     }
     if shadow is not None:

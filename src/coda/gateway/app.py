@@ -183,7 +183,7 @@ class Gateway:
                 deadline_s = float(deadline_ms)
             except ValueError:
                 raise ApiError(400, f"{DEADLINE_HEADER} must be a number of milliseconds, got {deadline_ms!r}", "invalid_deadline") from None
-        return Ticket(state.next_rid(), path, tenant, sid, model, prompt, out, hashes, candidates, state.match(hashes, candidates),
+        return Ticket(state.next_rid(), path, tenant, sid, model, prompt.tokens, out, hashes, candidates, state.match(hashes, candidates),
                       deadline_s / 1000 if deadline_s is not None else None)
 
     # --- other routes ----------------------------------------------------------------------

@@ -207,7 +207,7 @@ class Exchange:
         label = gw.ids.label(t.tenant)
         usage = usage_of(tail)
         if usage is None:
-            gw.metrics.tenant_input.labels(label).inc(t.prompt.tokens)
+            gw.metrics.tenant_input.labels(label).inc(t.prompt_tokens)
             gw.metrics.tenant_unreported.labels(label).inc()
         else:
             gw.metrics.tenant_input.labels(label).inc(usage[0])

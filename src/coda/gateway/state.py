@@ -16,7 +16,7 @@ from typing import Any
 
 from coda.errors import CodaError
 from coda.gateway.config import BackendConfig, GatewayConfig
-from coda.gateway.prompt import Prompt, Tokenizer
+from coda.gateway.prompt import Tokenizer
 from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
 from coda.policy.ingress import SIGNALS, Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
 from coda.policy.registry import INGRESS_POLICIES, ROUTERS, make_ingress_policy, make_router
@@ -74,14 +74,15 @@ class Session:
 
 @dataclass(slots=True)
 class Ticket:
-    """One client request as the gateway plans it."""
+    """One client request as the gateway plans it: sizes and block hashes, not the prompt's units,
+    which would otherwise stay in memory for every request waiting on an engine."""
 
     rid: int
     path: str
     tenant: str
     session_id: str | None
     model: str | None
-    prompt: Prompt
+    prompt_tokens: int
     max_tokens: int
     hashes: list[int]
     candidates: list[Worker]
@@ -215,7 +216,7 @@ class GatewayState:
         return IngressSnapshot(
             now_s=now,
             tenant=t.tenant,
-            prompt_tokens=t.prompt.tokens,
+            prompt_tokens=t.prompt_tokens,
             workers=loads,
             session_id=t.session_id,
             session_active=self.ledger.active(t.session_id, now),
@@ -239,15 +240,15 @@ class GatewayState:
         session = self.sessions.get(t.session_id) if t.session_id is not None else None
         last = session.last_worker if session is not None else None
         best = max((m.hbm_blocks for m in t.matches.values()), default=0)
-        reusable = min(best * self.block_tokens, t.prompt.tokens)
+        reusable = min(best * self.block_tokens, t.prompt_tokens)
         req = RouteRequest(
             seq=t.rid,
             session_id=t.session_id or "",
             is_continuation=last is not None,
-            prompt_tokens=t.prompt.tokens,
-            prompt_blocks=len(t.hashes) or -(-t.prompt.tokens // self.block_tokens),
+            prompt_tokens=t.prompt_tokens,
+            prompt_blocks=len(t.hashes) or -(-t.prompt_tokens // self.block_tokens),
             reusable_tokens=reusable,
-            new_tokens=t.prompt.tokens - reusable,
+            new_tokens=t.prompt_tokens - reusable,
             last_worker=last,
         )
         views = tuple(
@@ -270,7 +271,7 @@ class GatewayState:
         """``t`` is about to be sent to ``w``: count it in flight there and record its blocks."""
         assert t.worker is None
         t.worker = w
-        n = t.prompt.tokens
+        n = t.prompt_tokens
         w.inflight[t.rid] = n
         w.inflight_tokens += n
         self.tenant_inflight[t.tenant] = self.tenant_inflight.get(t.tenant, 0) + n
