@@ -13,6 +13,8 @@ previous one only hashes its new blocks.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat, takewhile
@@ -142,20 +144,25 @@ class BlockHasher:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         self.block_size = block_size
-        self._tokens: list[int] = []
-        self._hashes: list[int] = []
+        self._tokens: Sequence[int] = array("q")
+        self._hashes = array("q")
         self._seed = seed
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held for the session (its last prompt and block hashes), for the gateway's budget."""
+        return sys.getsizeof(self._tokens) + sys.getsizeof(self._hashes)
 
     def update(self, tokens: Sequence[int]) -> list[int]:
         B = self.block_size
         keep = min(len(self._hashes), len(tokens) // B)
-        old = self._tokens
-        # longest reusable block prefix: compare whole blocks at C speed
-        if keep and list(tokens[: keep * B]) != old[: keep * B]:
+        old, new = self._tokens, _packed(tokens)
+        # longest reusable block prefix: compare whole blocks at C speed (a packing mismatch reads as different)
+        if keep and new[: keep * B] != old[: keep * B]:
             lo, hi = 0, keep
             while lo < hi:  # binary search the first differing block
                 mid = (lo + hi + 1) // 2
-                if list(tokens[: mid * B]) == old[: mid * B]:
+                if new[: mid * B] == old[: mid * B]:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -165,6 +172,17 @@ class BlockHasher:
         for i in range(keep, len(tokens) // B):
             parent = hash((parent, *tokens[i * B : (i + 1) * B])) & MASK63
             hashes.append(parent)
-        self._tokens = list(tokens)
+        self._tokens = new
         self._hashes = hashes
         return list(hashes)
+
+
+def _packed(tokens: Sequence[int]) -> Sequence[int]:
+    """Token ids as 8-byte machine integers (a Python int in a list costs about 36 bytes): what a
+    session keeps between requests. Values outside 64 bits stay a list."""
+    for code in ("q", "Q"):
+        try:
+            return array(code, tokens)
+        except OverflowError:
+            continue
+    return list(tokens)

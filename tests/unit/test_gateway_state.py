@@ -93,6 +93,18 @@ def test_approx_index_is_bounded_and_routes_a_session_back():
     assert s.route(t2, {0, 1, 2})[0] is None
 
 
+def test_session_hash_state_stays_within_its_memory_budget_and_dropping_it_changes_no_hash():
+    s = make_state(indexer={"session_cache_mib": 1, "block_tokens": 64})
+    prompts = {f"s{i}": list(range(i, i + 20_000)) for i in range(40)}  # about 160 KiB of packed units each
+    first = {sid: s.block_hashes(sid, units) for sid, units in prompts.items()}
+    held = sum(x.hasher.nbytes for x in s.sessions.values())
+    assert s.session_bytes == held <= 2**20 and len(s.sessions) < 40
+    assert list(s.sessions)[-1] == "s39" and "s0" not in s.sessions  # least recently seen went first
+    again = s.block_hashes("s0", prompts["s0"] + [7] * 64)
+    assert again[: len(first["s0"])] == first["s0"] and len(again) > len(first["s0"])  # re-hashed in full, same names
+    assert s.session_bytes == sum(x.hasher.nbytes for x in s.sessions.values()) <= 2**20
+
+
 def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():
     clock = Clock()
     s = make_state(clock, ingress={"policy": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0})

@@ -232,6 +232,7 @@ class Gateway:
             "policy": s.ingress.name, "router": s.router.name, "shadow": s.config.ingress.shadow, "draining": s.draining,
             "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
             "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
+            "session_cache_mib": round(s.session_bytes / 2**20, 3),
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
             "workers": workers,
         }

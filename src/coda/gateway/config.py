@@ -90,6 +90,8 @@ class IndexerConfig(_Strict):
     block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
     approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")
+    session_cache_mib: PositiveInt = Field(64, description="memory for the sessions' last prompts and block hashes (least recently "
+                                           "seen dropped first; a dropped session's next prompt is hashed in full)")
 
 
 class GatewayConfig(_Strict):

@@ -144,6 +144,7 @@ class GatewayState:
         ttl = session_ttl_s(self.ingress)
         self.ledger = SessionLedger(ttl if ttl is not None else 300.0)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
         self.draining = False
@@ -190,11 +191,16 @@ class GatewayState:
         s = self.sessions.get(session_id)
         if s is None:
             s = self.sessions[session_id] = Session(BlockHasher(self.units_per_block))
-            while len(self.sessions) > self.config.indexer.max_sessions:
-                self.sessions.popitem(last=False)
         else:
             self.sessions.move_to_end(session_id)
-        return s.hasher.update(units)
+            self.session_bytes -= s.hasher.nbytes
+        hashes = s.hasher.update(units)
+        self.session_bytes += s.hasher.nbytes
+        # Least recently seen sessions go first; a dropped session is re-hashed in full on its next request.
+        cfg = self.config.indexer
+        while len(self.sessions) > 1 and (len(self.sessions) > cfg.max_sessions or self.session_bytes > cfg.session_cache_mib * 2**20):
+            self.session_bytes -= self.sessions.popitem(last=False)[1].hasher.nbytes
+        return hashes
 
     def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
         return self.indexer.match(hashes, [w.tiers for w in candidates])
