@@ -5,9 +5,12 @@ Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`), `
 front of them with the `coda` router, `coda bench` replaying the synthetic agent workload through
 the gateway. Checks printed at the end: the gateway stays up; its RSS grows by <= 50 MiB from
 minute 1 to minute 10; goodput with `queue_limit` or `session` is at least `admit_all`'s; p95
-TTFT of admitted (completed) requests is lower.
+TTFT of admitted (completed) requests is lower. SLO-meeting output tokens per second are printed
+beside goodput (a fraction of offered rounds), since the two can disagree in a closed loop: a
+session slowed by overload offers fewer rounds, a shed one is charged the rounds it would have sent.
 
     python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--rates 0.5,1,2,4] [--out runs/gateway-load]
+                                      [--sweep-json runs/gateway-load/sweep/sweep.json]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sweep-duration", type=float, default=900.0, help="trace seconds of each sweep run")
     ap.add_argument("--out", default="runs/gateway-load")
+    ap.add_argument("--sweep-json", type=Path, help="reuse the sweep.json of an earlier run instead of sweeping again")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,9 +69,12 @@ def main() -> None:
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
         backends = ["--backend", e0.url, "--backend", e1.url]
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
-        with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
-            sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
-                                   "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
+        if args.sweep_json:
+            sweep = json.loads(args.sweep_json.read_text())
+        else:
+            with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
+                sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
+                                       "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
         knee = sweep.get("knee_rate")
         if knee is None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
@@ -86,16 +93,17 @@ def main() -> None:
                 stop.set()
                 alive = gw.popen.poll() is None
             after_1 = [r for t, r in samples if t >= 60]
-            rows.append({"policy": policy, "rate": rate, "goodput": s["goodput"], "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
+            rows.append({"policy": policy, "rate": rate, "goodput": s["goodput"], "slo_tps": s["slo_tps"], "output_tps": s["output_tps"],
+                         "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
                          "completed": s["completed"], "rejected": s["rejected"], "failed": s["failed"], "alive": alive,
                          "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
-                         "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None})
+                         "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples})
     (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "args": vars(args)}, indent=2, default=str))
     table = Table(title=f"gateway at 3x the knee ({knee} req/s -> {rate} req/s), {args.minutes:g} min each, fake engines x{args.speedup:g}")
-    for c in ("policy", "goodput", "TTFT p95 (admitted)", "offered", "completed", "rejected", "failed", "gateway up", "RSS min 1 -> end (MiB)", "growth"):
+    for c in ("policy", "goodput", "SLO tok/s", "output tok/s", "TTFT p95 (admitted)", "offered", "completed", "rejected", "failed", "gateway up", "RSS min 1 -> end (MiB)", "growth"):
         table.add_column(c, justify="right")
     for r in rows:
-        table.add_row(r["policy"], f"{r['goodput']:.3f}", f"{r['ttft_p95_s']:.2f} s" if r["ttft_p95_s"] else "-", str(r["offered"]),
+        table.add_row(r["policy"], f"{r['goodput']:.3f}", f"{r['slo_tps']:.0f}", f"{r['output_tps']:.0f}", f"{r['ttft_p95_s']:.2f} s" if r["ttft_p95_s"] else "-", str(r["offered"]),
                       str(r["completed"]), str(r["rejected"]), str(r["failed"]), str(r["alive"]),
                       f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f}" if r["rss_end_mib"] else "-",
                       f"{r['rss_growth_mib']:+.1f}" if r["rss_growth_mib"] is not None else "-")
@@ -103,6 +111,7 @@ def main() -> None:
     base = rows[0]
     for r in rows[1:]:
         console.print(f"{r['policy']}: goodput {'>=' if r['goodput'] >= base['goodput'] else '<'} admit_all; "
+                      f"SLO tok/s {r['slo_tps']:.0f} vs {base['slo_tps']:.0f}; "
                       f"TTFT p95 {'lower' if (r['ttft_p95_s'] or 0) < (base['ttft_p95_s'] or 0) else 'not lower'}")
 
 
