@@ -48,6 +48,7 @@ from common import (  # noqa: E402
     mean_of,
     paper_workload,
     run_cell,
+    run_experiments,
     save,
     scale_tokens,
     scale_tools,
@@ -453,18 +454,5 @@ EXPERIMENTS = {"paper": exp_paper, "load": exp_load, "memory": exp_memory, "tool
                "eviction": exp_eviction, "kernel": exp_kernel, "mechanism": exp_mechanism, "kernel_ceiling": exp_kernel_ceiling, "eviction_slow": exp_eviction_slow}
 
 
-def main(argv: list[str]) -> None:
-    names = argv or list(EXPERIMENTS)
-    for n in names:
-        if n not in EXPERIMENTS:
-            raise SystemExit(f"unknown experiment {n!r}; valid: {', '.join(EXPERIMENTS)}")
-    for n in names:
-        log(f"== {n}")
-        text = EXPERIMENTS[n]()
-        print(text + "\n", flush=True)
-        (ROOT / "runs" / "experiments").mkdir(parents=True, exist_ok=True)
-        (ROOT / "runs" / "experiments" / f"{n}.md").write_text(text + "\n")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_experiments(EXPERIMENTS, sys.argv[1:])

@@ -611,6 +611,22 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def run_experiments(experiments: dict[str, Callable[[], str]], argv: Sequence[str], prefix: str = "") -> None:
+    """Run the named experiments (all when none is named), print each report and keep it as
+    ``runs/experiments/<prefix><name>.md``."""
+    names = list(argv) or list(experiments)
+    for n in names:
+        if n not in experiments:
+            raise SystemExit(f"unknown experiment {n!r}; valid: {', '.join(experiments)}")
+    out = ROOT / "runs" / "experiments"
+    for n in names:
+        log(f"== {n}")
+        text = experiments[n]()
+        print(text + "\n", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{prefix}{n}.md").write_text(text + "\n")
+
+
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

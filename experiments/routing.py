@@ -40,6 +40,7 @@ from common import (  # noqa: E402
     mean_of,
     paper_workload,
     run_cell,
+    run_experiments,
     save,
 )
 
@@ -232,18 +233,5 @@ def exp_concentration() -> str:
 EXPERIMENTS = {"paper": exp_paper, "router": exp_router, "concentration": exp_concentration}
 
 
-def main(argv: list[str]) -> None:
-    names = argv or list(EXPERIMENTS)
-    for n in names:
-        if n not in EXPERIMENTS:
-            raise SystemExit(f"unknown experiment {n!r}; valid: {', '.join(EXPERIMENTS)}")
-    for n in names:
-        log(f"== {n}")
-        text = EXPERIMENTS[n]()
-        print(text + "\n", flush=True)
-        (ROOT / "runs" / "experiments").mkdir(parents=True, exist_ok=True)
-        (ROOT / "runs" / "experiments" / f"routing_{n}.md").write_text(text + "\n")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_experiments(EXPERIMENTS, sys.argv[1:], "routing_")
