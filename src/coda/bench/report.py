@@ -8,7 +8,6 @@ and the versions.
 
 from __future__ import annotations
 
-import json
 import platform
 from collections import Counter
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from coda import __version__
+from coda import __version__, strict_json
 from coda.metrics import Window, mean_ci, summarize
 
 # Keys of `coda bench --json` (the issue's contract), in the order tables print them.
@@ -61,10 +60,10 @@ def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo
 def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]]) -> list[Path]:
     """summary.json, requests.jsonl and the plots of one run; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out / "requests.jsonl").open("w") as fh:
         for r in records:
-            fh.write(json.dumps(r) + "\n")
+            fh.write(strict_json.dumps(r) + "\n")
     window = Window(*summary["window_s"])
     return [out / "summary.json", out / "requests.jsonl", plot_latency_cdfs(out / "latency_cdf.png", records, window),
             plot_throughput(out / "throughput.png", records, window)]

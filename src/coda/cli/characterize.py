@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json, progress_bar
 from coda.cli.sim import ConfigOpt, HbmOpt, ProfileOpt, SeedOpt, WarmupOpt, WorkersOpt, _settings
 
@@ -58,7 +59,7 @@ def characterize(
     findings["config"]["timing_s"].update({"load_s": load_s, "figures_s": fig_s})
     findings["config"]["versions"] = versions()
     findings["figures"] = [p.name for p in figures]
-    (out / "findings.json").write_text(json.dumps(findings, indent=2, default=str) + "\n")
+    (out / "findings.json").write_text(strict_json.dumps(findings, indent=2) + "\n")
     err_console.print(f"wrote {out / 'findings.json'} and {len(figures)} figures: {', '.join(p.name for p in figures)}")
     if as_json:
         print_json(findings)

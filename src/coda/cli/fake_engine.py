@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from coda import strict_json
 from coda.cli import app, err_console, out_console
 from coda.errors import CodaError
 
@@ -69,6 +69,6 @@ def fake_engine(
 
     def ready(url: str, engine: dict[str, Any]) -> None:
         out_console.print(f"coda fake-engine listening on {url}", highlight=False, soft_wrap=True)
-        err_console.print(json.dumps(engine, default=str), highlight=False, soft_wrap=True)
+        err_console.print(strict_json.dumps(engine), highlight=False, soft_wrap=True, markup=False)
 
     asyncio.run(serve(cfg, host, port, ready))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import sys
 import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
+from coda import strict_json
 from coda.gateway.config import IngressConfig
 from coda.gateway.errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
@@ -47,7 +47,7 @@ class DecisionLog:
     def write(self, record: dict[str, Any]) -> None:
         if self._out is None:
             return
-        self._out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+        self._out.write(strict_json.dumps(record) + "\n")
         now = time.monotonic()
         if now - self._flushed > 1.0:
             self._out.flush()

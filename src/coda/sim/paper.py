@@ -19,7 +19,6 @@ Warm-up is 1,200 s of a 3,600 s arrival window, longer than the median session l
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from coda import strict_json
 from coda.metrics import Window, mean_ci, summarize
 from coda.policy.routing import SMetric, context_distance
 from coda.sim.cluster import SimResult, Simulation
@@ -394,7 +394,7 @@ def run_and_report(name: str, seeds: list[int], base: SimConfig, out: Path | Non
     report = build_report(preset, runs, base)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (out / "report.json").write_text(strict_json.dumps(report, indent=2) + "\n")
         (out / "report.md").write_text(markdown(report))
         report["figures"] = [str(p) for p in plots(preset, runs, report, out)]
     return report

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from coda import __version__
+from coda import __version__, strict_json
 from coda.metrics import mean_ci
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
@@ -53,11 +52,11 @@ def run_one(workload: Workload, config: SimConfig, progress: Callable[[float], N
 
 def write_outputs(out: Path, result: SimResult, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out / "requests.jsonl").open("w") as fh:
         for rec in result.records:
-            fh.write(json.dumps(rec) + "\n")
-    (out / "occupancy.json").write_text(json.dumps(result.occupancy()) + "\n")
+            fh.write(strict_json.dumps(rec) + "\n")
+    (out / "occupancy.json").write_text(strict_json.dumps(result.occupancy()) + "\n")
 
 
 def sim_summary(result: SimResult, seed: int) -> dict[str, Any]:
