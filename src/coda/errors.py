@@ -11,3 +11,23 @@ class CodaError(Exception):
     """
 
     exit_code = 2
+
+
+# The extra (pyproject.toml) that installs each optional dependency: a command that needs one the
+# install left out says what to install, in one line, instead of a traceback.
+EXTRA_OF = {
+    "typer": "all", "rich": "all",
+    "numba": "sim",
+    "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
+    "tokenizers": "gateway",
+    "matplotlib": "plots",
+    "torch": "measure",
+}
+
+
+def missing_dependency(err: ModuleNotFoundError) -> CodaError | None:
+    """The error to show for an optional dependency that is not installed; None for any other
+    missing module, which is a bug to report as it is."""
+    top = (err.name or "").partition(".")[0]
+    extra = EXTRA_OF.get(top)
+    return None if extra is None else CodaError(f"{top} is not installed, and this command needs it: pip install 'coda[{extra}]'")

@@ -26,6 +26,10 @@ _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
 
+class EndpointDown(Exception):
+    """The endpoint did not answer at all: nothing listening, an unknown host, TLS, a timeout."""
+
+
 @dataclass(slots=True)
 class Attempt:
     """One HTTP attempt. ``status`` None: no response (``reason`` says why)."""
@@ -104,12 +108,16 @@ class Endpoint:
             await t.aclose()
 
     async def served_model(self) -> str | None:
-        """The first model the endpoint lists, or None when it cannot be asked."""
+        """The first model the endpoint lists, or None when it answers without listing one. Raises
+        ``EndpointDown`` when nothing answers, so a run against a dead server ends before it starts."""
         try:
             async with httpx.AsyncClient(base_url=self.base, headers=self.auth, verify=self.tls, timeout=10.0) as client:
-                data = (await client.get("/v1/models")).json()["data"]
-            return str(data[0]["id"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+                resp = await client.get("/v1/models")
+        except httpx.TransportError as err:
+            raise EndpointDown(f"GET {self.base}/v1/models: {err or type(err).__name__}") from None
+        try:
+            return str(resp.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
             return None
 
     def body(self, messages: Sequence[Message], max_tokens: int) -> bytes:

@@ -112,8 +112,9 @@ class Replay:
         endpoint = Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
                             timeout_s=cfg.timeout_s, shards=min(SHARDS, len(self.sessions)), clock=self._clock)
         try:
+            listed = await endpoint.served_model()  # also the check that the endpoint answers at all
             if self.model is None:
-                self.model = endpoint.model = await endpoint.served_model()
+                self.model = endpoint.model = listed
             self._t0 = self._clock()
             watch = asyncio.create_task(self._watch_lag())
             tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from coda import strict_json
+from coda.bench.client import EndpointDown
 from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_run
 from coda.errors import CodaError
@@ -61,6 +62,8 @@ async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress:
     ticker = asyncio.create_task(_tick(replay, progress)) if progress else None
     try:
         await replay.run()
+    except EndpointDown as err:
+        raise CodaError(f"--endpoint {cfg.endpoint} does not answer ({err}); start the server or fix the URL") from None
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -115,5 +118,5 @@ async def sweep(spec: str, rates: Sequence[float], repeats: int, cfg: BenchConfi
               "config": cfg.model_dump(), "versions": versions(), "knee_rule": "highest rate whose mean goodput is within 5% of the best"}
     out.mkdir(parents=True, exist_ok=True)
     plot_load(out / "load.png", rows, k)
-    (out / "sweep.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / "sweep.json").write_text(strict_json.dumps(result, indent=2) + "\n")
     return result

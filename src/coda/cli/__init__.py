@@ -7,16 +7,21 @@ sub-app) when imported, and every module here is imported by ``main``.
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
-import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from coda import __version__, strict_json
+from coda.errors import CodaError, missing_dependency
 
-from coda.errors import CodaError
+try:
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+except ModuleNotFoundError as _err:  # the base install (vLLM's scheduler plugin) has no command line
+    sys.stderr.write(f"error: {missing_dependency(_err) or _err}\n")
+    sys.exit(2)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Coda: admission and routing for LLM coding agents.")
 
@@ -36,7 +41,7 @@ def fmt_value(v: Any) -> str:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.write(strict_json.dumps(obj) + "\n")
 
 
 def progress_bar(unit: str = "of sim time") -> Progress:
@@ -63,24 +68,56 @@ def _register_commands() -> None:
             importlib.import_module(f"{__name__}.{mod.name}")
 
 
+def _version(value: bool) -> None:
+    if value:
+        out_console.print(f"coda {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    """Coda: admission and routing for LLM coding agents."""
+
+
+def _usage_error(err: typer.TyperException) -> str:
+    """One line for a usage error (unknown command or option, bad value, missing option), with the fix."""
+    ctx = getattr(err, "ctx", None)
+    where = ctx.command_path if ctx is not None else "coda"
+    return f"{err.format_message().rstrip('.')}; see `{where} --help`"
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    _register_commands()
+    """The ``coda`` entry point: usage and input errors print one ``error:`` line and exit 2."""
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer raises its vendored click's
+
     try:
-        app(standalone_mode=False)
+        _register_commands()
+        code = app(standalone_mode=False)
     except CodaError as err:
-        err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        fail(str(err), err.exit_code)
+    except NoArgsIsHelpError as err:  # `coda` or `coda workload` alone: the help, as click shows it
+        err.show()
         sys.exit(err.exit_code)
+    except UsageError as err:
+        fail(_usage_error(err), 2)
+    except typer.TyperException as err:
+        fail(err.format_message(), 2)
+    except ModuleNotFoundError as err:
+        if (missing := missing_dependency(err)) is None:
+            raise
+        fail(str(missing), missing.exit_code)
     except typer.Abort:
         err_console.print("aborted")
         sys.exit(130)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception as err:  # click usage errors and the like
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(2)
-        raise
-
+    sys.exit(code if isinstance(code, int) else 0)

@@ -6,13 +6,14 @@ import asyncio
 import os
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json, progress_bar
+from coda.cli import FormatOpt, JsonOpt, app, err_console, fail, fmt_value, load_workload_arg, out_console, print_json, progress_bar
 from coda.errors import CodaError
 
 CONFIG_ONLY = ("workload", "format", "out", "sweep", "repeats")
@@ -100,7 +101,8 @@ def bench(
     out_dir = Path(extra["out"])
     spec = str(extra["workload"])
     if extra.get("sweep"):
-        _run_sweep(spec, _rates(str(extra["sweep"])), int(extra.get("repeats") or 3), cfg, out_dir, extra.get("format"), as_json)
+        repeats = int(extra["repeats"]) if extra.get("repeats") is not None else 3
+        _run_sweep(spec, _rates(str(extra["sweep"])), repeats, cfg, out_dir, extra.get("format"), as_json)
     else:
         _run_single(spec, cfg, out_dir, extra.get("format"), as_json)
 
@@ -155,6 +157,15 @@ def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, as_json: bool) 
     if interrupted:
         err_console.print(f"interrupted: wrote what was measured to {out}")
         sys.exit(130)
+    _fail_if_nothing_completed(summary["completed"], Counter(summary.get("failed_by_reason")) + Counter(summary.get("rejected_by_reason")), out)
+
+
+def _fail_if_nothing_completed(completed: float, reasons: Counter[str], out: Path) -> None:
+    """A run in which no request completed measured nothing: one line with the commonest reason, exit 1."""
+    if completed:
+        return
+    why = f"; commonest reason: {reasons.most_common(1)[0][0]}" if reasons else ""
+    fail(f"no request completed{why}; every request's outcome is in {out}", 1)
 
 
 def _print_table(s: dict[str, Any], files: list[Path]) -> None:
@@ -208,3 +219,4 @@ def _run_sweep(spec: str, rates: list[float], repeats: int, cfg: Any, out: Path,
     if interrupted:
         err_console.print(f"interrupted: wrote what was measured to {out}")
         sys.exit(130)
+    _fail_if_nothing_completed(sum(row["completed"] or 0 for row in result["rows"]), Counter(), out)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar
 from coda.errors import CodaError
 
@@ -154,9 +154,7 @@ def compare(
     names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
     for n in names:
         system_preset(n)
-    n_seeds = int(extra.get("seeds") or 1)
-    if n_seeds < 1:
-        raise CodaError(f"--seeds must be >= 1, got {n_seeds}")
+    n_seeds = _seeds(extra, 1)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     base_seed = cfg.seed if seed is not None or "seed" in (load_config_file(config) if config else {}) else spec_seed(spec, cfg.seed)
     seed_list = [base_seed + i for i in range(n_seeds)]
@@ -175,7 +173,7 @@ def compare(
                           progress=tick, out=Path(extra["out"]) if extra.get("out") else None)
     if extra.get("out"):
         Path(extra["out"]).mkdir(parents=True, exist_ok=True)
-        (Path(extra["out"]) / "compare.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+        (Path(extra["out"]) / "compare.json").write_text(strict_json.dumps(res, indent=2) + "\n")
     if as_json:
         print_json(res)
         return
@@ -201,6 +199,16 @@ COMPARE_METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodpu
                    "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed")
 
 
+def _seeds(extra: dict[str, Any], default: int) -> int:
+    """How many seeds: ``--seeds`` (or the config file's ``seeds``), which must be at least 1."""
+    n = extra.get("seeds")
+    if n is None:
+        return default
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CodaError(f"--seeds must be an integer >= 1 (the number of seeds to run), got {n!r}")
+    return n
+
+
 @app.command()
 def systems() -> None:
     """List the system presets with their policies and tiers."""
@@ -221,7 +229,7 @@ def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json
         raise CodaError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
     if extra.get("workload") or extra.get("systems"):
         raise CodaError(f"--preset {name} defines its own workloads and systems; drop --workload/--systems")
-    n_seeds = int(extra.get("seeds") or 5)
+    n_seeds = _seeds(extra, 5)
     seeds = [(seed or 0) + i for i in range(n_seeds)]
     out = Path(extra["out"]) if extra.get("out") else None
     with progress_bar("of runs") as prog:

@@ -1,0 +1,79 @@
+"""The installed `coda` command on usage mistakes: one `error:` line naming the input and the fix,
+exit 2, never a traceback; `--version`; `coda bench` failing (not exiting 0) when it measured
+nothing, and before it starts when the endpoint does not answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coda import __version__
+from coda.engines.launch import FakeEngineProcess
+
+CODA = Path(sys.executable).with_name("coda")  # the console script pip installed, as a user runs it
+SMALL = "synth:rate=6,duration=60,seed=1"
+
+
+def coda(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CODA), *args], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["sim", "--sytem", "x"], ["No such option: --sytem", "--system", "`coda sim --help`"]),
+        (["sim", "--workers", "abc"], ["'--workers'", "valid integer", "`coda sim --help`"]),
+        (["workload", "synth", "--rate", "1"], ["Missing option '--duration'", "`coda workload synth --help`"]),
+        (["bogus"], ["No such command 'bogus'", "`coda --help`"]),
+        (["compare", "--seeds", "0"], ["--seeds must be an integer >= 1", "got 0"]),
+    ],
+    ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds"],
+)
+def test_a_usage_error_is_one_line_with_the_fix_and_exit_2(args, needles):
+    proc = coda(*args)
+    assert_one_error_line(proc, 2, *needles)
+    assert proc.stdout == ""
+
+
+def test_zero_seeds_from_a_config_file_is_an_error_too(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("seeds: 0\n")
+    assert_one_error_line(coda("compare", "--config", str(cfg)), 2, "--seeds")
+
+
+def test_version():
+    proc = coda("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"coda {__version__}"
+
+
+def test_bench_fails_before_starting_when_the_endpoint_does_not_answer(tmp_path):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    proc = coda("bench", "--endpoint", dead, "--workload", SMALL, "--out", str(tmp_path / "out"))
+    assert_one_error_line(proc, 2, f"--endpoint {dead} does not answer", "start the server or fix the URL")
+    assert not (tmp_path / "out").exists()  # failed before replaying anything
+
+
+def test_bench_exits_non_zero_when_no_request_completed(tmp_path):
+    with FakeEngineProcess("--speedup", "20", "--max-model-len", "16") as engine:  # every prompt is too long: 400s
+        proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "5",
+                    "--out", str(tmp_path), "--json")
+    assert_one_error_line(proc, 1, "no request completed", str(tmp_path))
+    summary = json.loads(proc.stdout)  # what was measured is still reported and written
+    assert summary["offered"] > 0 and summary["completed"] == 0
+    assert all(json.loads(line)["state"] != "completed" for line in (tmp_path / "requests.jsonl").read_text().splitlines())
