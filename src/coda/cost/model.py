@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from coda.cost import kernels
 from coda.cost.profile import Profile
+from coda.errors import CodaError
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,18 @@ class AnalyticCost:
         return tokens * self._kv_tok
 
 
+def _load_kernels(profile: Profile) -> ModuleType:
+    """``coda.cost.kernels``, imported when a profile first needs it: its numba kernels are not part
+    of the base install (what vLLM's scheduler plugin needs), only of ``coda[sim]``."""
+    try:
+        from coda.cost import kernels
+    except ModuleNotFoundError as err:
+        if err.name != "numba":
+            raise
+        raise CodaError(f"profile {profile.name} has an attention section, whose kernel model needs numba: pip install 'coda[sim]'") from None
+    return kernels
+
+
 class KernelCost(AnalyticCost):
     """The analytic dense/MoE part with kernel-level attention (``coda.cost.kernels``).
 
@@ -217,6 +230,7 @@ class KernelCost(AnalyticCost):
         att = profile.attention
         if att is None:
             raise ValueError(f"profile {profile.name} has no attention section")
+        kernels = self._k = _load_kernels(profile)
         g, m = profile.gpu, profile.model
         tok = 2.0 * m.head_dim * m.kv_dtype_bytes  # bytes of one token-head (K and V)
         rate = att.cta_bw_bytes_s / tok
@@ -240,7 +254,7 @@ class KernelCost(AnalyticCost):
         c = np.asarray(contexts, dtype=np.int64)
         if len(c) == 0:
             return 0.0
-        return self._layers * kernels.decode_layer_s(c, self._fp, self._ip)
+        return self._layers * self._k.decode_layer_s(c, self._fp, self._ip)
 
     def cohort_attention_s(self, contexts: np.ndarray, plan: CohortPlan) -> float:
         c = np.sort(np.asarray(contexts, dtype=np.int64))
@@ -249,7 +263,7 @@ class KernelCost(AnalyticCost):
     def varlen_attention_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: np.ndarray) -> float:
         new = np.array([p for p, _ in prefill_chunks], dtype=np.int64)
         cached = np.array([c for _, c in prefill_chunks], dtype=np.int64)
-        return self._layers * kernels.varlen_layer_s(np.asarray(decode_contexts, dtype=np.int64), new, cached, self._fp, self._ip)
+        return self._layers * self._k.varlen_layer_s(np.asarray(decode_contexts, dtype=np.int64), new, cached, self._fp, self._ip)
 
     def prefill_attention_s(self, new: int, cached: int) -> float:
         if new <= 0:
@@ -277,7 +291,7 @@ class KernelCost(AnalyticCost):
     ) -> GainBounds:
         c = np.asarray(contexts, dtype=np.int64)
         k = _cuts(len(c), cuts)
-        pred, cons = kernels.gain_sweep(c, k, self._fp, self._ip, self._lo, self._hi, launch_allowance_s / self._layers)
+        pred, cons = self._k.gain_sweep(c, k, self._fp, self._ip, self._lo, self._hi, launch_allowance_s / self._layers)
         n, lo, hi = len(c), int(c.min()), int(c.max())
         return GainBounds(k, pred, cons, self._domain.contains(n, lo, hi))
 

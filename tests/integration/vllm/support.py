@@ -48,7 +48,10 @@ def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None 
     urls = []
     # One core for the model's OMP threads leaves the other to the API servers, so requests reach
     # the scheduler while it decodes (on a 2-core machine the default binding starves front ends).
-    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    # Coda's scheduler comes from coda[scheduler] installed in vLLM's environment (`make test` does
+    # it), as an operator runs it: never from this checkout's path.
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full_env = {**inherited, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", **(env or {})}
     try:
         for i, extra in enumerate(args):
             port = free_port()

@@ -1,7 +1,7 @@
 """Tiered-Aging inside vLLM: a scheduler class for ``--scheduler-cls``.
 
-    PYTHONPATH=<coda>/src python -m vllm.entrypoints.openai.api_server --model M \\
-        --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler
+    pip install 'coda[scheduler]'      # into vLLM's environment; changes none of its packages
+    vllm serve M --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler
 
 vLLM's scheduler admits waiting requests by peeking at the head of its waiting queue until an
 allocation fails. ``CodaScheduler`` replaces that queue with ``TieredAgingQueue``, whose head is
@@ -33,10 +33,10 @@ from typing import Any
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
+from coda.integrations.vllm.compat import RANGE, check_version
 from coda.policy.state import TieredAging
 from coda.types import AdmissionSnapshot
 
-SUPPORTED_VLLM = ("0.32.0",)
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
 
 try:  # only importable inside a vLLM process
@@ -44,15 +44,7 @@ try:  # only importable inside a vLLM process
     from vllm.v1.core.sched.request_queue import RequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
 except ImportError as err:  # pragma: no cover - exercised only without vLLM
-    raise ImportError(f"coda.integrations.vllm.scheduler needs vLLM {' or '.join(SUPPORTED_VLLM)} installed: {err}") from None
-
-
-def check_version(version: str) -> None:
-    if version not in SUPPORTED_VLLM:
-        raise RuntimeError(
-            f"Coda's scheduler supports vLLM {', '.join(SUPPORTED_VLLM)}, found {version}; "
-            "install a supported vLLM or drop --scheduler-cls"
-        )
+    raise ImportError(f"coda.integrations.vllm.scheduler needs vLLM {RANGE} installed: {err}") from None
 
 
 def load_settings() -> dict[str, Any]:

@@ -1,0 +1,96 @@
+"""The base install is what vLLM's scheduler plugin needs: the plugin imports none of the packages
+that the sim, gateway and plots extras add, ``import coda`` stays light, and a command that needs
+a missing extra says which one to install."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from coda.errors import EXTRA_OF
+
+ROOT = Path(__file__).resolve().parents[2]
+EXCLUDED = ("matplotlib", "numba", "starlette", "uvicorn", "typer", "rich")
+
+# Makes the excluded packages unimportable, as in an environment that has only the base install.
+BLOCK = textwrap.dedent(f"""
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {EXCLUDED!r}:
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+    sys.meta_path.insert(0, Block())
+""")
+
+# vLLM itself is not in this environment: the three names the plugin imports from it, as the
+# empty base classes they are to the import (the real-vLLM tests run the plugin in vLLM).
+FAKE_VLLM = textwrap.dedent("""
+    import types
+    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.scheduler"):
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["vllm"].__version__ = "0.32.0"
+    sys.modules["vllm.v1.core.sched.request_queue"].RequestQueue = type("RequestQueue", (), {})
+    sys.modules["vllm.v1.core.sched.scheduler"].Scheduler = type("Scheduler", (), {})
+""")
+
+
+def run_probe(code: str, prelude: str = "") -> subprocess.CompletedProcess:
+    script = BLOCK + prelude + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
+    proc = run_probe("""
+        import json
+        import coda
+        light = sorted(m for m in sys.modules if m.startswith("coda."))
+        from coda.integrations.vllm import kv_events, scheduler
+        from coda.cost.model import build_cost_model
+        from coda.cost.profile import load_profile
+        from coda.errors import CodaError
+        policy = scheduler.TieredAging(build_cost_model(load_profile("a100-qwen3coder30b-fp8")))
+        try:
+            build_cost_model(load_profile("a100-qwen3coder30b-fp8-fa2"))  # has an attention section: the numba kernel model
+            kernel_error = None
+        except CodaError as err:
+            kernel_error = str(err)
+        tops = sorted({m.partition(".")[0] for m in sys.modules})
+        print(json.dumps({"light": light, "tops": tops, "frontier": policy.frontier, "kernel_error": kernel_error}))
+    """, prelude=FAKE_VLLM)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["light"] == [], "import coda loads submodules eagerly"
+    assert not set(EXCLUDED) & set(got["tops"])
+    assert got["frontier"] == 64
+    err = got["kernel_error"]
+    assert err is not None and "\n" not in err and "numba" in err and "pip install 'coda[sim]'" in err
+
+
+def test_the_command_line_without_its_extra_prints_one_line_naming_it():
+    proc = run_probe("""
+        sys.argv = ["coda", "sim"]
+        from coda.cli import main
+        main()
+    """)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "pip install 'coda[all]'" in proc.stderr, proc.stderr
+
+
+def test_the_base_install_leaves_the_extras_out_and_each_optional_module_names_its_extra():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {extra: {canonicalize_name(Requirement(r).name) for r in reqs} for extra, reqs in project["optional-dependencies"].items()}
+    names["all"] = names["sim"] | names["gateway"] | names["plots"]
+    base = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert not base & {canonicalize_name(n) for n in EXCLUDED} and names["scheduler"] == set()
+    dist_of = packages_distributions()
+    for module, extra in EXTRA_OF.items():
+        dists = {canonicalize_name(d) for d in dist_of[module]}
+        assert dists & names[extra], f"{module} ({dists}) is not in coda[{extra}]"
