@@ -12,6 +12,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -20,15 +21,18 @@ from coda.errors import EXTRA_OF
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDED = ("matplotlib", "numba", "starlette", "uvicorn", "typer", "rich")
 
-# Makes the excluded packages unimportable, as in an environment that has only the base install.
-BLOCK = textwrap.dedent(f"""
-    import importlib.abc, sys
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in {EXCLUDED!r}:
-                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-    sys.meta_path.insert(0, Block())
-""")
+
+def block(names: tuple[str, ...]) -> str:
+    """Code that makes ``names`` unimportable, as in an environment that lacks their extras."""
+    return textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in {names!r}:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        sys.meta_path.insert(0, Block())
+    """)
+
 
 # vLLM itself is not in this environment: the three names the plugin imports from it, as the
 # empty base classes they are to the import (the real-vLLM tests run the plugin in vLLM).
@@ -42,8 +46,8 @@ FAKE_VLLM = textwrap.dedent("""
 """)
 
 
-def run_probe(code: str, prelude: str = "") -> subprocess.CompletedProcess:
-    script = BLOCK + prelude + textwrap.dedent(code)
+def run_probe(code: str, prelude: str = "", blocked: tuple[str, ...] = EXCLUDED) -> subprocess.CompletedProcess:
+    script = block(blocked) + prelude + textwrap.dedent(code)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -74,14 +78,23 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
     assert err is not None and "\n" not in err and "numba" in err and "pip install 'coda[sim]'" in err
 
 
-def test_the_command_line_without_its_extra_prints_one_line_naming_it():
-    proc = run_probe("""
-        sys.argv = ["coda", "sim"]
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["sim"], EXCLUDED, "all"),  # the base install: no command line at all
+        # coda[gateway] without coda[plots]: refused before the run, whose figures would fail at its end
+        (["bench", "--endpoint", "http://127.0.0.1:9", "--workload", "synth:rate=1,duration=10", "--out", "unused"], ("matplotlib",), "plots"),
+    ],
+    ids=["base-install", "bench-without-plots"],
+)
+def test_a_command_without_its_extra_prints_one_line_naming_it(argv, blocked, extra):
+    proc = run_probe(f"""
+        sys.argv = ["coda", *{argv!r}]
         from coda.cli import main
         main()
-    """)
+    """, blocked=blocked)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "pip install 'coda[all]'" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and f"pip install 'coda[{extra}]'" in proc.stderr, proc.stderr
 
 
 def test_the_base_install_leaves_the_extras_out_and_each_optional_module_names_its_extra():

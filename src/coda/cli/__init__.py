@@ -7,6 +7,7 @@ sub-app) when imported, and every module here is imported by ``main``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import sys
 from typing import Annotated, Any, NoReturn
@@ -54,6 +55,12 @@ def progress_bar(unit: str = "of sim time") -> Progress:
         console=err_console,
         transient=True,
     )
+
+
+def require(module: str) -> None:
+    """Fail now, not at the end of a long run, when a module the command will need is not installed."""
+    if importlib.util.find_spec(module) is None:
+        raise missing_dependency(ModuleNotFoundError(name=module)) or CodaError(f"{module} is not installed")
 
 
 def load_workload_arg(spec: str, fmt: str | None) -> Any:

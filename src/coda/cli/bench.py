@@ -13,7 +13,19 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda.cli import FormatOpt, JsonOpt, app, err_console, fail, fmt_value, load_workload_arg, out_console, print_json, progress_bar
+from coda.cli import (
+    FormatOpt,
+    JsonOpt,
+    app,
+    err_console,
+    fail,
+    fmt_value,
+    load_workload_arg,
+    out_console,
+    print_json,
+    progress_bar,
+    require,
+)
 from coda.errors import CodaError
 
 CONFIG_ONLY = ("workload", "format", "out", "sweep", "repeats")
@@ -94,6 +106,7 @@ def bench(
                retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s,
                seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
     extra, cfg = _config(config, cli)
+    require("matplotlib")  # for the figures every run writes
     if not extra.get("workload"):
         raise CodaError("--workload is required (a workload file or a spec such as synth:rate=1,duration=120,seed=0)")
     if not extra.get("out"):

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from coda import strict_json
-from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar
+from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar, require
 from coda.errors import CodaError
 
 # Options shared by `sim` and `compare`; None means "not given" so config files can supply them.
@@ -232,6 +232,8 @@ def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json
     n_seeds = _seeds(extra, 5)
     seeds = [(seed or 0) + i for i in range(n_seeds)]
     out = Path(extra["out"]) if extra.get("out") else None
+    if out is not None:
+        require("matplotlib")  # for the figures written at the end
     with progress_bar("of runs") as prog:
         task = prog.add_task(name, total=1.0)
         report = run_and_report(name, seeds, cfg, out, lambda label, f: prog.update(task, completed=f, description=label))
