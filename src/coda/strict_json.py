@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import numpy as np
 
 
 def _fallback(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays, without importing numpy here
+    if callable(tolist):
+        return tolist()
     return str(obj)  # paths and the like, as ``json.dumps(default=str)`` wrote them
 
 
