@@ -172,6 +172,9 @@ def profile_measure(
     repeats: Annotated[int, typer.Option("--repeats", help="--endpoint: measurements per shape (median kept)")] = 3,
     output_tokens: Annotated[int, typer.Option("--output-tokens", help="--endpoint: tokens per decode stream")] = 96,
     max_batch: Annotated[int, typer.Option("--max-batch", help="--endpoint: largest decode batch (at most the engine's max_num_seqs)")] = 8,
+    max_context: Annotated[
+        int | None, typer.Option("--max-context", help="--endpoint: largest prompt or decode context measured (default: what the engine holds)")
+    ] = None,
     kv_bytes_per_token: Annotated[
         int | None, typer.Option("--kv-bytes-per-token", help="--endpoint: KV bytes per token (default: from vLLM's /metrics when it can tell)")
     ] = None,
@@ -189,7 +192,8 @@ def profile_measure(
     from coda.errors import CodaError
 
     if endpoint is not None:
-        _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, kv_bytes_per_token, note, seed, as_json)
+        _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, max_context, kv_bytes_per_token, note,
+                          seed, as_json)
         return
     if out is None:
         raise CodaError("--out is required: the folder for the measured CSVs and hardware.json")
@@ -200,8 +204,8 @@ def profile_measure(
         out_console.print(f"wrote {path}")
 
 
-def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_tokens: int, max_batch: int, kv_bytes: int | None,
-                      note: str, seed: int, as_json: bool) -> None:
+def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_tokens: int, max_batch: int, max_context: int | None,
+                      kv_bytes: int | None, note: str, seed: int, as_json: bool) -> None:
     import asyncio
     import datetime
     import json
@@ -214,6 +218,8 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
 
     if repeats < 1 or output_tokens < 8 or max_batch < 1:
         raise CodaError("--repeats and --max-batch must be >= 1 and --output-tokens >= 8")
+    if max_context is not None and max_context < 256:
+        raise CodaError(f"--max-context {max_context} leaves too few shapes to fit; give at least 256 tokens")
 
     async def go() -> tuple:
         prober = Prober(url, seed=seed, log=lambda m: err_console.print(m, highlight=False))
@@ -223,7 +229,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
                 raise CodaError(f"--endpoint {url}: the engine reports no KV block size and capacity (vLLM's vllm:cache_config_info "
                                 "at /metrics) or no max_model_len at /v1/models; a profile needs them")
             kv = _kv_bytes(info, kv_bytes)
-            plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats)
+            plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats, max_context=max_context)
             return (info, kv, *await prober.measure(plan))
         finally:
             await prober.close()

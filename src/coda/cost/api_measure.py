@@ -111,10 +111,10 @@ class Plan:
     warmup: int = 1
 
     @classmethod
-    def for_engine(cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3) -> Plan:
-        """A grid over what the engine can hold: prompts within max_model_len, and every decode
-        batch (prompts, outputs, a block of slack each) within its KV capacity."""
-        limit = info.max_model_len or 4096
+    def for_engine(cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3, max_context: int | None = None) -> Plan:
+        """A grid over what the engine can hold: prompts within max_model_len (and ``max_context``),
+        and every decode batch (prompts, outputs, a block of slack each) within its KV capacity."""
+        limit = min(info.max_model_len or 4096, max_context or 1 << 62)
         cap = info.kv_capacity_tokens or limit
         slack = output_tokens + (info.block_tokens or 16)
         top = min(limit, cap) - slack
