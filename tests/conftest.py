@@ -1,22 +1,35 @@
-"""Shared fixtures: small workloads built from the schema, and the shared data folder."""
+"""Shared fixtures: small workloads built from the schema, the public data folder, and the
+hypothesis profile every property test runs under."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from coda.workload.schema import Round, Session, ToolCall, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+#: public traces and measured GPU operator profiles (not part of the repository); tests that read
+#: them skip when the folder is absent
+DATA_ENV = "CODA_DATA_DIR"
+SHARED = Path(os.environ.get(DATA_ENV) or ROOT.parent / "shared")
+
+# No deadline and no too-slow health check: how long an example takes depends on what else the
+# machine runs, so a time limit would turn a busy machine's run red. Speed is measured by the
+# benchmarks instead. A test that suppresses other health checks lists ``too_slow`` too.
+settings.register_profile("coda", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("coda")
 
 
 def shared_path(*parts: str) -> Path:
-    """A file under ../shared, or skip the test with the reason."""
+    """A file of the data folder (``$CODA_DATA_DIR``, by default ``shared/`` beside the checkout),
+    or skip the test with the reason."""
     path = SHARED.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"{path} is absent (shared data folder not mounted next to the project)")
+        pytest.skip(f"{path} is absent: point {DATA_ENV} at the folder holding traces/ and profiles/")
     return path
 
 

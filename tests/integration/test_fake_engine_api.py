@@ -4,7 +4,6 @@ names, OpenAI-format errors for client mistakes, prefix reuse, and aborts on dis
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
@@ -12,6 +11,7 @@ import pytest
 
 from coda.engines import tokenizer as tok
 from coda.engines.launch import FakeEngineProcess
+from tests.waiting import wait_until
 
 MODEL = "coda-fake"
 CHUNK = 16
@@ -175,10 +175,7 @@ def test_disconnect_aborts_the_request_and_frees_its_kv(engine):
         for i, _ in enumerate(r.iter_lines()):
             if i >= 6:
                 break
-    deadline = time.monotonic() + 5
-    while metric(engine.url, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric(engine.url, "vllm:num_requests_running") == 0
+    wait_until(lambda: metric(engine.url, "vllm:num_requests_running") == 0, "the engine aborts the request whose client went away")
     assert metric(engine.url, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(engine.url, "vllm:generation_tokens_total") - before < 3000  # it stopped at the next step, not at max_tokens
     aborted = [ln for ln in httpx.get(engine.url + "/metrics").text.splitlines() if ln.startswith("vllm:request_success_total") and "abort" in ln]

@@ -5,11 +5,11 @@ hashes of the prompt's token blocks, and the replay socket."""
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from coda.engines import tokenizer as tok
 from coda.engines.launch import FakeEngineProcess
@@ -33,12 +33,24 @@ def engine():
     with FakeEngineProcess(*args) as eng:
         ctx = zmq.Context()
         sub = ctx.socket(zmq.SUB)
-        sub.connect(f"tcp://127.0.0.1:{pub}")
         sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
-        time.sleep(0.3)  # PUB/SUB: a subscriber sees only what is sent after it joined
+        joined(sub, f"tcp://127.0.0.1:{pub}")
         yield eng, sub, ctx, replay
         sub.close(linger=0)
         ctx.term()
+
+
+def joined(sub: zmq.Socket, endpoint: str) -> None:
+    """Connect and wait until the connection's handshake is done, after which the subscription
+    goes out at once: PUB/SUB delivers only what is sent after a subscriber has joined."""
+    monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    sub.connect(endpoint)
+    try:
+        assert monitor.poll(120_000), f"no ZMQ handshake with {endpoint} (a hang guard)"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        sub.disable_monitor()
+        monitor.close(linger=0)
 
 
 def receive(sub: zmq.Socket, quiet_s: float = 0.5) -> list[tuple[int, list]]:

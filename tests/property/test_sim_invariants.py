@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.sim.cluster import Simulation
@@ -56,7 +56,7 @@ def largest_chunks(wl: Workload, chunk: int) -> int:
     return max(-(-(p + r.output_tokens + 1) // chunk) for s in wl.sessions for (_, p), r in zip(session_prompts(s), s.rounds))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(
     sessions=sessions_st,
     workers=st.integers(1, 3),
@@ -101,7 +101,7 @@ def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions
     assert s["completed"] == s["offered"] == wl.num_requests and s["unfinished"] == 0
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(sessions=sessions_st, workers=st.integers(1, 3))
 def test_same_seed_gives_identical_json(sessions, workers):
     wl = build(sessions)
@@ -116,7 +116,7 @@ def test_same_seed_gives_identical_json(sessions, workers):
     assert run() == run()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(sessions=sessions_st, stop_at=st.floats(0.5, 25), perm_seed=st.integers(0, 1000))
 def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_seed):
     """Permuting future output lengths and tool durations leaves every snapshot a policy sees unchanged."""
@@ -143,7 +143,7 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
     assert snapshots() == before
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40)
 @given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]))
 def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max):
     """With the starvation guard, once the oldest waiting request has waited W_max, no other request

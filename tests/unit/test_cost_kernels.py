@@ -126,7 +126,7 @@ def test_balanced_family_barely_notices_skew(cost4090):
 contexts = st.lists(st.integers(1, 120_000), min_size=2, max_size=300)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(contexts, st.sampled_from([P4090, "a100-qwen3coder30b-fp8-fa2", "rtxpro6000-llama31-8b"]))
 def test_gain_sweep_equals_cohort_predictions(ctx, name):
     cost = build_cost_model(load_profile(name))
@@ -140,7 +140,7 @@ def test_gain_sweep_equals_cohort_predictions(ctx, name):
     assert np.all(gb.conservative <= gb.predicted)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(contexts, st.floats(0, 1))
 def test_plan_charges_exactly_the_two_cohorts(ctx, frac):
     cost = build_cost_model(load_profile("a100-qwen3coder30b-fp8-fa2"))
@@ -150,7 +150,7 @@ def test_plan_charges_exactly_the_two_cohorts(ctx, frac):
     assert cost.step_s((), c, plan) - cost.step_s((), c) == pytest.approx(cost.predict_cohorts(c, cut) - cost.predict_decode(c), abs=1e-12)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(contexts, st.integers(0, 299), st.integers(1, 5000), st.sampled_from([P4090, "a100-qwen3coder30b-fp8-fa2"]))
 @example([1369, 4097], 0, 40, P4090)
 def test_more_tokens_never_cheaper_for_the_same_launch(ctx, i, extra, name):

@@ -132,7 +132,7 @@ def test_shadow_must_name_a_policy_or_router():
         make_state(ingress={"shadow": "nope"})
 
 
-@settings(deadline=None, max_examples=30)
+@settings(max_examples=30)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"])), min_size=1, max_size=25), st.lists(st.integers(0, 3), max_size=10))
 def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
     """Requests arrive while engine queues change; each is admitted or refused exactly once, and

@@ -203,7 +203,7 @@ _tl_rows = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rows=_tl_rows)
 def test_tracelab_never_loses_or_duplicates_an_unreported_row(tmp_path, rows):
     data = [_tl_row(f"s{s}", k, prefix=p, append=a, out=o) for s, k, p, a, o in rows]
@@ -249,7 +249,7 @@ def _mooncake_rows(draw):
     return rows
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rows=_mooncake_rows())
 def test_mooncake_never_loses_or_duplicates_an_unreported_row(tmp_path, rows):
     path = _write_jsonl(tmp_path / "m.jsonl", rows)

@@ -35,8 +35,12 @@ class RealtimeLoop:
         self._armed = float("inf")
         self._eps = 1e-6 * speedup  # float slack between the timer's wall time and virtual time
 
+    def wall_now(self) -> float:
+        """The virtual time the wall clock has reached (behind ``now`` only while due events run late)."""
+        return (self._aloop.time() - self._wall0) * self.speedup
+
     def virtual_now(self) -> float:
-        return max(self.now, (self._aloop.time() - self._wall0) * self.speedup)
+        return max(self.now, self.wall_now())
 
     def at(self, t: float, fn: Callable[[Any], None], arg: Any = None) -> None:
         if t < self.now:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import httpx
 import openai
@@ -19,6 +18,7 @@ import yaml
 
 from coda.procs import running
 from tests.integration.vllm.support import build_tiny_model, free_port, vllm_servers
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 BLOCK = 32
@@ -90,10 +90,7 @@ def test_a_prefix_cached_on_one_worker_routes_there_through_its_kv_events(stack,
     before = indexed(gw, f"w{holder}")
     # warm the prefix on the holder directly, bypassing the gateway: only its KV events tell the gateway
     client(urls[holder]).completions.create(model="tiny", prompt=prefix, max_tokens=1, temperature=0)
-    deadline = time.monotonic() + 20
-    while indexed(gw, f"w{holder}") < before + 20 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert indexed(gw, f"w{holder}") >= before + 20
+    wait_until(lambda: indexed(gw, f"w{holder}") >= before + 20, "the holder's KV events for the 20-block prefix reach the gateway")
     raw = client(gw).completions.with_raw_response.create(model="tiny", prompt=prefix + ids(64, 900 + holder), max_tokens=4,
                                                           temperature=0, extra_headers={"x-session-id": f"fresh-{holder}"})
     assert raw.headers["x-coda-worker"] == f"w{holder}"
@@ -105,6 +102,7 @@ def test_a_session_s_continuations_go_to_the_worker_holding_its_context(stack):
     c = client(gw)
     messages = [{"role": "user", "content": " ".join(f"word{i}" for i in range(300))}]
     served, hits = [], []
+    start = {w: indexed(gw, w) for w in ("w0", "w1")}
     for turn in range(3):
         raw = c.chat.completions.with_raw_response.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
                                                           extra_headers={"x-session-id": "agent-1"})
@@ -113,6 +111,8 @@ def test_a_session_s_continuations_go_to_the_worker_holding_its_context(stack):
         hits.append(cached(resp))
         messages += [{"role": "assistant", "content": resp.choices[0].message.content},
                      {"role": "user", "content": f"tool result {turn} " + " ".join(f"file{i}.py" for i in range(40))}]
-        time.sleep(0.5)  # the turn's KV events reach the gateway
+        # the turn's KV events reach the gateway: every full block of its prompt is indexed on the worker that ran it
+        w, blocks = served[-1], resp.usage.prompt_tokens // BLOCK
+        wait_until(lambda w=w, blocks=blocks: indexed(gw, w) - start[w] >= blocks, f"turn {turn}'s KV events from {w}")
     assert len(set(served)) == 1
     assert hits[0] == 0 and hits[1] > 0 and hits[2] > hits[1]
