@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from coda.cost.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
 from coda.cost.empirical import EmpiricalCost, step_features
-from coda.cost.empirical_fit import COLUMNS, fit_step_model, measured_profile
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
+from coda.profiling.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
+from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile
 
 TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
         "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coda.cost.check import check_skew, layer_s
-from coda.cost.fit import fit_profile
-from coda.cost.measured import read_attention, read_skew
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
+from coda.profiling.check import check_skew, layer_s
+from coda.profiling.fit import fit_profile
+from coda.profiling.measured import read_attention, read_skew
 from tests.conftest import shared_path
 
 SKEW = ("profiles", "RTX4090_Llama-3.1-8B_tp1_skew.csv")

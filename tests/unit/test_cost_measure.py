@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from coda.cost.measured import read_attention, read_skew
+from coda.profiling.measured import read_attention, read_skew
 
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="PyTorch is not installed (only `coda profile measure` needs it)"
@@ -15,7 +15,7 @@ needs_torch = pytest.mark.skipif(
 
 @needs_torch
 def test_cpu_smoke_writes_readable_csvs(tmp_path):
-    from coda.cost.measure import run
+    from coda.profiling.measure import run
 
     files = run(tmp_path, device="cpu", budget_s=60.0, seed=1)
     names = {p.name for p in files}
@@ -32,7 +32,7 @@ def test_decode_attention_is_exact_on_ragged_contexts():
     """The nested-jagged launch computes attention of each request over its own context only."""
     import torch
 
-    from coda.cost.measure import DecodeBench
+    from coda.profiling.measure import DecodeBench
 
     bench = DecodeBench(torch, "cpu", kv_heads=2, q_heads=8, head_dim=16)
     ctx = np.array([5, 40, 17])

@@ -11,7 +11,7 @@ from rich.table import Table
 from coda.cli import JsonOpt, app, fmt_value, out_console, print_json
 
 if TYPE_CHECKING:
-    from coda.cost.api_measure import EngineInfo
+    from coda.profiling.api_measure import EngineInfo
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect, fit and check cost profiles.")
 app.add_typer(profile_app, name="profile")
@@ -89,9 +89,9 @@ def profile_fit(
     """Fit a profile's attention constants to measured CSVs, with held-out residual bounds."""
     import json
 
-    from coda.cost.fit import fit_profile
     from coda.cost.profile import load_profile
     from coda.errors import CodaError
+    from coda.profiling.fit import fit_profile
 
     if family not in ("fa2-split", "balanced"):
         raise CodaError(f"--family {family!r}: use fa2-split or balanced")
@@ -127,8 +127,8 @@ def profile_check(
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted vs measured skew ratios and uniform times, next to a constant-ratio baseline."""
-    from coda.cost.check import check_skew
     from coda.cost.profile import load_profile
+    from coda.profiling.check import check_skew
 
     res = check_skew(load_profile(profile), skew)
     if as_json:
@@ -197,7 +197,7 @@ def profile_measure(
         return
     if out is None:
         raise CodaError("--out is required: the folder for the measured CSVs and hardware.json")
-    from coda.cost.measure import run
+    from coda.profiling.measure import run
 
     written = run(out, device=device, budget_s=budget_s, seed=seed, model=model)
     for path in written:
@@ -211,10 +211,10 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
     import json
 
     from coda.cli import err_console
-    from coda.cost.api_measure import Plan, Prober
-    from coda.cost.empirical_fit import COLUMNS, fit_step_model, measured_profile, write_samples
     from coda.cost.profile import Profile
     from coda.errors import CodaError
+    from coda.profiling.api_measure import Plan, Prober
+    from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile, write_samples
 
     if repeats < 1 or output_tokens < 8 or max_batch < 1:
         raise CodaError("--repeats and --max-batch must be >= 1 and --output-tokens >= 8")

@@ -2,7 +2,7 @@
 
 A live engine's internals are not visible from its API, so instead of a hardware model the step
 time is a linear function of what a step holds (``step_features``), with constants fitted to
-timings of controlled requests (``coda.cost.empirical_fit``):
+timings of controlled requests (``coda.profiling.empirical_fit``):
 
     step = fixed + token x (prefill tokens + decodes) + seq x (prefill chunks + decodes)
            + pair x sum of new x (cached + (new + 1) / 2) + context x sum of decode contexts

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from coda.cost.api_measure import DecodeSample, EngineInfo, PrefillSample
 from coda.cost.empirical import TERMS, step_features
+from coda.profiling.api_measure import DecodeSample, EngineInfo, PrefillSample
 
 COLUMNS = ("api_latency_s", "api_id_token_s", "api_text_token_s", *TERMS)
 OPTIONAL = ("prefill_pair_s", "decode_context_s")

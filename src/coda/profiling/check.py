@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from coda.cost.measured import Batch, SkewRow, read_skew
 from coda.cost.model import KernelCost, build_cost_model
 from coda.cost.profile import Profile
 from coda.errors import CodaError
+from coda.profiling.measured import Batch, SkewRow, read_skew
 
 
 def layer_s(cost: KernelCost, b: Batch) -> float:

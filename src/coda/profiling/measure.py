@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from coda.cost import catalog, kernels
+from coda.cost import kernels
 from coda.errors import CodaError
+from coda.profiling import catalog
 
 MODEL = "Qwen3-Coder-30B-A3B-Instruct-FP8"
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from coda.cost import catalog, kernels
-from coda.cost.measured import Batch, hardware_of, read_attention, read_skew
+from coda.cost import kernels
 from coda.cost.profile import Profile
 from coda.errors import CodaError
+from coda.profiling import catalog
+from coda.profiling.measured import Batch, hardware_of, read_attention, read_skew
 
 BOUND_QUANTILE = 0.95  # two-sided: 2.5% of held-out rows below the lower bound, 2.5% above the upper
 
