@@ -4,7 +4,7 @@ Every number an experiment prints comes from ``run_cell``: one simulation of one
 workload and seed, with read-only instrumentation attached (nothing here changes a policy's
 decision; wrappers call the policy and only count what it did). Aggregation follows DESIGN.md:
 means with 95% Student-t intervals over seeds, gains as ratios of sums over seeds; the interval
-of a ratio of sums is a jackknife over seeds (leave one seed out, t quantile with n-1 df).
+of a ratio of sums is a jackknife over seeds (``coda.metrics.ratio_ci``).
 
 Run from the repository root with the project's venv:  python experiments/<script>.py
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.metrics import mean_ci, summarize
+from coda.metrics import mean_ci, ratio_ci, summarize
 from coda.policy import registry
 from coda.policy.execution import Cohort
 from coda.policy.registry import SystemPreset
@@ -40,7 +40,6 @@ from coda.workload.stats import workload_duration_s
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "runs" / "experiments"
 SEEDS = [0, 1, 2, 3, 4]
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 # Experiment-only system presets (registered at run time, never shipped): the same components
 # as the shipped presets, recombined one factor at a time.
@@ -544,21 +543,10 @@ def _merge_state(probes: list[StateProbe]) -> dict[str, Any]:
 
 
 # --- aggregation ----------------------------------------------------------------------------
-def ratio_ci(num: Sequence[float], den: Sequence[float]) -> tuple[float, float, float]:
-    """Ratio of sums over seeds (paired) with a jackknife 95% interval: (ratio, lo, hi)."""
-    a, b = np.asarray(num, float), np.asarray(den, float)
-    r = a.sum() / b.sum()
-    n = len(a)
-    if n < 2:
-        return r, math.nan, math.nan
-    loo = np.array([(a.sum() - a[i]) / (b.sum() - b[i]) for i in range(n)])
-    se = math.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum())
-    t = T975.get(n - 1, 1.96)
-    return r, r - t * se, r + t * se
-
-
 def fmt_gain(num: Sequence[float], den: Sequence[float]) -> str:
     r, lo, hi = ratio_ci(num, den)
+    if lo is None:
+        return f"{(r - 1) * 100:+.1f}%"
     return f"{(r - 1) * 100:+.1f}% [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
 
 

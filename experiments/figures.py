@@ -17,7 +17,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import matplotlib  # noqa: E402
-from common import OUT, ROOT, T975, col, ratio_ci  # noqa: E402
+from common import OUT, ROOT, col  # noqa: E402
+
+from coda.metrics import mean_ci, ratio_ci  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -31,8 +33,8 @@ def load(name: str) -> dict:
 
 
 def mci(vals: list[float]) -> tuple[float, float]:
-    a = np.array(vals, float)
-    return float(a.mean()), float(T975[len(a) - 1] * a.std(ddof=1) / np.sqrt(len(a)))
+    ci = mean_ci(vals)
+    return ci["mean"], ci["ci95"]
 
 
 def gain(a: list[dict], b: list[dict], key: str) -> tuple[float, float, float]:

@@ -16,7 +16,7 @@ class CodaError(Exception):
 # The extra (pyproject.toml) that installs each optional dependency: a command that needs one the
 # install left out says what to install, in one line, instead of a traceback.
 EXTRA_OF = {
-    "typer": "all", "rich": "all",
+    "typer": "all", "rich": "all", "scipy": "all",
     "numba": "sim",
     "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
     "tokenizers": "gateway",

@@ -59,6 +59,18 @@ def test_compare_rows_and_ratios(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())["rows"][0]["system"] == "vllm"
 
 
+def test_compare_gives_each_ratio_a_jackknife_interval_over_seeds():
+    res = json.loads(coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "3", "--workers", "2", "--json").stdout)
+    ci = res["ratios_vs_baseline_ci95"]
+    assert ci["vllm"]["output_tps"] == [pytest.approx(1.0), pytest.approx(1.0)]  # the baseline against itself
+    for key, ratio in res["ratios_vs_baseline"]["coda"].items():
+        lo, hi = ci["coda"][key]
+        assert lo < ratio < hi, key
+    table = coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "3", "--workers", "2").stdout
+    line = next(ln for ln in table.splitlines() if "output_tps vs vllm" in ln)
+    assert f"[{ci['coda']['output_tps'][0]:.4g}, {ci['coda']['output_tps'][1]:.4g}]" in line
+
+
 def test_sim_out_writes_records(tmp_path):
     coda("sim", "--workload", SMALL, "--out", str(tmp_path / "o"), "--json")
     recs = [json.loads(line) for line in (tmp_path / "o" / "requests.jsonl").read_text().splitlines()]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from coda import __version__, strict_json
-from coda.metrics import mean_ci
+from coda.metrics import mean_ci, ratio_ci
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload
@@ -104,23 +104,17 @@ def compare(
         row["config"] = runs[0]["config"]
         rows.append(row)
     base_name = baseline or systems[0]
-    ratios = {}
-    for system in systems:
-        ratios[system] = {
-            key: _ratio_of_sums(per[system], per[base_name], key) for key in RATIO_METRICS
-        }
+    gains = {system: {key: ratio_ci([r[key] for r in per[system]], [r[key] for r in per[base_name]]) for key in RATIO_METRICS}
+             for system in systems}
+    ratios = {system: {key: g.ratio for key, g in by_key.items()} for system, by_key in gains.items()}
+    intervals = {system: {key: None if g.lo is None else [g.lo, g.hi] for key, g in by_key.items()} for system, by_key in gains.items()}
     return {
         "rows": rows,
         "baseline": base_name,
         "ratios_vs_baseline": ratios,
+        "ratios_vs_baseline_ci95": intervals,  # jackknife over seeds; None with one seed
         "seeds": list(seeds),
         "workload": workload_spec,
         "slo": base.slo.model_dump(),
         "versions": versions(),
     }
-
-
-def _ratio_of_sums(runs: list[dict[str, Any]], base: list[dict[str, Any]], key: str) -> float | None:
-    num = sum(r[key] for r in runs)
-    den = sum(r[key] for r in base)
-    return num / den if den else None
