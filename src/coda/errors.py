@@ -18,7 +18,7 @@ class CodaError(Exception):
 EXTRA_OF = {
     "typer": "all", "rich": "all", "scipy": "all",
     "numba": "sim",
-    "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
+    "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "httpx_sse": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
     "tokenizers": "gateway",
     "matplotlib": "plots",
     "torch": "measure",

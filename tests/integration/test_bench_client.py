@@ -251,6 +251,33 @@ def test_bad_responses_fail_with_a_reason_and_the_run_goes_on(server):
     assert summary["completed"] == 2 and summary["failed"] == 5 and summary["rejected"] == 0
 
 
+def raw_stream(*parts: bytes) -> Response:
+    """An SSE body sent as exactly these writes (so an event or a line can be split across reads)."""
+    async def gen():
+        for part in parts:
+            yield part
+            await asyncio.sleep(0)
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+def test_sse_joins_multi_line_data_skips_comments_and_reads_usage_from_the_final_event(server):
+    first = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "w0 w1"}, "finish_reason": None}]}, indent=1)
+    multi = "".join(f"data: {line}\r\n" for line in first.splitlines())  # one JSON object over many data: lines, CRLF
+    body = (": a comment the parser must skip\n\n" + "event: message\nid: 1\nretry: 100\n" + multi + "\r\n"
+            + 'data: {"choices": [{"index": 0, "delta": {"content": " w2"},\ndata:  "finish_reason": "length"}]}\n\n'
+            + ": keep-alive\n"
+            + 'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}\n\n'
+            + "data: [DONE]\n\n").encode()
+    cuts = [5, 40, len(multi) - 3, len(body) - 20]  # writes that split lines and events mid-way
+    server.reset(lambda s: raw_stream(*(body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]))))
+    replay, summary = bench(server.url, sessions(("s", 1)))
+    (rec,) = replay.records
+    assert rec["state"] == "completed" and rec["reason"] is None
+    assert rec["output_tokens"] == 3 and len(rec["gaps_s"]) == 2 and rec["gaps_s"][0] == 0.0  # w0 and w1 came in one chunk
+    assert rec["server_prompt_tokens"] == 7 and rec["hbm_hit_tokens"] == 4  # the final event's usage, decoded as JSON
+
+
 def test_requests_carry_session_tenant_model_and_trace_lengths(server):
     server.reset(lambda s: ok(5))
     bench(server.url, sessions(("s1", 2), tenant="acme", out=5))

@@ -3,19 +3,21 @@
 ``Endpoint.send`` never raises for what the server or the network does: every attempt comes
 back as an ``Attempt`` holding either the streamed answer (text, token times) or the HTTP status
 and a one-line reason (unreachable endpoint, a non-OpenAI response, a stream cut mid-way).
-Token counts per chunk use the shared word tokenizer (one word = one token; a non-empty chunk
-is at least one token), and the final ``usage`` block, when the server sends one, is kept.
+The stream is parsed by httpx-sse. Token counts per chunk use the shared word tokenizer (one
+word = one token; a non-empty chunk is at least one token), and the final ``usage`` block, when
+the server sends one, is kept.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
+from httpx_sse import EventSource
 
 from coda.bench.overload import retry_after_s
 from coda.bench.prompts import Message
@@ -147,7 +149,7 @@ class Endpoint:
                 elif "text/event-stream" not in ctype:
                     a.reason = f"bad_response: expected an SSE stream, got content-type {ctype or '(none)'!r}"
                 else:
-                    await self._read_stream(resp.stream, a)  # type: ignore[arg-type]
+                    await self._read_stream(resp, a)
             finally:
                 await resp.aclose()
         except httpx.TimeoutException as err:
@@ -162,61 +164,54 @@ class Endpoint:
             a.end_s = clock()
         return a
 
-    async def _read_stream(self, stream: AsyncIterable[bytes], a: Attempt) -> None:
+    async def _read_stream(self, resp: httpx.Response, a: Attempt) -> None:
+        """Read the SSE stream through httpx-sse (multi-line ``data:`` fields joined, comments and
+        other fields skipped); each event's JSON is one chunk, and the last ``usage`` block seen (the
+        final event's, with ``stream_options.include_usage``) is the answer's."""
         clock = self.clock
         chat = self.api == "chat"
-        buf = b""
         pieces: list[str] = []
         finished = done = False
-        async for raw in stream:
+        async for event in EventSource(resp).aiter_sse():
             now = clock()
-            buf += raw.replace(b"\r\n", b"\n")
-            while True:
-                cut = buf.find(b"\n\n")
-                if cut < 0:
-                    break
-                event, buf = buf[:cut], buf[cut + 2 :]
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue  # comments, event names, ids
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    try:
-                        obj = _decode.decode(data)
-                    except msgspec.DecodeError:
-                        a.reason = f"bad_response: SSE data is not JSON: {data[:60]!r}"
-                        return
-                    if not isinstance(obj, dict):
-                        a.reason = "bad_response: SSE data is not a JSON object"
-                        return
-                    if "error" in obj:
-                        a.reason = f"stream_error: {_error_message(data)}"
-                        return
-                    if isinstance(obj.get("usage"), dict):
-                        a.usage = obj["usage"]
-                    choices = obj.get("choices")
-                    if not isinstance(choices, list):
-                        a.reason = "bad_response: a chunk without choices (not an OpenAI stream)"
-                        return
-                    if not choices:
-                        continue
-                    choice = choices[0]
-                    piece = _piece(choice, chat)
-                    if piece:
-                        k = max(1, tok.count_tokens(piece))
-                        if a.first_token_s is None:
-                            a.first_token_s = now
-                            a.gaps.extend([0.0] * (k - 1))
-                        else:
-                            a.gaps.append(now - a.last_token_s)  # type: ignore[operator]
-                            a.gaps.extend([0.0] * (k - 1))  # tokens that arrived in one chunk arrive together
-                        a.last_token_s = now
-                        a.tokens += k
-                        pieces.append(piece)
-                    if choice.get("finish_reason"):
-                        finished = True
+            if event.data == "[DONE]":
+                done = True
+                continue
+            if not event.data:
+                continue  # an event with no data field (a bare `event:` or `id:`)
+            try:
+                obj = _decode.decode(event.data)
+            except msgspec.DecodeError:
+                a.reason = f"bad_response: SSE data is not JSON: {event.data[:60]!r}"
+                return
+            if not isinstance(obj, dict):
+                a.reason = "bad_response: SSE data is not a JSON object"
+                return
+            if "error" in obj:
+                a.reason = f"stream_error: {_error_message(event.data.encode())}"
+                return
+            if isinstance(obj.get("usage"), dict):
+                a.usage = obj["usage"]
+            choices = obj.get("choices")
+            if not isinstance(choices, list):
+                a.reason = "bad_response: a chunk without choices (not an OpenAI stream)"
+                return
+            if not choices:
+                continue
+            choice = choices[0]
+            piece = _piece(choice, chat)
+            if piece:
+                k = max(1, tok.count_tokens(piece))
+                if a.first_token_s is not None:
+                    a.gaps.append(now - a.last_token_s)  # type: ignore[operator]
+                else:
+                    a.first_token_s = now
+                a.gaps.extend([0.0] * (k - 1))  # tokens that arrived in one chunk arrive together
+                a.last_token_s = now
+                a.tokens += k
+                pieces.append(piece)
+            if choice.get("finish_reason"):
+                finished = True
         a.text = "".join(pieces)
         if not (done or finished):
             a.reason = "stream_cut: the stream ended before [DONE] or a finish_reason"
