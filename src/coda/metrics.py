@@ -3,8 +3,11 @@
 Throughput counts what *finished* inside the measurement window [t0, t1] (so work deferred past
 the window never inflates it), divided by the window length. Latencies are over the requests
 that became *ready* inside the window and completed. A request meets its SLO when its TTFT and
-its mean inter-token gap are both within their SLOs. TBT percentiles pool every inter-token gap
-of every measured request. Goodput = SLO-meeting requests / offered requests (ready in window),
+its mean inter-token gap are both within their SLOs. Two views of decode speed are reported:
+ITL is per request, ``(e2e - ttft) / (output_tokens - 1)``, with percentiles over requests (what
+AIPerf and GuideLLM call inter-token latency and vLLM's benchmark calls TPOT); TBT percentiles
+pool every inter-token gap of every measured request, where tokens that arrive together (one
+streamed chunk, one simulated step of several) are one gap followed by zeros. Goodput = SLO-meeting requests / offered requests (ready in window),
 so rejecting or never finishing a request counts against it.
 """
 
@@ -60,8 +63,9 @@ def summarize(
     """Metrics of DESIGN.md from per-request records.
 
     ``records`` carry ``ready_s``, ``first_token_s``, ``finish_s``, ``output_tokens``,
-    ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` and, where known,
-    ``*_hit_tokens`` and ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
+    ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` (the request's
+    ``(finish - first) / (output_tokens - 1)``, its ITL) and, where known, ``*_hit_tokens`` and
+    ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
     without it, each record's ``gaps_s`` list is pooled.
     """
     ready = _col(records, "ready_s")
@@ -102,6 +106,10 @@ def summarize(
         for p in (50, 95, 99):
             res[f"{name}_p{p}_s"] = _pct(arr, p)
         res[f"{name}_mean_s"] = float(arr.mean()) if arr.size else None
+    itl = tbt[lat & (out > 1) & ~np.isnan(tbt)]  # the record's tbt_mean_s is (finish - first) / (out - 1)
+    for p in (50, 95, 99):
+        res[f"itl_p{p}_s"] = _pct(itl, p)
+    res["itl_mean_s"] = float(itl.mean()) if itl.size else None
     if gaps is None:
         pooled = [g for r, m in zip(records, lat) if m for g in (r.get("gaps_s") or ())]
         gaps = (np.array(pooled, dtype=float), np.ones(len(pooled)))

@@ -3,6 +3,8 @@ sweeps with repeats and a knee, Ctrl-C writing what was measured, one-line error
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import signal
 import socket
@@ -12,11 +14,13 @@ import sys
 import httpx
 import pytest
 
+from coda.bench.report import flat
 from coda.engines.launch import FakeEngineProcess
 from tests.waiting import wait_until
 
-JSON_KEYS = {"offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
-             "e2e_p50_s", "config"}
+JSON_ORDER = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
+              "e2e_p50_s", "config")
+JSON_KEYS = set(JSON_ORDER)
 SMALL = "synth:rate=6,duration=60,seed=1"  # 4 sessions; with --time-scale 0.05 a 3 s arrival window
 
 
@@ -82,6 +86,49 @@ def test_sweep_repeats_each_rate_and_reports_the_knee(engine, tmp_path):
     assert seeds == {1, 2, 3}  # each repeat is another synthetic draw
 
 
+def max_overlap(records: list[dict]) -> int:
+    """The most requests in flight at once, from each completed request's send and end times."""
+    edges = sorted((t, d) for r in records if r["state"] == "completed" for t, d in ((r["sent_s"], 1), (r["end_s"], -1)))
+    inflight = peak = 0
+    for _, d in edges:
+        inflight += d
+        peak = max(peak, inflight)
+    return peak
+
+
+def test_sweep_concurrency_runs_n_sessions_at_a_time_and_reports_the_knee(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--sweep-concurrency", "1,3",
+                "--out", str(tmp_path), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["axis"] == "concurrency" and [r["concurrency"] for r in res["rows"]] == [1, 3] and all(r["repeats"] == 3 for r in res["rows"])
+    assert res["knee_concurrency"] in (1, 3) and "itl_p50_s" in res["rows"][0]
+    peaks = {}
+    for level in (1, 3):
+        for path in sorted(tmp_path.glob(f"concurrency-{level}/repeat-*/")):
+            assert json.loads((path / "summary.json").read_text())["config"]["max_concurrency"] == level
+            records = [json.loads(line) for line in (path / "requests.jsonl").read_text().splitlines()]
+            peaks.setdefault(level, []).append(max_overlap(records))
+            if level == 1:  # one session after another: each starts once the previous one has ended
+                sessions = sorted({r["session_id"] for r in records}, key=lambda sid: min(r["ready_s"] for r in records if r["session_id"] == sid))
+                for a, b in zip(sessions, sessions[1:]):
+                    assert min(r["ready_s"] for r in records if r["session_id"] == b) >= max(r["end_s"] for r in records if r["session_id"] == a)
+    assert peaks[1] == [1, 1, 1] and max(peaks[3]) == 3
+    header = (tmp_path / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert header == list(res["rows"][0])  # the JSON's columns
+
+
+def test_csv_prints_the_summary_with_the_json_columns(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--max-concurrency", "2", "--drain-s", "20",
+                "--out", str(tmp_path), "--csv")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(row) == set(flat(summary)) and list(row)[: len(JSON_KEYS) - 1] == [k for k in JSON_ORDER if k != "config"]
+    assert int(row["offered"]) == summary["offered"] and row["config.workload.spec"] == SMALL and row["config.max_concurrency"] == "2"
+    assert (tmp_path / "summary.csv").read_text().splitlines()[0].split(",") == list(flat(summary))
+
+
 def requests_seen(url: str) -> float:
     """Prompt tokens the engine has taken in (vLLM's counter), from its /metrics."""
     lines = [ln for ln in httpx.get(url + "/metrics").text.splitlines() if ln.startswith("vllm:prompt_tokens_total")]
@@ -120,6 +167,10 @@ def busy_port() -> socket.socket:
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--api", "grpc"), "api"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "2,4", "--repeats", "2"), "--repeats must be >= 3"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "fast"), "comma-separated"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep-concurrency", "1,2.5"), "integer concurrencies"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "1,2", "--sweep-concurrency", "1,2"), "two sweeps"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--max-concurrency", "0"), "max_concurrency"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--json", "--csv"), "choose one"),
         (("fake-engine", "--port", "0", "--system", "coda"), "tool_aware eviction"),
         (("fake-engine", "--port", "0", "--system", "nope"), "unknown system 'nope'"),
         (("fake-engine", "--port", "0", "--speedup", "0"), "speedup"),

@@ -1,7 +1,11 @@
 """Closed-loop replay of agent sessions against an endpoint: ``Replay(workload, config).run()``.
 
 Each session starts at its (scaled) start time and sends its rounds in order; round k+1 becomes
-ready when round k's response has ended plus its (scaled) tool or think time. Every round that
+ready when round k's response has ended plus its (scaled) tool or think time. With
+``max_concurrency`` N the start times are ignored instead: N sessions run at a time, as N agents
+would, and a slot whose session ended starts the next one of the workload (in start order), so
+load is set by N rather than by an arrival rate (as in vLLM's ``--max-concurrency``, AIPerf's
+``--concurrency`` and GuideLLM's concurrent profile). Every round that
 becomes ready inside the run's arrival window is *offered* and ends exactly once as
 ``completed``, ``rejected`` (429/503/529 after the attempt limit or the retry budget, with the
 status and reason) or ``failed`` (anything else, with the reason). A session whose round did not
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -56,7 +60,8 @@ class BenchConfig(BaseModel):
     max_retry_after_s: PositiveFloat = Field(60.0, description="longest Retry-After honoured; longer ones are capped")
     retry_rate: NonNegativeFloat = Field(5.0, description="retry budget: tokens per second (one per retry)")
     retry_burst: NonNegativeFloat = Field(20.0, description="retry budget: bucket size")
-    max_concurrency: PositiveInt | None = Field(None, description="per-tenant in-flight limit (429s lower it, successes restore it)")
+    max_concurrency: PositiveInt | None = Field(None, description="closed loop: this many sessions at a time, start times ignored")
+    tenant_concurrency: PositiveInt | None = Field(None, description="per-tenant in-flight limit (429s lower it, successes restore it)")
     ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens")
     timeout_s: PositiveFloat = 600.0
@@ -75,7 +80,9 @@ class Replay:
         if config.warmup_s >= self.duration_s:
             raise ValueError(f"warmup_s={config.warmup_s:g} leaves no measurement window in a {self.duration_s:g} s run")
         starts = sorted(workload.sessions, key=lambda s: (s.start_s, s.session_id))
-        self.sessions = [s for s in starts if s.start_s * config.time_scale <= self.duration_s][: config.max_sessions]
+        if config.max_concurrency is None:
+            starts = [s for s in starts if s.start_s * config.time_scale <= self.duration_s]
+        self.sessions = starts[: config.max_sessions]
         self.vocab: Vocabulary = HFVocabulary(config.tokenizer) if config.tokenizer else WordVocabulary()
         self.records: list[dict[str, Any]] = []
         self.counts: Counter[str] = Counter()
@@ -109,21 +116,28 @@ class Replay:
 
     async def run(self) -> None:
         cfg = self.config
+        lanes = min(len(self.sessions), cfg.max_concurrency or len(self.sessions))
         endpoint = Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
-                            timeout_s=cfg.timeout_s, shards=min(SHARDS, len(self.sessions)), clock=self._clock)
+                            timeout_s=cfg.timeout_s, shards=min(SHARDS, lanes), clock=self._clock)
         try:
             listed = await endpoint.served_model()  # also the check that the endpoint answers at all
             if self.model is None:
                 self.model = endpoint.model = listed
             self._t0 = self._clock()
             watch = asyncio.create_task(self._watch_lag())
-            tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]
+            if cfg.max_concurrency is None:
+                tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]
+            else:
+                queue = deque(self.sessions)
+                tasks = [asyncio.create_task(self._slot(endpoint, queue, i)) for i in range(lanes)]
             everything = asyncio.gather(*tasks, return_exceptions=True)
             stopper = asyncio.create_task(self._stop.wait())
             deadline = self.duration_s + self.config.drain_s
             await asyncio.wait({everything, stopper}, timeout=max(deadline - self.now(), 0.0), return_when=asyncio.FIRST_COMPLETED)
             if self._stop.is_set():
                 self.window_end = min(self.window_end, self.now())
+            elif cfg.max_concurrency is not None and everything.done():
+                self.window_end = min(self.window_end, self.now())  # the workload ran out: no idle tail in the window
             for t in (*tasks, stopper, watch):
                 t.cancel()
             await asyncio.gather(everything, stopper, watch, return_exceptions=True)
@@ -142,16 +156,23 @@ class Replay:
         return Window(self.config.warmup_s, max(self.window_end, self.config.warmup_s))
 
     # --- one session -----------------------------------------------------------------------
-    async def _session(self, endpoint: Endpoint, sess: Session, shard: int) -> None:
+    async def _slot(self, endpoint: Endpoint, queue: deque[Session], shard: int) -> None:
+        """One of ``max_concurrency`` lanes: run sessions one after another, each from when the last ended."""
+        while queue and self.now() <= self.duration_s and not self._stop.is_set():
+            await self._session(endpoint, queue.popleft(), shard, start_s=self.now())
+
+    async def _session(self, endpoint: Endpoint, sess: Session, shard: int, start_s: float | None = None) -> None:
+        """Replay one session from its start time, or from ``start_s`` (a concurrency slot), its
+        rounds' own timing shifted with it."""
         ts = self.config.time_scale
-        ready = sess.start_s * ts
+        first = sess.rounds[0]
+        ready = max(sess.start_s * ts, first.at_s * ts if first.at_s is not None else 0.0)
+        shift = 0.0 if start_s is None else start_s - ready
+        ready += shift
         conv = Conversation(sess, self.vocab)
         trace_prompts = [p for _, p in session_prompts(sess)]
         tenant = sess.tenant or self.config.tenant
         headers = {"x-session-id": sess.session_id, "x-tenant-id": tenant}
-        first = sess.rounds[0]
-        if first.at_s is not None:
-            ready = max(ready, first.at_s * ts)
         for k in range(len(sess.rounds)):
             if ready > self.duration_s:
                 return  # rounds that become ready after the window are not offered
@@ -169,11 +190,11 @@ class Replay:
                 self.counts["failed"] += 1
                 raise
             if text is None:
-                self._abandon(sess, k + 1, rec["state"], tenant, trace_prompts)
+                self._abandon(sess, k + 1, rec["state"], tenant, trace_prompts, shift)
                 return
             conv.reply(text)
             if k + 1 < len(sess.rounds):
-                ready = next_ready_s(sess, k, rec["end_s"], ts)
+                ready = next_ready_s(sess, k, rec["end_s"] - shift, ts) + shift
 
     def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
         rnd = sess.rounds[k]
@@ -190,8 +211,9 @@ class Replay:
         self.counts["offered"] += 1
         return rec
 
-    def _abandon(self, sess: Session, first: int, state: str, tenant: str, trace_prompts: list[int]) -> None:
-        for k, ready in unsent_ready_s(sess, first, self.now(), self.config.time_scale):
+    def _abandon(self, sess: Session, first: int, state: str, tenant: str, trace_prompts: list[int], shift: float) -> None:
+        for k, unshifted in unsent_ready_s(sess, first, self.now() - shift, self.config.time_scale):
+            ready = unshifted + shift
             if ready > self.duration_s:
                 return  # as for a live session: rounds ready after the window are not offered
             rec = self._record(sess, k, ready, tenant, trace_prompts[k])
@@ -204,7 +226,7 @@ class Replay:
         cfg = self.config
         limiter = self.limiters.get(rec["tenant"])
         if limiter is None:
-            limiter = self.limiters[rec["tenant"]] = TenantLimiter(cfg.max_concurrency)
+            limiter = self.limiters[rec["tenant"]] = TenantLimiter(cfg.tenant_concurrency)
         while True:
             epoch = await limiter.acquire()
             rec["attempts"] += 1

@@ -1,4 +1,4 @@
-"""Summaries, output files and plots of bench runs; the metric definitions are ``coda.metrics``'s.
+"""Summaries, output files (JSON, CSV) and plots of bench runs; the metric definitions are ``coda.metrics``'s.
 
 The client cannot tell which tier served a prefix hit, so the engine-reported cached tokens
 (``usage.prompt_tokens_details.cached_tokens``) are the hits behind ``reuse_rate`` and the per-tier
@@ -8,6 +8,8 @@ and the versions.
 
 from __future__ import annotations
 
+import csv
+import io
 import platform
 from collections import Counter
 from collections.abc import Sequence
@@ -23,7 +25,8 @@ from coda.metrics import Window, mean_ci, summarize
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
 TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",
-              "useful_tps", "request_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate")
+              "useful_tps", "request_tps", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tbt_p50_s", "tbt_p95_s", "e2e_p50_s", "e2e_p95_s",
+              "reuse_rate")
 
 
 def versions() -> dict[str, str]:
@@ -65,8 +68,8 @@ def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, An
         for r in records:
             fh.write(strict_json.dumps(r) + "\n")
     window = Window(*summary["window_s"])
-    return [out / "summary.json", out / "requests.jsonl", plot_latency_cdfs(out / "latency_cdf.png", records, window),
-            plot_throughput(out / "throughput.png", records, window)]
+    return [out / "summary.json", write_csv(out / "summary.csv", [summary]), out / "requests.jsonl",
+            plot_latency_cdfs(out / "latency_cdf.png", records, window), plot_throughput(out / "throughput.png", records, window)]
 
 
 def _plt() -> Any:
@@ -83,16 +86,17 @@ def plot_latency_cdfs(path: Path, records: Sequence[dict[str, Any]], window: Win
     done = [r for r in records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
     series = {
         "TTFT": [r["ttft_s"] for r in done],
-        "TBT (every inter-token gap)": [g for r in done for g in r["gaps_s"]],
+        "ITL (per request)": [r["tbt_mean_s"] for r in done if r["tbt_mean_s"] is not None],
+        "TBT (every chunk gap)": [g for r in done for g in r["gaps_s"]],
         "E2E": [r["e2e_s"] for r in done],
     }
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, (name, vals) in zip(axes, series.items()):
         v = np.sort(np.asarray(vals, dtype=float))
         if v.size:
             ax.plot(v, np.arange(1, v.size + 1) / v.size)
         ax.set_xlabel(f"{name} (s)")
-        ax.set_ylabel("fraction of requests" if name != "TBT (every inter-token gap)" else "fraction of gaps")
+        ax.set_ylabel("fraction of gaps" if name.startswith("TBT") else "fraction of requests")
         ax.set_title(f"{name}, n={v.size}")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -127,15 +131,15 @@ def plot_throughput(path: Path, records: Sequence[dict[str, Any]], window: Windo
 
 
 # --- sweeps --------------------------------------------------------------------------------
-SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "e2e_p50_s",
-                 "rejected", "failed")
+SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
+                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed")
 
 
-def sweep_rows(runs: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per rate: each metric's mean and 95% interval over the repeats."""
+def sweep_rows(runs: dict[float, list[dict[str, Any]]], axis: str = "rate") -> list[dict[str, Any]]:
+    """Per level of ``axis`` (a rate or a concurrency): each metric's mean and 95% interval over the repeats."""
     rows = []
-    for rate, summaries in sorted(runs.items()):
-        row: dict[str, Any] = {"rate": rate, "repeats": len(summaries)}
+    for level, summaries in sorted(runs.items()):
+        row: dict[str, Any] = {axis: level, "repeats": len(summaries)}
         for key in SWEEP_METRICS:
             stats = mean_ci(s.get(key) for s in summaries)
             row[key], row[f"{key}_ci95"] = stats["mean"], stats["ci95"]
@@ -143,30 +147,62 @@ def sweep_rows(runs: dict[float, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
-def knee(rows: Sequence[dict[str, Any]], tolerance: float = 0.05) -> float | None:
-    """The highest rate whose mean goodput is within ``tolerance`` of the best rate's."""
+def knee(rows: Sequence[dict[str, Any]], axis: str = "rate", tolerance: float = 0.05) -> float | None:
+    """The highest level of ``axis`` whose mean goodput is within ``tolerance`` of the best level's."""
     good = [r for r in rows if r["goodput"] is not None]
     if not good:
         return None
     best = max(r["goodput"] for r in good)
-    return max(r["rate"] for r in good if r["goodput"] >= (1 - tolerance) * best)
+    return max(r[axis] for r in good if r["goodput"] >= (1 - tolerance) * best)
 
 
-def plot_load(path: Path, rows: Sequence[dict[str, Any]], knee_rate: float | None) -> Path:
-    """Throughput and goodput against offered load, with 95% intervals and the knee."""
+# --- CSV -----------------------------------------------------------------------------------
+def flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The JSON's keys as CSV columns: nested objects as dotted names, lists as JSON text."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat(value, name + "."))
+        elif isinstance(value, list | tuple | dict):
+            out[name] = strict_json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as CSV with the JSON's keys for columns (in first-seen order; a missing value is empty)."""
+    flats = [flat(r) for r in rows]
+    columns = list(dict.fromkeys(k for f in flats for k in f))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flats)
+    return buf.getvalue()
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    path.write_text(csv_text(rows))
+    return path
+
+
+def plot_load(path: Path, rows: Sequence[dict[str, Any]], axis: str, knee_level: float | None) -> Path:
+    """Throughput and goodput against the offered load (a rate sweep) or the concurrency, with 95% intervals and the knee."""
     plt = _plt()
-    x = [r["offered_rps"] for r in rows]
+    x_key, x_label = ("offered_rps", "offered load (requests/s)") if axis == "rate" else (axis, "concurrency (sessions at a time)")
+    x = [r[x_key] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     for key, label in (("output_tps", "output tokens/s"), ("slo_tps", "SLO-meeting output tokens/s")):
         ax1.errorbar(x, [r[key] for r in rows], yerr=[r[f"{key}_ci95"] or 0 for r in rows], marker="o", capsize=3, label=label)
     ax2.errorbar(x, [r["goodput"] for r in rows], yerr=[r["goodput_ci95"] or 0 for r in rows], marker="o", capsize=3, color="tab:green")
-    if knee_rate is not None:
-        kx = next(r["offered_rps"] for r in rows if r["rate"] == knee_rate)
+    if knee_level is not None:
+        kx = next(r[x_key] for r in rows if r[axis] == knee_level)
         for ax in (ax1, ax2):
-            ax.axvline(kx, color="grey", linestyle="--", label=f"knee (rate {knee_rate:g})")
-    ax1.set_xlabel("offered load (requests/s)")
+            ax.axvline(kx, color="grey", linestyle="--", label=f"knee ({axis} {knee_level:g})")
+    for ax in (ax1, ax2):
+        ax.set_xlabel(x_label)
     ax1.set_ylabel("tokens/s")
-    ax2.set_xlabel("offered load (requests/s)")
     ax2.set_ylabel("goodput (SLO-meeting / offered)")
     ax2.set_ylim(0, 1.05)
     for ax in (ax1, ax2):

@@ -6,14 +6,14 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from coda import strict_json
 from coda.bench.client import EndpointDown
 from coda.bench.replay import BenchConfig, Replay
-from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_run
+from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_csv, write_run
 from coda.errors import CodaError
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
@@ -76,13 +76,16 @@ async def _tick(replay: Replay, progress: Progress) -> None:
         await asyncio.sleep(0.25)
 
 
-def workload_at(spec: str, rate: float, seed: int, fmt: str | None = None) -> Workload:
-    """The workload at ``rate`` req/s: a synth spec regenerated (rate and seed substituted), a file subsampled."""
+def workload_at(spec: str, rate: float | None, seed: int, fmt: str | None = None) -> Workload:
+    """The workload drawn with ``seed``: a synth spec regenerated (seed, and ``rate`` when given,
+    substituted); a file subsampled to ``rate`` (whole sessions), or as it is without one."""
     if spec.startswith("synth"):
         body = spec.split(":", 1)[1] if ":" in spec else ""
-        parts = [p for p in body.split(",") if p.strip() and not re.match(r"\s*(rate|seed)\s*=", p)]
-        return load_workload("synth:" + ",".join([*parts, f"rate={rate:g}", f"seed={seed}"]))
-    return subsample(load_workload(spec, fmt), rate=rate, seed=seed)
+        drop = r"\s*(rate|seed)\s*=" if rate is not None else r"\s*seed\s*="
+        parts = [p for p in body.split(",") if p.strip() and not re.match(drop, p)]
+        return load_workload("synth:" + ",".join([*parts, *([f"rate={rate:g}"] if rate is not None else []), f"seed={seed}"]))
+    workload = load_workload(spec, fmt)
+    return subsample(workload, rate=rate, seed=seed) if rate is not None else workload
 
 
 def check_repeats(repeats: int) -> None:
@@ -90,33 +93,41 @@ def check_repeats(repeats: int) -> None:
         raise CodaError(f"--repeats must be >= 3 for a sweep (95% intervals need them), got {repeats}")
 
 
-async def sweep(spec: str, rates: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
+Axis = Literal["rate", "concurrency"]
+
+
+async def sweep(spec: str, axis: Axis, levels: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
                 progress: Callable[[str, Replay], None] | None = None, on_replay: Callable[[Replay], None] | None = None) -> dict[str, Any]:
-    """Every rate ``repeats`` times, each on another draw of the workload (a synth spec's seed, else
-    ``cfg.seed``, then +1, +2, ...); rows of means with 95% intervals, the knee, load.png."""
+    """Every level of ``axis`` (request rates, or closed-loop concurrencies) ``repeats`` times, each
+    on another draw of the workload (a synth spec's seed, else ``cfg.seed``, then +1, +2, ...);
+    rows of means with 95% intervals, the knee, load.png and sweep.csv."""
     check_repeats(repeats)
     found = re.search(r"seed=(\d+)", spec) if spec.startswith("synth") else None
     base = int(found.group(1)) if found else cfg.seed
     runs: dict[float, list[dict[str, Any]]] = {}
-    for rate in rates:
+    for level in levels:
         for i in range(repeats):
             seed = base + i
-            label = f"rate {rate:g} repeat {i + 1}/{repeats}"
-            wl = workload_at(spec, rate, seed, fmt)
-            replay, summary = await run_once(wl, cfg.model_copy(update={"seed": seed}), spec, on_replay=on_replay,
+            label = f"{axis} {level:g} repeat {i + 1}/{repeats}"
+            if axis == "rate":
+                wl, run_cfg = workload_at(spec, level, seed, fmt), cfg.model_copy(update={"seed": seed})
+            else:
+                wl, run_cfg = workload_at(spec, None, seed, fmt), cfg.model_copy(update={"seed": seed, "max_concurrency": int(level)})
+            replay, summary = await run_once(wl, run_cfg, spec, on_replay=on_replay,
                                              progress=(lambda r, label=label: progress(label, r)) if progress else None)
-            summary["rate"] = rate
-            write_run(out / f"rate-{rate:g}" / f"repeat-{i}", summary, replay.records)
-            runs.setdefault(rate, []).append(summary)
+            summary[axis] = level
+            write_run(out / f"{axis}-{level:g}" / f"repeat-{i}", summary, replay.records)
+            runs.setdefault(level, []).append(summary)
             if replay.ended_early:
                 break
-        if any(s["ended_early"] for s in runs[rate]):
+        if any(s["ended_early"] for s in runs[level]):
             break
-    rows = sweep_rows(runs)
-    k = knee(rows)
-    result = {"rows": rows, "knee_rate": k, "repeats": repeats, "workload": spec, "slo": cfg.slo.model_dump(),
-              "config": cfg.model_dump(), "versions": versions(), "knee_rule": "highest rate whose mean goodput is within 5% of the best"}
+    rows = sweep_rows(runs, axis)
+    k = knee(rows, axis)
+    result = {"axis": axis, "rows": rows, f"knee_{axis}": k, "repeats": repeats, "workload": spec, "slo": cfg.slo.model_dump(),
+              "config": cfg.model_dump(), "versions": versions(), "knee_rule": f"highest {axis} whose mean goodput is within 5% of the best"}
     out.mkdir(parents=True, exist_ok=True)
-    plot_load(out / "load.png", rows, k)
+    plot_load(out / "load.png", rows, axis, k)
+    write_csv(out / "sweep.csv", rows)
     (out / "sweep.json").write_text(strict_json.dumps(result, indent=2) + "\n")
     return result

@@ -28,7 +28,7 @@ from coda.cli import (
 )
 from coda.errors import CodaError
 
-CONFIG_ONLY = ("workload", "format", "out", "sweep", "repeats")
+CONFIG_ONLY = ("workload", "format", "out", "sweep", "sweep_concurrency", "repeats")
 
 
 def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -59,14 +59,17 @@ def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], A
         raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
 
 
-def _rates(text: str) -> list[float]:
+def _levels(flag: str, text: str, kind: type) -> list[float]:
+    """Sweep levels: at least two, > 0, below and above capacity."""
+    example = "1,2,4,8"
+    what = "request rates" if kind is float else "integer concurrencies"
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        levels = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise CodaError(f"--sweep {text!r}: give comma-separated request rates, e.g. 1,2,4,8") from None
-    if len(rates) < 2 or any(r <= 0 for r in rates):
-        raise CodaError(f"--sweep {text!r}: give at least two rates > 0, below and above capacity, e.g. 1,2,4,8")
-    return sorted(rates)
+        raise CodaError(f"{flag} {text!r}: give comma-separated {what}, e.g. {example}") from None
+    if len(levels) < 2 or any(v <= 0 for v in levels):
+        raise CodaError(f"{flag} {text!r}: give at least two {what} > 0, below and above capacity, e.g. {example}")
+    return sorted(levels)
 
 
 @app.command()
@@ -88,7 +91,9 @@ def bench(
     max_attempts: Annotated[int | None, typer.Option("--max-attempts", help="attempts per request on 429/503/529 (default 4)")] = None,
     retry_rate: Annotated[float | None, typer.Option("--retry-rate", help="retry budget refill, retries/s (default 5)")] = None,
     retry_burst: Annotated[float | None, typer.Option("--retry-burst", help="retry budget size (default 20)")] = None,
-    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="per-tenant in-flight limit (default none)")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="closed loop: N sessions at a time, start times ignored")] = None,
+    sweep_concurrency: Annotated[str | None, typer.Option("--sweep-concurrency", help="comma-separated concurrencies to sweep, e.g. 1,2,4,8")] = None,
+    tenant_concurrency: Annotated[int | None, typer.Option("--tenant-concurrency", help="per-tenant in-flight limit, halved by a 429 (default none)")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="per-attempt timeout (default 600)")] = None,
@@ -98,26 +103,37 @@ def bench(
     fmt: FormatOpt = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML file with any of these options")] = None,
     as_json: JsonOpt = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="print the summary (or the sweep's rows) as CSV on stdout")] = False,
 ) -> None:
     """Closed-loop replay of agent sessions: growing prompts, streamed responses, good-client retries, goodput."""
     cli = dict(endpoint=endpoint, workload=workload, out=out, model=model, duration_s=duration, time_scale=time_scale,
-               max_sessions=max_sessions, sweep=sweep, repeats=repeats, api=api, tenant=tenant,
+               max_sessions=max_sessions, sweep=sweep, sweep_concurrency=sweep_concurrency, repeats=repeats, api=api, tenant=tenant,
                api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
-               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s,
-               seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
+               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, tenant_concurrency=tenant_concurrency,
+               ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
     extra, cfg = _config(config, cli)
     require("matplotlib")  # for the figures every run writes
     if not extra.get("workload"):
         raise CodaError("--workload is required (a workload file or a spec such as synth:rate=1,duration=120,seed=0)")
     if not extra.get("out"):
         raise CodaError("--out is required (a directory for summary.json, requests.jsonl and the plots)")
+    if as_json and as_csv:
+        raise CodaError("--json and --csv both print on stdout; choose one (the files in --out hold both)")
     out_dir = Path(extra["out"])
     spec = str(extra["workload"])
+    printer = "json" if as_json else "csv" if as_csv else "table"
+    repeats = int(extra["repeats"]) if extra.get("repeats") is not None else 3
+    if extra.get("sweep") and extra.get("sweep_concurrency"):
+        raise CodaError("--sweep and --sweep-concurrency are two sweeps; run one at a time")
     if extra.get("sweep"):
-        repeats = int(extra["repeats"]) if extra.get("repeats") is not None else 3
-        _run_sweep(spec, _rates(str(extra["sweep"])), repeats, cfg, out_dir, extra.get("format"), as_json)
+        _run_sweep(spec, "rate", _levels("--sweep", str(extra["sweep"]), float), repeats, cfg, out_dir, extra.get("format"), printer)
+    elif extra.get("sweep_concurrency"):
+        if cfg.max_concurrency is not None:
+            raise CodaError("--sweep-concurrency sets the concurrency of each run; drop --max-concurrency")
+        levels = _levels("--sweep-concurrency", str(extra["sweep_concurrency"]), int)
+        _run_sweep(spec, "concurrency", levels, repeats, cfg, out_dir, extra.get("format"), printer)
     else:
-        _run_single(spec, cfg, out_dir, extra.get("format"), as_json)
+        _run_single(spec, cfg, out_dir, extra.get("format"), printer)
 
 
 def _with_interrupt(main: Any) -> Any:
@@ -150,8 +166,8 @@ def _status(replay: Any) -> str:
     return f"offered {c['offered']} completed {c['completed']} rejected {c['rejected']} failed {c['failed']} in flight {c['inflight']}"
 
 
-def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, as_json: bool) -> None:
-    from coda.bench.report import JSON_KEYS, write_run
+def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, printer: str) -> None:
+    from coda.bench.report import JSON_KEYS, csv_text, write_run
     from coda.bench.run import run_once
 
     wl = load_workload_arg(spec, fmt)
@@ -163,8 +179,11 @@ def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, as_json: bool) 
 
         (replay, summary), interrupted = _with_interrupt(lambda on_replay: run_once(wl, cfg, spec, progress=tick, on_replay=on_replay))
     files = write_run(out, summary, replay.records)
-    if as_json:
-        print_json({k: summary.get(k) for k in JSON_KEYS} | {k: v for k, v in summary.items() if k not in JSON_KEYS})
+    ordered = {k: summary.get(k) for k in JSON_KEYS} | {k: v for k, v in summary.items() if k not in JSON_KEYS}
+    if printer == "json":
+        print_json(ordered)
+    elif printer == "csv":
+        sys.stdout.write(csv_text([ordered]))
     else:
         _print_table(summary, files)
     if interrupted:
@@ -186,9 +205,10 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
 
     cfg = s["config"]
     wl = cfg["workload"]
+    load = f"max_concurrency={cfg['max_concurrency']} (closed loop)" if cfg["max_concurrency"] else "arrivals as in the workload"
     out_console.print(
         f"[bold]coda bench[/bold] endpoint={cfg['endpoint']} model={cfg['model']} api={cfg['api']} workload={wl['spec']} "
-        f"({wl['sessions']} sessions, {cfg['sessions_started']} started) time_scale={cfg['time_scale']} seed={s['seed']}\n"
+        f"({wl['sessions']} sessions, {cfg['sessions_started']} started) {load} time_scale={cfg['time_scale']} seed={s['seed']}\n"
         f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; window {s['window_s'][0]:.1f}-{s['window_s'][1]:.1f} s; "
         f"retries: at most {cfg['max_attempts']} attempts, budget {cfg['retry_rate']}/s burst {cfg['retry_burst']}\n{cfg['tokenizer']}",
         highlight=False, soft_wrap=True,
@@ -205,7 +225,8 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
     out_console.print("wrote " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
 
 
-def _run_sweep(spec: str, rates: list[float], repeats: int, cfg: Any, out: Path, fmt: str | None, as_json: bool) -> None:
+def _run_sweep(spec: str, axis: str, levels: list[float], repeats: int, cfg: Any, out: Path, fmt: str | None, printer: str) -> None:
+    from coda.bench.report import csv_text
     from coda.bench.run import check_repeats, sweep
 
     check_repeats(repeats)
@@ -215,20 +236,24 @@ def _run_sweep(spec: str, rates: list[float], repeats: int, cfg: Any, out: Path,
         def tick(label: str, replay: Any) -> None:
             prog.update(task, completed=min(replay.now() / replay.duration_s, 1.0), description=f"{label}: {_status(replay)}")
 
-        result, interrupted = _with_interrupt(lambda on_replay: sweep(spec, rates, repeats, cfg, out, fmt=fmt, progress=tick, on_replay=on_replay))
-    if as_json:
+        result, interrupted = _with_interrupt(lambda on_replay: sweep(spec, axis, levels, repeats, cfg, out, fmt=fmt, progress=tick, on_replay=on_replay))
+    if printer == "json":
         print_json(result)
+    elif printer == "csv":
+        sys.stdout.write(csv_text(result["rows"]))
     else:
-        out_console.print(f"[bold]coda bench --sweep[/bold] workload={spec} repeats={repeats} endpoint={cfg.endpoint} "
+        flag = "--sweep" if axis == "rate" else "--sweep-concurrency"
+        out_console.print(f"[bold]coda bench {flag}[/bold] workload={spec} repeats={repeats} endpoint={cfg.endpoint} "
                           f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; knee = {result['knee_rule']}", highlight=False)
         table = Table(show_header=True)
-        cols = ("rate", "offered_rps", "output_tps", "slo_tps", "goodput", "ttft_p50_s", "tbt_p50_s", "rejected", "failed")
+        cols = (axis, "offered_rps", "output_tps", "slo_tps", "goodput", "ttft_p50_s", "itl_p50_s", "tbt_p50_s", "rejected", "failed")
         for c in cols:
             table.add_column(c, justify="right")
         for row in result["rows"]:
             table.add_row(*(fmt_value(row[c]) + (f" ±{fmt_value(row[c + '_ci95'])}" if row.get(c + "_ci95") else "") for c in cols))
         out_console.print(table)
-        out_console.print(f"knee: rate {fmt_value(result['knee_rate'])}; wrote {out / 'sweep.json'}, {out / 'load.png'}", highlight=False)
+        out_console.print(f"knee: {axis} {fmt_value(result[f'knee_{axis}'])}; wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'load.png'}",
+                          highlight=False)
     if interrupted:
         err_console.print(f"interrupted: wrote what was measured to {out}")
         sys.exit(130)
