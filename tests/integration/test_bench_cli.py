@@ -129,6 +129,35 @@ def test_csv_prints_the_summary_with_the_json_columns(engine, tmp_path):
     assert (tmp_path / "summary.csv").read_text().splitlines()[0].split(",") == list(flat(summary))
 
 
+def test_scrape_metrics_samples_the_engine_over_the_whole_run(engine, tmp_path):
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--scrape-metrics",
+                "--scrape-interval-s", "0.2", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    server = json.loads(proc.stdout)["server"][engine.url]
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    done = [r for r in records if r["state"] == "completed"]
+    assert server["errors"] == 0 and server["samples"] >= 3 and 0 <= server["kv_usage_mean"] <= server["kv_usage_max"] <= 1
+    # counter deltas span the run: the engine's prefix-cache hits are the cached tokens its answers reported
+    assert server["prefix_hits_delta"] + server["external_prefix_hits_delta"] == sum(r["hbm_hit_tokens"] for r in done)
+    if server["preemptions_delta"] == 0:  # a preempted request is queried again
+        assert server["prefix_queries_delta"] == sum(r["server_prompt_tokens"] for r in done)
+    (series,) = json.loads((tmp_path / "server_metrics.json").read_text())
+    t = series["t_s"]
+    assert t == sorted(t) and len(t) == len(series["waiting"]) == len(series["kv_usage"]) == len(series["prefix_hit_rate"])
+    assert t[0] <= min(r["sent_s"] for r in done) and t[-1] >= max(r["end_s"] for r in done)
+    assert max(series["running"]) >= 1 and all(h is None or 0 <= h <= 1 for h in series["prefix_hit_rate"])
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_engine_without_metrics_stops_a_scraping_run_before_it_starts(engine, tmp_path):
+    with busy_port() as sock:
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed again below: nothing listens there
+    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--out", str(tmp_path), "--scrape-metrics", "--metrics-endpoint", dead,
+                timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --scrape-metrics:") and dead in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "summary.json").exists()
+
+
 def requests_seen(url: str) -> float:
     """Prompt tokens the engine has taken in (vLLM's counter), from its /metrics."""
     lines = [ln for ln in httpx.get(url + "/metrics").text.splitlines() if ln.startswith("vllm:prompt_tokens_total")]

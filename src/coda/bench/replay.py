@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 from coda.bench.client import RETRYABLE, Attempt, Endpoint
 from coda.bench.overload import RetryBudget, TenantLimiter, backoff_s
 from coda.bench.prompts import Conversation
+from coda.bench.scrape import Scraper
 from coda.bench.vocab import HFVocabulary, Vocabulary, WordVocabulary
 from coda.metrics import Window
 from coda.sim.config import SloConfig
@@ -62,6 +63,9 @@ class BenchConfig(BaseModel):
     retry_burst: NonNegativeFloat = Field(20.0, description="retry budget: bucket size")
     max_concurrency: PositiveInt | None = Field(None, description="closed loop: this many sessions at a time, start times ignored")
     tenant_concurrency: PositiveInt | None = Field(None, description="per-tenant in-flight limit (429s lower it, successes restore it)")
+    scrape_metrics: bool = Field(False, description="sample each engine's /metrics (vLLM's names) during the run")
+    metrics_endpoints: tuple[str, ...] | None = Field(None, description="engines whose /metrics to sample (default: the endpoint)")
+    scrape_interval_s: PositiveFloat = Field(1.0, description="seconds between /metrics samples")
     ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens")
     timeout_s: PositiveFloat = 600.0
@@ -77,6 +81,8 @@ class Replay:
         self.config = config
         self._clock = clock
         self.duration_s = config.duration_s or workload_duration_s(workload) * config.time_scale
+        if config.metrics_endpoints and not config.scrape_metrics:
+            raise ValueError("metrics_endpoints name the engines to sample with scrape_metrics; turn it on (--scrape-metrics)")
         if config.warmup_s >= self.duration_s:
             raise ValueError(f"warmup_s={config.warmup_s:g} leaves no measurement window in a {self.duration_s:g} s run")
         starts = sorted(workload.sessions, key=lambda s: (s.start_s, s.session_id))
@@ -96,6 +102,7 @@ class Replay:
         self._stop = asyncio.Event()
         self._cancel_reason = "run_ended"
         self.wall_s = 0.0
+        self.scraper: Scraper | None = None
         self.loop_lag: list[float] = []  # how late the client's event loop woke, every LAG_PERIOD_S
 
     # --- clock -----------------------------------------------------------------------------
@@ -123,8 +130,14 @@ class Replay:
             listed = await endpoint.served_model()  # also the check that the endpoint answers at all
             if self.model is None:
                 self.model = endpoint.model = listed
+            if cfg.scrape_metrics:
+                self.scraper = Scraper(cfg.metrics_endpoints or (cfg.endpoint,), cfg.scrape_interval_s, self.now)
+                await self.scraper.check()
             self._t0 = self._clock()
             watch = asyncio.create_task(self._watch_lag())
+            if self.scraper is not None:
+                await self.scraper.sample()  # before the first request: counter deltas cover the whole run
+                scraping = asyncio.create_task(self.scraper.run())
             if cfg.max_concurrency is None:
                 tasks = [asyncio.create_task(self._session(endpoint, s, i)) for i, s in enumerate(self.sessions)]
             else:
@@ -141,9 +154,15 @@ class Replay:
             for t in (*tasks, stopper, watch):
                 t.cancel()
             await asyncio.gather(everything, stopper, watch, return_exceptions=True)
+            if self.scraper is not None:
+                scraping.cancel()
+                await asyncio.gather(scraping, return_exceptions=True)
+                await self.scraper.sample()  # after the last response
         finally:
             self.wall_s = self.now()
             await endpoint.close()
+            if self.scraper is not None:
+                await self.scraper.close()
 
     async def _watch_lag(self) -> None:
         """Measure the client's own stalls: a late wake-up here delays every request's timestamps too."""

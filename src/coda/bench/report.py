@@ -60,16 +60,21 @@ def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo
     return s
 
 
-def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]]) -> list[Path]:
-    """summary.json, requests.jsonl and the plots of one run; returns the files written."""
+def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]], server: list[dict[str, Any]] | None = None) -> list[Path]:
+    """summary.json and .csv, requests.jsonl, the engines' sampled metrics (``server``) and the
+    plots of one run; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out / "requests.jsonl").open("w") as fh:
         for r in records:
             fh.write(strict_json.dumps(r) + "\n")
     window = Window(*summary["window_s"])
-    return [out / "summary.json", write_csv(out / "summary.csv", [summary]), out / "requests.jsonl",
-            plot_latency_cdfs(out / "latency_cdf.png", records, window), plot_throughput(out / "throughput.png", records, window)]
+    files = [out / "summary.json", write_csv(out / "summary.csv", [summary]), out / "requests.jsonl"]
+    if server is not None:
+        (out / "server_metrics.json").write_text(strict_json.dumps(server) + "\n")
+        files.append(out / "server_metrics.json")
+    return [*files, plot_latency_cdfs(out / "latency_cdf.png", records, window), plot_throughput(out / "throughput.png", records, window),
+            plot_timeline(out / "timeline.png", records, window, server)]
 
 
 def _plt() -> Any:
@@ -125,6 +130,43 @@ def plot_throughput(path: Path, records: Sequence[dict[str, Any]], window: Windo
     ax.axvspan(window.start_s, window.end_s, color="grey", alpha=0.1, label="measurement window")
     fig.legend(loc="upper center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(path: Path, records: Sequence[dict[str, Any]], window: Window, server: list[dict[str, Any]] | None) -> Path:
+    """Each request's TTFT and ITL at the time it became ready; under them, when the engines were
+    sampled, their queue depth, KV usage and prefix-cache hit rate on the same time axis."""
+    plt = _plt()
+    done = [r for r in records if r["state"] == "completed"]
+    panels = 1 + (3 if server else 0)
+    fig, axes = plt.subplots(panels, 1, figsize=(11, 2.6 * panels + 0.6), sharex=True, squeeze=False)
+    ax = axes[0][0]
+    ax.scatter([r["ready_s"] for r in done], [r["ttft_s"] for r in done], s=6, label="TTFT")
+    itl = [r for r in done if r["tbt_mean_s"] is not None]
+    ax.scatter([r["ready_s"] for r in itl], [r["tbt_mean_s"] for r in itl], s=6, label="ITL (per request)")
+    ax.set_yscale("log")
+    ax.set_ylabel("latency (s)")
+    ax.legend(loc="upper left", fontsize=8)
+    for engine in server or ():
+        t = engine["t_s"]
+        name = engine["url"]
+        axes[1][0].step(t, engine["running"], where="post", label=f"running, {name}")
+        axes[1][0].step(t, engine["waiting"], where="post", linestyle="--", label=f"waiting, {name}")
+        axes[2][0].step(t, engine["kv_usage"], where="post", label=name)
+        axes[3][0].step(t, engine["prefix_hit_rate"], where="pre", label=name)  # a rate over the interval ending at each sample
+    if server:
+        for row, label in ((1, "requests"), (2, "KV-cache usage"), (3, "prefix-cache hit rate\n(per interval)")):
+            axes[row][0].set_ylabel(label)
+            axes[row][0].legend(loc="upper left", fontsize=7)
+        axes[2][0].set_ylim(0, 1.05)
+        axes[3][0].set_ylim(0, 1.05)
+    for (a,) in axes:
+        a.axvspan(window.start_s, window.end_s, color="grey", alpha=0.1)
+        a.grid(alpha=0.3)
+    axes[-1][0].set_xlabel("time since start (s); shaded: measurement window")
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

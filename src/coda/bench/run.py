@@ -14,6 +14,7 @@ from coda import strict_json
 from coda.bench.client import EndpointDown
 from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_csv, write_run
+from coda.bench.scrape import ScrapeError
 from coda.errors import CodaError
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
@@ -38,6 +39,7 @@ def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
         retry_budget={"spent": replay.budget.spent, "denied": replay.budget.denied},
         tenants={t: {"limit": lim.limit if lim.limit != float("inf") else None, "peak_inflight": lim.peak} for t, lim in replay.limiters.items()},
         versions=versions(),
+        server=replay.scraper.summary(window) if replay.scraper is not None else None,
         config={
             **cfg.model_dump(),
             "model": replay.model,
@@ -49,6 +51,10 @@ def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
         },
     )
     return s
+
+
+def server_series(replay: Replay) -> list[dict[str, Any]] | None:
+    return replay.scraper.series() if replay.scraper is not None else None
 
 
 async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress: Progress | None = None,
@@ -64,6 +70,8 @@ async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress:
         await replay.run()
     except EndpointDown as err:
         raise CodaError(f"--endpoint {cfg.endpoint} does not answer ({err}); start the server or fix the URL") from None
+    except ScrapeError as err:
+        raise CodaError(f"--scrape-metrics: {err}; point --metrics-endpoint at the engines themselves, or drop --scrape-metrics") from None
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -116,7 +124,7 @@ async def sweep(spec: str, axis: Axis, levels: Sequence[float], repeats: int, cf
             replay, summary = await run_once(wl, run_cfg, spec, on_replay=on_replay,
                                              progress=(lambda r, label=label: progress(label, r)) if progress else None)
             summary[axis] = level
-            write_run(out / f"{axis}-{level:g}" / f"repeat-{i}", summary, replay.records)
+            write_run(out / f"{axis}-{level:g}" / f"repeat-{i}", summary, replay.records, server_series(replay))
             runs.setdefault(level, []).append(summary)
             if replay.ended_early:
                 break

@@ -54,6 +54,7 @@ def progress_bar(unit: str = "of sim time") -> Progress:
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # off a terminal it would only leave a blank line before an error
     )
 
 

@@ -94,6 +94,9 @@ def bench(
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="closed loop: N sessions at a time, start times ignored")] = None,
     sweep_concurrency: Annotated[str | None, typer.Option("--sweep-concurrency", help="comma-separated concurrencies to sweep, e.g. 1,2,4,8")] = None,
     tenant_concurrency: Annotated[int | None, typer.Option("--tenant-concurrency", help="per-tenant in-flight limit, halved by a 429 (default none)")] = None,
+    scrape_metrics: Annotated[bool | None, typer.Option("--scrape-metrics", help="sample the engines' /metrics (vLLM's names) during the run")] = None,
+    metrics_endpoint: Annotated[list[str] | None, typer.Option("--metrics-endpoint", help="an engine to sample (repeatable; default: --endpoint)")] = None,
+    scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="seconds between samples (default 1)")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="per-attempt timeout (default 600)")] = None,
@@ -110,7 +113,8 @@ def bench(
                max_sessions=max_sessions, sweep=sweep, sweep_concurrency=sweep_concurrency, repeats=repeats, api=api, tenant=tenant,
                api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
                retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, tenant_concurrency=tenant_concurrency,
-               ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
+               scrape_metrics=scrape_metrics, metrics_endpoints=tuple(metrics_endpoint) if metrics_endpoint else None,
+               scrape_interval_s=scrape_interval_s, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
     extra, cfg = _config(config, cli)
     require("matplotlib")  # for the figures every run writes
     if not extra.get("workload"):
@@ -168,7 +172,7 @@ def _status(replay: Any) -> str:
 
 def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, printer: str) -> None:
     from coda.bench.report import JSON_KEYS, csv_text, write_run
-    from coda.bench.run import run_once
+    from coda.bench.run import run_once, server_series
 
     wl = load_workload_arg(spec, fmt)
     with progress_bar("of the arrival window") as prog:
@@ -178,7 +182,7 @@ def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, printer: str) -
             prog.update(task, completed=min(replay.now() / replay.duration_s, 1.0), description=_status(replay))
 
         (replay, summary), interrupted = _with_interrupt(lambda on_replay: run_once(wl, cfg, spec, progress=tick, on_replay=on_replay))
-    files = write_run(out, summary, replay.records)
+    files = write_run(out, summary, replay.records, server_series(replay))
     ordered = {k: summary.get(k) for k in JSON_KEYS} | {k: v for k, v in summary.items() if k not in JSON_KEYS}
     if printer == "json":
         print_json(ordered)
@@ -222,6 +226,11 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
         if s.get(key):
             table.add_row(key, ", ".join(f"{k}: {v}" for k, v in s[key].items()))
     out_console.print(table)
+    for url, eng in (s.get("server") or {}).items():
+        out_console.print(f"engine {url}: waiting mean {fmt_value(eng['waiting_mean'])} max {fmt_value(eng['waiting_max'])}, "
+                          f"running mean {fmt_value(eng['running_mean'])}, KV usage mean {fmt_value(eng['kv_usage_mean'])} "
+                          f"max {fmt_value(eng['kv_usage_max'])}, prefix-cache hit rate {fmt_value(eng['prefix_hit_rate'])} "
+                          f"({eng['samples']} samples, {eng['errors']} failed)", highlight=False, soft_wrap=True)
     out_console.print("wrote " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
 
 
