@@ -47,3 +47,5 @@ def test_knee_is_the_highest_rate_within_5_percent_of_the_best_goodput():
     rows = [{"rate": 1, "goodput": 0.97}, {"rate": 2, "goodput": 0.99}, {"rate": 4, "goodput": 0.95}, {"rate": 8, "goodput": 0.6}]
     assert knee(rows) == 4
     assert knee([{"rate": 1, "goodput": None}]) is None
+    levels = [{"concurrency": 1, "goodput": 1.0}, {"concurrency": 4, "goodput": 0.96}, {"concurrency": 16, "goodput": 0.5}]
+    assert knee(levels, "concurrency") == 4  # the same rule on the closed loop's axis

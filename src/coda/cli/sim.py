@@ -179,7 +179,7 @@ def compare(
         return
     out_console.print(f"[bold]coda compare[/bold] workload={spec} seeds={seed_list} workers={cfg.workers}\n"
                       f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; profile={cfg.profile}; "
-                      f"gains vs {res['baseline']} are ratios of sums over seeds [jackknife 95% interval]")
+                      f"gains vs {res['baseline']} are ratios of sums over seeds" + (" [jackknife 95% interval]" if len(seed_list) > 1 else ""))
     table = Table(show_header=True)
     table.add_column("metric")
     for row in res["rows"]:
