@@ -61,6 +61,6 @@ def test_ratio_ci_holds_its_ratio_and_ignores_the_unit(data, scale):
     r, lo, hi = ratio_ci(num, den)
     assert lo <= r <= hi
     r2, lo2, hi2 = ratio_ci([a * scale for a in num], [b * scale for b in den])
-    assert (r2, lo2, hi2) == (pytest.approx(r), pytest.approx(lo, abs=1e-9), pytest.approx(hi, abs=1e-9))
+    assert (r2, lo2, hi2) == (pytest.approx(r), pytest.approx(lo, rel=1e-9, abs=1e-9), pytest.approx(hi, rel=1e-9, abs=1e-9))
     same = ratio_ci(den, den)
     assert same.ratio == pytest.approx(1.0) and same.hi - same.lo == pytest.approx(0.0, abs=1e-9)  # a system against itself
