@@ -1,4 +1,4 @@
-"""Gateway load test (issue 8): find the knee with `coda bench --sweep`, then hold 3x the knee for
+"""Gateway load test: find the knee with `coda bench --sweep`, then hold 3x the knee for
 ten minutes per ingress policy, and report goodput, TTFT of admitted requests and the gateway's RSS.
 
 Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`), `coda serve` in

@@ -1,7 +1,7 @@
 """Simulator speed: simulated seconds per wall second and decode iterations per wall second for
 4 workers at 7 req/s over 30 simulated minutes, next to a null event loop measured in the same run.
 
-Goal (issue 2): >= 200x real time for the `vllm` system on one core.
+Goal: >= 200x real time for the `vllm` system on one core.
 Run: make bench   (or: python benchmarks/sim_speed.py [--systems vllm,...] [--repeats 3])
 """
 
