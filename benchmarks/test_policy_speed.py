@@ -46,7 +46,7 @@ def routing_snapshot(workers=16, decoders=64):
                    match=PrefixMatch(int(rng.integers(0, 300)), int(rng.integers(0, 50)), 0))
         for w in range(workers)
     )
-    req = RouteRequest(seq=7, session_id="s", is_continuation=False, prompt_tokens=48_000, prompt_blocks=188, reusable_tokens=45_000, new_tokens=3_000)
+    req = RouteRequest(seq=7, session_id="s", is_continuation=False, prompt_tokens=48_000, prompt_blocks=188)
     return RoutingSnapshot(0.0, req, ws)
 
 

@@ -4,7 +4,7 @@
 
 Experiments (each prints markdown tables to stdout and writes runs/experiments/<name>.json):
 
-  paper      Table 1 / Table 3 shape: M1-M3 x vllm, cachewise, cachewise+ta, coda-single, with the
+  paper      Table 1 / Table 3 shape: M1-M3 x vllm, cachewise, cachewise+ta, coda, with the
              per-seed gains' jackknife intervals, the probes (which Tiered-Aging branch decided,
              decode concurrency, HBM hits) and the SLO-threshold sweep
   load       offered load: M1, M2, M3, m9, m11 (m<r>: a quarter of the sessions of the r req/s workload)
@@ -136,8 +136,8 @@ def header(title: str, workloads: list[str], note: str = "") -> str:
 # --- experiments -----------------------------------------------------------------------------
 def exp_paper() -> str:
     cal = calibrated_slo()
-    systems = ["vllm", CA, TA, "coda-single"]
-    cells = {f"{w}/{s}": (w, s, {"shadow_state": "fewest_blocks", "slo_pairs": [cal, *SLO_SWEEP]}, None) for w in ("M1", "M2", "M3") for s in systems}
+    systems = ["vllm", CA, TA, "coda"]
+    cells = {f"{w}/{s}": (w, s, {"policies": {"state": {"shadow": "fewest_blocks"}}, "slo_pairs": [cal, *SLO_SWEEP]}, None) for w in ("M1", "M2", "M3") for s in systems}
     res = run_grid(cells, name="paper_single")
     save("paper_single", res)
     key_cal = f"slo_tps@{cal[0]:g}/{cal[1]:g}"
@@ -155,7 +155,7 @@ def exp_paper() -> str:
     out.append("\nGains, ratio of sums over seeds [jackknife 95% interval]:\n")
     rows = []
     for w in ("M1", "M2", "M3"):
-        for s, ref in ((TA, CA), ("coda-single", TA), ("coda-single", CA), (CA, "vllm"), (TA, "vllm"), ("coda-single", "vllm")):
+        for s, ref in ((TA, CA), ("coda", TA), ("coda", CA), (CA, "vllm"), (TA, "vllm"), ("coda", "vllm")):
             a, b = res[f"{w}/{s}"], res[f"{w}/{ref}"]
             rows.append([w, f"{s} vs {ref}", fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "useful_tps"), col(b, "useful_tps")),
                          fmt_gain(col(a, "slo_tps"), col(b, "slo_tps")), fmt_gain(col(a, key_cal), col(b, key_cal))])
@@ -272,7 +272,7 @@ def exp_pcie() -> str:
 
 def exp_ta() -> str:
     def pp(**kw: Any) -> dict[str, Any]:
-        return {"policy_params": {"tiered_aging": kw}}
+        return {"policies": {"state": {"params": kw}}}
 
     variants = {
         "default (tau 5, W_max 20, guard)": {},
@@ -304,8 +304,8 @@ def exp_eviction() -> str:
     for w in ("M2", "M3"):
         for s in (CA, "cachewise-lru", TA, "ta-lru", "vllm", "fifo-ta-evict"):
             cells[f"{w}/{s}"] = (w, s, {}, None)
-        cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"evictor": "oracle"}, None)
-        cells[f"{w}/cachewise, median residual"] = (w, CA, {"evictor": "median"}, None)
+        cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"policies": {"eviction": "oracle_tool_aware"}}, None)
+        cells[f"{w}/cachewise, median residual"] = (w, CA, {"policies": {"eviction": {"params": {"statistic": "median"}}}}, None)
     res = run_grid(cells, name="eviction")
     save("eviction", res)
     pairs = {"cachewise": "cachewise-lru", "cachewise-lru": "cachewise-lru", TA: "ta-lru", "ta-lru": "ta-lru", "vllm": "vllm", "fifo-ta-evict": "vllm",
@@ -313,9 +313,9 @@ def exp_eviction() -> str:
     ref = {k: k.split("/")[0] + "/" + pairs[k.split("/")[1]] for k in res}
     return "\n".join([header("Tool-aware HBM reclaim vs LRU (reference: the same admission policy with LRU)", ["M2", "M3"],
                              f"profile {DEFAULT_PROFILE}; default SLO. cachewise-lru, ta-lru, fifo-ta-evict are experiment-only recombinations "
-                             "(experiments/common.py EXTRA_SYSTEMS); 'oracle tool times' gives the tool-aware reclaim the true remaining "
+                             "(experiments/common.py VARIANTS); 'oracle tool times' gives the tool-aware reclaim the true remaining "
                              "tool/think time from the trace (ended sessions: infinite), 'median residual' the median instead of the mean "
-                             "residual of the observed durations (experiments/common.py _swap_evictor)."),
+                             "residual of the observed durations (tool_aware's statistic: median; the oracle: experiments/common.py OracleToolAware)."),
                       summary_table(res, ref, [("resumed via HBM", "resumed_paths.hbm", 3, 1.0), ("preemptions", "preemptions", 0, 1.0)])])
 
 
@@ -343,7 +343,7 @@ def exp_kernel() -> str:
         ("analytic A100", "M3", DEFAULT_PROFILE, None, {}),
         ("A100 FA2 model", "M3", "a100-qwen3coder30b-fp8-fa2", None, {}),
         ("A100 FA2, domain stretched to 256K", "M3", ext, None, {}),
-        ("A100 FA2, domain stretched, Gamma 0", "M3", ext, None, {"policy_params": {"cohort": {"gamma": 0.0}}}),
+        ("A100 FA2, domain stretched, Gamma 0", "M3", ext, None, {"policies": {"execution": {"params": {"gamma": 0.0}}}}),
         ("A100 FA2, contexts /13", "m80", "a100-qwen3coder30b-fp8-fa2", small, {}),
         ("RTX 4090 fitted, contexts /13, m20", "m20", "rtx4090-llama31-8b", small, {}),
         ("RTX 4090 fitted, contexts /13, m40", "m40", "rtx4090-llama31-8b", small, {}),
@@ -351,7 +351,7 @@ def exp_kernel() -> str:
     ]
     cells = {}
     for label, w, prof, tr, over in setups:
-        for s in (TA, "coda-single"):
+        for s in (TA, "coda"):
             cells[f"{label}/{s}"] = (w, s, {"profile": prof, **over}, tr)
     res = run_grid(cells, name="kernel")
     save("kernel", res)
@@ -370,12 +370,12 @@ def exp_kernel() -> str:
 
 def exp_mechanism() -> str:
     """2 x 2: ordering by time cost (Tiered-Aging) or by HBM blocks, with or without the guard."""
-    ta = lambda **kw: {"policy_params": {"tiered_aging": kw}}  # noqa: E731
+    ta = lambda **kw: {"policies": {"state": {"params": kw}}}  # noqa: E731
     variants = {
         "cachewise (fewest blocks, no aging, no guard)": (CA, {}),
         "fewest blocks + guard (W_max 20 s)": ("cw-guarded", {}),
         "blocks/(1+w/tau) + guard": ("cw-aged-blocks", {}),
-        "blocks/(1+w/tau), no guard": ("cw-aged-blocks", {"policy_params": {"aged_fewest_blocks": {"starvation_guard": False}}}),
+        "blocks/(1+w/tau), no guard": ("cw-aged-blocks", {"policies": {"state": {"params": {"starvation_guard": False}}}}),
         "Tiered-Aging: seconds/(1+w/tau) + guard (shipped)": (TA, {}),
         "Tiered-Aging, no guard": (TA, ta(starvation_guard=False)),
         "Tiered-Aging, no guard, W_max inf": (TA, ta(starvation_guard=False, w_max_s=1e9)),
@@ -390,7 +390,7 @@ def exp_mechanism() -> str:
     ref = {k: k.split("/")[0] + "/cachewise (fewest blocks, no aging, no guard)" for k in res}
     return "\n".join([header("What in Tiered-Aging loses to fewest-blocks: the cost unit or the guard (reference: cachewise)", ["M2", "M3"],
                              f"profile {DEFAULT_PROFILE}; default SLO. cw-guarded and cw-aged-blocks are experiment-only policies "
-                             "(experiments/common.py: GuardedFewestBlocks, AgedFewestBlocks), all with tool-aware reclaim except vllm."),
+                             "(experiments/common.py VARIANTS: tiered_aging with the cost in blocks), all with tool-aware reclaim except vllm."),
                       summary_table(res, ref, [("TTFT max s", "ttft_max_s", 0, 1.0), ("TTFT > 60 s or unfinished", "ttft_over_60s", 1, 1.0),
                                                ("extra blocks admitted", "state_probe.mean_extra_blocks_chosen", 1, 1.0),
                                                ("= FCFS head", "state_probe.admissions_equal_fcfs", 3, 1.0),
@@ -404,7 +404,7 @@ def exp_eviction_slow() -> str:
     for w in ("M2", "M3"):
         cells[f"{w}/cachewise-lru"] = (w, "cachewise-lru", {"profile": prof}, None)
         cells[f"{w}/cachewise"] = (w, CA, {"profile": prof}, None)
-        cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"profile": prof, "evictor": "oracle"}, None)
+        cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"profile": prof, "policies": {"eviction": "oracle_tool_aware"}}, None)
     res = run_grid(cells, name="eviction_slow")
     save("eviction_slow", res)
     ref = {k: k.split("/")[0] + "/cachewise-lru" for k in res}
@@ -426,11 +426,11 @@ def exp_kernel_ceiling() -> str:
     p["attention"]["bounds"]["upper"] = 0.0
     path.write_text(json.dumps(p, indent=1) + "\n")
     nob = str(path.relative_to(ROOT))
-    g0 = {"policy_params": {"cohort": {"gamma": 0.0}}}
+    g0 = {"policies": {"execution": {"params": {"gamma": 0.0}}}}
     cells = {}
     for w in ("M2", "M3"):
         cells[f"{w}/cachewise+ta, FA2"] = (w, TA, {"profile": "a100-qwen3coder30b-fp8-fa2"}, None)
-        cells[f"{w}/coda-single, FA2 stretched, no bounds, Gamma 0"] = (w, "coda-single", {"profile": nob, **g0}, None)
+        cells[f"{w}/coda, FA2 stretched, no bounds, Gamma 0"] = (w, "coda", {"profile": nob, **g0}, None)
         cells[f"{w}/vllm, FA2"] = (w, "vllm", {"profile": "a100-qwen3coder30b-fp8-fa2"}, None)
         cells[f"{w}/fifo-cohort, FA2 stretched, no bounds, Gamma 0"] = (w, "fifo-cohort", {"profile": nob, **g0}, None)
     res = run_grid(cells, name="kernel_ceiling")
@@ -438,7 +438,7 @@ def exp_kernel_ceiling() -> str:
     ref = {}
     for k in res:
         w = k.split("/")[0]
-        ref[k] = f"{w}/cachewise+ta, FA2" if "coda-single" in k or "cachewise+ta" in k else f"{w}/vllm, FA2"
+        ref[k] = f"{w}/cachewise+ta, FA2" if "coda" in k or "cachewise+ta" in k else f"{w}/vllm, FA2"
     return "\n".join([header("Ceiling of cohort splitting under the A100 FA2 model (paper contexts)", ["M2", "M3"],
                              f"profiles a100-qwen3coder30b-fp8-fa2 and {nob} (domain stretched to 256K, residual bounds 0); default SLO. "
                              "'skew penalty' = attention time above a near-uniform batch of the same size and total context "

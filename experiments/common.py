@@ -11,7 +11,6 @@ Run from the repository root with the project's venv:  python experiments/<scrip
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -25,15 +24,16 @@ import numpy as np
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
+from coda.eval.paper import PaperWorkload
 from coda.metrics import mean_ci, ratio_ci, summarize
-from coda.policy import registry
+from coda.policy.eviction import ToolAware
 from coda.policy.execution import Cohort
-from coda.policy.registry import SystemPreset
-from coda.policy.routing import CodaRouter, SMetric, candidates, context_distance, least_loaded_of
-from coda.policy.state import FewestBlocks, TieredAging
+from coda.policy.registry import register
+from coda.policy.routing import CodaRouter, SMetric, candidates, context_distance, explain_route, least_loaded_of
+from coda.policy.spec import PoliciesOverride
+from coda.policy.state import FewestBlocks, explain
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
-from coda.sim.paper import PaperWorkload
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.stats import workload_duration_s
 
@@ -41,75 +41,36 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "runs" / "experiments"
 SEEDS = [0, 1, 2, 3, 4]
 
-# Experiment-only system presets (registered at run time, never shipped): the same components
-# as the shipped presets, recombined one factor at a time.
-EXTRA_SYSTEMS = {
-    "cachewise-lru": dict(router="least_loaded", state="fewest_blocks", execution="full", eviction="lru"),
-    "ta-lru": dict(router="least_loaded", state="tiered_aging", execution="full", eviction="lru"),
-    "fifo-ta-evict": dict(router="least_loaded", state="fifo", execution="full", eviction="tool_aware"),
-    "fifo-cohort": dict(router="least_loaded", state="fifo", execution="cohort", eviction="lru"),
-    "cachewise+cohort": dict(router="least_loaded", state="fewest_blocks", execution="cohort", eviction="tool_aware"),
+# Experiment-only variants (never shipped): a shipped preset with a policies block over it, one
+# factor at a time. A cell names a variant (or a preset) as its system.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "cachewise-lru": ("cachewise", {"eviction": "lru"}),
+    "ta-lru": ("cachewise", {"state": "tiered_aging", "eviction": "lru"}),
+    "fifo-ta-evict": ("cachewise", {"state": "fifo"}),
+    "fifo-cohort": ("cachewise", {"state": "fifo", "execution": "cohort", "eviction": "lru"}),
+    "cachewise+cohort": ("cachewise", {"execution": "cohort"}),
     # multi-worker: the coda router with CacheWise's admission, and smetric with it
-    "coda-route+fb": dict(router="coda", state="fewest_blocks", execution="full", eviction="tool_aware"),
-    "smetric+fb": dict(router="smetric", state="fewest_blocks", execution="full", eviction="tool_aware"),
+    "coda-route+fb": ("coda", {"state": "fewest_blocks", "execution": "full"}),
+    "smetric+fb": ("cachewise", {"router": "smetric"}),
+    # Tiered-Aging's rules with the cost counted in HBM blocks: with tau = inf that is fewest-blocks
+    # with the starvation guard (its W_max branch cannot fire while the guard is on)
+    "cw-guarded": ("cachewise", {"state": {"name": "tiered_aging", "params": {"cost_unit": "blocks", "tau_s": math.inf}}}),
+    "cw-aged-blocks": ("cachewise", {"state": {"name": "tiered_aging", "params": {"cost_unit": "blocks"}}}),
 }
-for _name, _kw in EXTRA_SYSTEMS.items():
-    registry.SYSTEMS.setdefault(
-        _name, SystemPreset(name=_name, dram=True, ssd=False, cpu_shadow=True, description=f"experiment-only: {_kw}", **_kw)
-    )
 
 
-# Experiment-only state policies (diagnostics, never shipped): they isolate which half of
-# Tiered-Aging (the time-based cost, or the starvation guard) drives a difference.
-@dataclasses.dataclass(slots=True)
-class GuardedFewestBlocks:
-    """fewest_blocks with Tiered-Aging's starvation guard: once the oldest ready request has
-    waited ``w_max_s`` it goes first, and nothing else is admitted until it fits."""
+class OracleToolAware(ToolAware):
+    """Tool-aware reclaim told the true remaining tool (or user) time of each session (experiment
+    only: the best any tool-aware predictor could do). Bound to its simulation once it is built."""
 
-    w_max_s: float = 20.0
-    frontier: int = 64
-    name: str = "fewest_blocks_guarded"
+    sim: Simulation | None = None
 
-    def choose(self, snap: Any) -> int | None:
-        if not len(snap):
-            return None
-        if snap.now_s - snap.ready_s[0] >= self.w_max_s:
-            return 0 if snap.fits[0] else None
-        feasible = np.flatnonzero(snap.fits)
-        if not feasible.size:
-            return None
-        return int(feasible[np.argmin(snap.extra_blocks[feasible])])
+    def score(self, owner: int, out: Any) -> float:
+        assert self.sim is not None, "bind the oracle to its simulation (sim.eviction.sim = sim)"
+        return self.sim.oracle_remaining_s(owner)
 
 
-@dataclasses.dataclass(slots=True)
-class AgedFewestBlocks:
-    """Tiered-Aging's rule with the cost measured in HBM blocks instead of seconds:
-    ``extra_blocks / (1 + wait / tau)``, optionally with the starvation guard."""
-
-    tau_s: float = 5.0
-    w_max_s: float = 20.0
-    starvation_guard: bool = True
-    frontier: int = 64
-    name: str = "aged_fewest_blocks"
-
-    def choose(self, snap: Any) -> int | None:
-        if not len(snap):
-            return None
-        wait = snap.now_s - snap.ready_s
-        if self.starvation_guard and wait[0] >= self.w_max_s:
-            return 0 if snap.fits[0] else None
-        feasible = np.flatnonzero(snap.fits)
-        if not feasible.size:
-            return None
-        aged = snap.extra_blocks[feasible] / (1.0 + wait[feasible] / self.tau_s)
-        return int(feasible[np.lexsort((snap.ready_s[feasible], aged))[0]])
-
-
-registry.STATE_POLICIES.setdefault("fewest_blocks_guarded", lambda cost, params: registry.with_params(GuardedFewestBlocks, params, "fewest_blocks_guarded"))
-registry.STATE_POLICIES.setdefault("aged_fewest_blocks", lambda cost, params: registry.with_params(AgedFewestBlocks, params, "aged_fewest_blocks"))
-for _name, _state in (("cw-guarded", "fewest_blocks_guarded"), ("cw-aged-blocks", "aged_fewest_blocks")):
-    registry.SYSTEMS.setdefault(_name, SystemPreset(name=_name, router="least_loaded", state=_state, execution="full", eviction="tool_aware",
-                                                    dram=True, ssd=False, cpu_shadow=True, description=f"experiment-only: {_state} + tool-aware reclaim"))
+register("eviction", "oracle_tool_aware", OracleToolAware)
 
 
 # --- workloads ------------------------------------------------------------------------------
@@ -195,6 +156,9 @@ def dataclasses_replace_round(r: Round, **kw: Any) -> Round:
 
 
 # --- instrumentation (read-only) ------------------------------------------------------------
+NOT_ADMITTED = ("guard: oldest does not fit, admit nothing", "nothing fits", "none", "empty")
+
+
 class StateProbe:
     """Wraps a worker's state policy: returns exactly the wrapped policy's choice and counts which
     branch of Tiered-Aging decided (or, for any policy, how its choice relates to FCFS and to
@@ -217,26 +181,15 @@ class StateProbe:
         self.queue_len = 0
 
     def choose(self, snap: Any) -> int | None:
-        idx = self.inner.choose(snap)
+        choice = explain(self.inner, snap)  # the policy's own decision and the rule that made it
+        idx = choice.index
         n = len(snap)
         if n == 0 or not self.window[0] <= snap.now_s <= self.window[1]:
             return idx
         self.decisions += 1
         self.queue_len += n
         wait = snap.now_s - snap.ready_s
-        inner = self.inner
-        if isinstance(inner, TieredAging):
-            feas = np.flatnonzero(snap.fits)
-            if inner.starvation_guard and wait[0] >= inner.w_max_s:
-                self.branches["guard: oldest first" if snap.fits[0] else "guard: oldest does not fit, admit nothing"] += 1
-            elif not feas.size:
-                self.branches["nothing fits"] += 1
-            elif wait[feas[0]] >= inner.w_max_s:
-                self.branches["W_max: oldest feasible"] += 1
-            else:
-                self.branches["age-adjusted cost"] += 1
-        else:
-            self.branches["none" if idx is None else "chosen"] += 1
+        self.branches[choice.rule] += 1
         if wait[0] >= 20.0:
             self.head_wait_over_wmax += 1
         fb = self.fb.choose(snap)
@@ -250,7 +203,7 @@ class StateProbe:
         return idx
 
     def report(self) -> dict[str, Any]:
-        admitted = self.decisions - self.branches.get("guard: oldest does not fit, admit nothing", 0) - self.branches.get("nothing fits", 0) - self.branches.get("none", 0)
+        admitted = self.decisions - sum(v for k, v in self.branches.items() if k in NOT_ADMITTED)
         d = max(self.decisions, 1)
         a = max(admitted, 1)
         return {
@@ -385,22 +338,16 @@ class RouteProbe:
         self.spread_req += loads.max() - loads.min()
         self.spread_kv += (kv.max() - kv.min())
         self.kv_max_over_mean += kv.max() / kv.mean() if kv.mean() > 0 else 1.0
-        aff = self.coda.parent.affinity(snap)
-        if aff is not None:
-            self.kinds["affinity"] += 1
+        rule = explain_route(self.coda, snap)
+        if rule.rule == "context compatible":
+            same = rule.worker_id == least_loaded_of(ws).worker_id
+            self.kinds["context rule, same as least loaded" if same else "context rule, differs from least loaded"] += 1
         else:
-            comp = self.coda.compatible(snap)
-            ll = least_loaded_of(ws)
-            if comp is None:
-                self.kinds["fallback: least loaded (a near worker has no decoders)"] += 1
-            elif comp.worker_id == ll.worker_id:
-                self.kinds["context rule, same as least loaded"] += 1
-            else:
-                self.kinds["context rule, differs from least loaded"] += 1
+            self.kinds[rule.rule] += 1
         sm = self.smetric.route(snap)
         if sm != chosen:
             self.smetric_differs += 1
-            L = snap.request.reusable_tokens + snap.request.new_tokens
+            L = snap.request.prompt_tokens
             a, b = snap.workers[chosen].decode_contexts, snap.workers[sm].decode_contexts
             if a and b:
                 self.d_chosen.append(context_distance(a, L))
@@ -427,52 +374,14 @@ METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttf
            "completed", "unfinished")
 
 
-def _swap_evictor(sim: Simulation, kind: str) -> None:
-    """Replace the tool-aware evictor's predictor (experiment only) by
-
-    - ``oracle``: the true remaining tool / think time from the trace (a session that has ended:
-      infinite), i.e. the best any tool-aware predictor could do;
-    - ``median``: the median (instead of the mean) residual time of the same observed samples.
-    """
-    import bisect
-
-    def oracle(owner: int) -> float:
-        sess = sim._owner_session.get(owner)
-        if sess is None or sess.out_since is None:
-            return 0.0
-        if sess.done:
-            return 1e12
-        rnd = sess.session.rounds[sess.next_round - 1]
-        return max(sess.out_since + rnd.tool_duration_s + rnd.think_time_s - sim.loop.now, 1e-9)
-
-    def median(owner: int) -> float:
-        sess = sim._owner_session.get(owner)
-        pred = sim.tool_predictor
-        if sess is None or sess.out_since is None or pred is None:
-            return 0.0
-        elapsed = sim.loop.now - sess.out_since
-        k = pred.key(sess.out_tools)
-        for samples in (pred._by_key.get(k), pred._all if k != ("<user>",) else None):
-            if samples is not None and len(samples.values) >= pred.min_samples:
-                vals = samples.values
-                i = bisect.bisect_right(vals, elapsed)
-                if i == len(vals):
-                    return elapsed
-                return max(vals[(i + len(vals)) // 2] - elapsed, 1e-9)
-        return 0.0
-
-    fn = {"oracle": oracle, "median": median}[kind]
-    for w in sim.workers:
-        if w.hbm.evictor is None:
-            raise ValueError(f"system {sim.config.system} has no tool-aware evictor to swap")
-        w.hbm.evictor.remaining = fn
-
-
 def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, probes: Sequence[str] = ("state", "step"),
-             slo_pairs: Sequence[tuple[float, float]] = (), evictor: str | None = None, **overrides: Any) -> dict[str, Any]:
+             slo_pairs: Sequence[tuple[float, float]] = (), **overrides: Any) -> dict[str, Any]:
     """One simulation with read-only probes; returns metrics, probe reports and per-worker shares.
-    ``evictor``: swap the tool-aware reclaim's predictor (``oracle`` / ``median``, see _swap_evictor)."""
-    cfg = SimConfig(system=system, workers=workers, seed=seed, warmup_s=overrides.pop("warmup_s", WARMUP_S)).with_overrides(**overrides)
+    ``system``: a preset or a name of ``VARIANTS``; ``policies`` in ``overrides`` lays a block over it."""
+    preset, block = VARIANTS.get(system, (system, {}))
+    policies = PoliciesOverride.model_validate(block).then(PoliciesOverride.model_validate(overrides.pop("policies", {})))
+    cfg = SimConfig(system=preset, workers=workers, seed=seed, warmup_s=overrides.pop("warmup_s", WARMUP_S)).with_overrides(
+        policies=policies, **overrides)
     observers: list[Any] = []
     step = route = None
     cost = build_cost_model(load_profile(cfg.profile))
@@ -484,8 +393,8 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
         route = RouteProbe(win)
         observers.append(route)
     sim = Simulation(workload, cfg, cost=cost, observers=observers)
-    if evictor is not None:
-        _swap_evictor(sim, evictor)
+    if isinstance(sim.eviction, OracleToolAware):
+        sim.eviction.sim = sim
     state_probes = []
     if "state" in probes:
         for w in sim.workers:
@@ -527,7 +436,7 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
         shares = sorted((per[i] / tot for i in range(workers)), reverse=True)
         out["worker_output_shares"] = shares
     out["config"] = {"system": system, "seed": seed, "workers": workers, "profile": cfg.profile, "hbm_kv_gib": cfg.hbm_kv_gib,
-                     "policy_params": cfg.policy_params, "slo": cfg.slo.model_dump(), "warmup_s": cfg.warmup_s}
+                     "policies": sim.policies.spec.describe(), "slo": cfg.slo.model_dump(), "warmup_s": cfg.warmup_s}
     return out
 
 

@@ -144,8 +144,8 @@ def exp_router() -> str:
     for w in wls:
         cells[f"{w}/smetric"] = (w, "smetric", {})
         cells[f"{w}/coda-route-only"] = (w, "coda-route-only", {})
-        cells[f"{w}/coda-route-only slack 0"] = (w, "coda-route-only", {"policy_params": {"coda": {"load_slack": 0}}})
-        cells[f"{w}/coda-route-only slack 2"] = (w, "coda-route-only", {"policy_params": {"coda": {"load_slack": 2}}})
+        cells[f"{w}/coda-route-only slack 0"] = (w, "coda-route-only", {"policies": {"router": {"params": {"load_slack": 0}}}})
+        cells[f"{w}/coda-route-only slack 2"] = (w, "coda-route-only", {"policies": {"router": {"params": {"load_slack": 2}}}})
         cells[f"{w}/smetric+fb"] = (w, "smetric+fb", {})
         cells[f"{w}/coda-route+fb"] = (w, "coda-route+fb", {})
         cells[f"{w}/smetric, FA2 kernel model"] = (w, "smetric", {"profile": FA2})

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class CodaError(Exception):
     """An error caused by the user's input (file, flag, config), not by a bug in Coda.
@@ -11,6 +16,14 @@ class CodaError(Exception):
     """
 
     exit_code = 2
+
+
+def invalid(source: str, err: ValidationError, fix: str = "", show_input: bool = False) -> CodaError:
+    """A validation error as one line: ``source: field.path: what is wrong[ (got X)][; fix]``."""
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+    got = f" (got {first.get('input')!r})" if show_input else ""
+    return CodaError(f"{source}: {loc}: {first['msg']}{got}{'; ' + fix if fix else ''}")
 
 
 # The extra (pyproject.toml) that installs each optional dependency: a command that needs one the

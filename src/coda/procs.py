@@ -52,7 +52,7 @@ class Proc:
         return self.popen.returncode
 
 
-def spawn(*args: str, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> Proc:
+def spawn(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> Proc:
     """``coda ARGS...`` in a child process (output to files); returns once it prints ``listening on URL``."""
     log_dir = tempfile.mkdtemp(prefix="coda-proc-")
     with open(os.path.join(log_dir, "stdout"), "wb") as out, open(os.path.join(log_dir, "stderr"), "wb") as err:
@@ -76,9 +76,9 @@ def spawn(*args: str, timeout_s: float = 30.0, env: dict[str, str] | None = None
 
 
 @contextlib.contextmanager
-def running(*args: str, timeout_s: float = 30.0) -> Iterator[Proc]:
+def running(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> Iterator[Proc]:
     """``spawn`` as a context manager that always stops the process."""
-    proc = spawn(*args, timeout_s=timeout_s)
+    proc = spawn(*args, timeout_s=timeout_s, env=env)
     try:
         yield proc
     finally:

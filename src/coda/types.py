@@ -1,5 +1,10 @@
 """Immutable snapshots that policies read. They hold only what a real engine or gateway could
-observe at that moment: never a round's future output length or tool duration."""
+observe at that moment: never a round's future output length or tool duration.
+
+Each field's docstring is its contract: every shell (the simulator, the gateway, the vLLM
+plugin) fills it with exactly that meaning, or sends the documented estimate where it cannot
+observe it; ``tests/unit/test_snapshot_parity.py`` holds the shells to it.
+"""
 
 from __future__ import annotations
 
@@ -11,27 +16,32 @@ import numpy as np
 
 @dataclass(slots=True, frozen=True)
 class AdmissionCandidate:
-    """One ready request waiting for KV-state preparation on a worker (a row of a snapshot).
+    """One ready request waiting for KV-state preparation on a worker (a row of a snapshot)."""
 
-    ``hbm_tokens`` / ``dram_tokens`` / ``ssd_tokens``: the longest reusable prefix found in
-    this worker's HBM, then continuing in the DRAM store, then on SSD. ``extra_blocks``: HBM
-    chunks the request needs beyond its HBM hits. ``fits``: those chunks are free or reclaimable now.
-    """
-
+    #: an id that is unique among the worker's waiting requests (opaque to policies)
     request_id: int
+    #: when the request entered this engine's waiting queue the first time (the engine's arrival
+    #: time; a preempted request keeps it)
     ready_s: float
+    #: tokens to hold in KV before the first token: prompt plus any output already generated
     prompt_tokens: int
+    #: the longest reusable prefix in this worker's HBM (prefix cache), in tokens
     hbm_tokens: int
+    #: the prefix continuing in the DRAM store after the HBM part (0 where no store is observed)
     dram_tokens: int
+    #: the prefix continuing on SSD after the DRAM part (0 where no store is observed)
     ssd_tokens: int
+    #: KV blocks the request needs beyond its HBM hits
     extra_blocks: int
+    #: those blocks are free or reclaimable (idle cached blocks) now, its own idle hits excluded
     fits: bool
 
 
 @dataclass(slots=True, frozen=True, eq=False)
 class AdmissionSnapshot:
-    """One admission opportunity on one worker, column-wise (numpy arrays, oldest-ready first)
-    so that a policy can score a whole frontier in a few vector operations."""
+    """One admission opportunity on one worker, column-wise (numpy arrays of the fields of
+    ``AdmissionCandidate``, oldest-ready first) so that a policy can score a whole frontier in a
+    few vector operations."""
 
     now_s: float
     request_ids: np.ndarray
@@ -42,8 +52,11 @@ class AdmissionSnapshot:
     ssd_tokens: np.ndarray
     extra_blocks: np.ndarray
     fits: np.ndarray
+    #: KV blocks admission may claim now: free ones and those holding only idle cached content
     free_blocks: int = 0
+    #: seconds the worker's host-to-device link is already committed to (0 where not observed)
     h2d_outstanding_s: float = 0.0
+    #: seconds the node's SSD read queue is already committed to (0 where not observed)
     ssd_outstanding_s: float = 0.0
 
     @classmethod
@@ -98,7 +111,8 @@ class AdmissionSnapshot:
 
 @dataclass(slots=True, frozen=True)
 class PrefixMatch:
-    """Blocks of a request's prompt already resident on a worker, by tier."""
+    """Blocks of a request's prompt already resident on a worker, by tier (a leading run: HBM
+    first, then DRAM continuing it, then SSD)."""
 
     hbm_blocks: int = 0
     dram_blocks: int = 0
@@ -110,26 +124,33 @@ class WorkerView:
     """What a router knows of one worker."""
 
     worker_id: int
+    #: requests the worker is serving or holds in its queue: running, restoring and waiting
     active_requests: int
+    #: KV blocks of the active requests: their prompt and generated tokens, whether running or
+    #: waiting, over the block size (what they hold or will hold once admitted)
     active_kv_blocks: int
+    #: requests in the engine's waiting queue
     waiting_requests: int
+    #: contexts (prompt + generated tokens so far) of the requests decoding now; () when the
+    #: router does not read them
     decode_contexts: tuple[int, ...] = ()
+    #: the arriving request's prompt resident on this worker (zero when the router does not read it)
     match: PrefixMatch = field(default_factory=PrefixMatch)
     healthy: bool = True
 
 
 @dataclass(slots=True, frozen=True)
 class RouteRequest:
-    """A request to place: ``seq`` is the router's arrival counter (round-robin uses it)."""
+    """The request to place."""
 
+    #: the router's arrival counter (round-robin and sampled routers use it)
     seq: int
     session_id: str
+    #: the session has a completed earlier round (its context may be resident somewhere)
     is_continuation: bool
     prompt_tokens: int
+    #: the prompt's full KV blocks
     prompt_blocks: int
-    reusable_tokens: int = 0
-    new_tokens: int = 0
-    last_worker: int | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -200,7 +200,7 @@ def busy_port() -> socket.socket:
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "1,2", "--sweep-concurrency", "1,2"), "two sweeps"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--max-concurrency", "0"), "max_concurrency"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--json", "--csv"), "choose one"),
-        (("fake-engine", "--port", "0", "--system", "coda"), "tool_aware eviction"),
+        (("fake-engine", "--port", "0", "--system", "coda"), "eviction policy tool_aware needs"),
         (("fake-engine", "--port", "0", "--system", "nope"), "unknown system 'nope'"),
         (("fake-engine", "--port", "0", "--speedup", "0"), "speedup"),
         (("fake-engine", "--port", "0", "--kv-events", "tcp://*:notaport"), "KV events: cannot open"),

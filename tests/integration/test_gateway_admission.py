@@ -34,8 +34,8 @@ def engines():
 def gateway(tmp: Path, engines, **cfg) -> Iterator[Proc]:
     path = tmp / "coda.yaml"
     # least_loaded spreads the queued requests one per worker (coda would group them by context length)
-    base = {"backends": [e.url for e in engines], "telemetry": {"scrape_interval_s": 0.05}, "routing": {"router": "least_loaded"},
-            "auth": {"admin_key": ADMIN, **cfg.pop("auth", {})}, "ingress": {"decision_log": str(tmp / "decisions.jsonl"), **cfg.pop("ingress", {})}}
+    base = {"backends": [e.url for e in engines], "telemetry": {"scrape_interval_s": 0.05}, "auth": {"admin_key": ADMIN, **cfg.pop("auth", {})},
+            "decision_log": str(tmp / "decisions.jsonl"), "policies": {"router": "least_loaded", "ingress": cfg.pop("ingress")}}
     path.write_text(yaml.safe_dump({**base, **cfg}))
     with running("serve", "--config", str(path), "--port", "0") as gw:
         yield gw
@@ -81,7 +81,7 @@ def decisions(tmp: Path) -> list[dict]:
 
 def test_overload_529_with_retry_after_that_the_openai_client_honours(tmp_path, engines):
     rejects = 'coda_ingress_decisions_total{action="reject",policy="overload",reason="overloaded"}'
-    with gateway(tmp_path, engines, ingress={"policy": "overload", "params": {"max_inflight": 1, "retry_after_s": 2.0}}) as gw:
+    with gateway(tmp_path, engines, ingress={"name": "overload", "params": {"max_inflight": 1, "retry_after_s": 2.0}}) as gw:
         c = client(gw.url)
         held = [hold(c, "a"), hold(c, "b")]  # one per worker: every worker at max_inflight until the test closes them
         with pytest.raises(openai.APIStatusError) as exc:
@@ -108,7 +108,7 @@ def test_overload_529_with_retry_after_that_the_openai_client_honours(tmp_path, 
 
 
 def test_defer_holds_then_503_with_retry_after(tmp_path, engines):
-    policy = {"policy": "queue_limit", "params": {"max_waiting": 1, "retry_after_s": 1.0}, "max_wait_s": 0.6}
+    policy = {"name": "queue_limit", "params": {"max_waiting": 1, "retry_after_s": 1.0}, "defer": {"max_wait_s": 0.6}}
     with gateway(tmp_path, engines, ingress=policy) as gw:
         c = client(gw.url)
         held = [hold(c, str(i)) for i in range(2)]
@@ -133,7 +133,7 @@ def test_defer_holds_then_503_with_retry_after(tmp_path, engines):
 
 def test_tenant_over_its_share_gets_429_while_another_tenant_is_served(tmp_path, engines):
     cfg = {"auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"weight": 1}, "b": {"weight": 1}},
-           "ingress": {"policy": "tenant_share", "params": {"queue_high": 1, "slack": 0.0}}}
+           "ingress": {"name": "tenant_share", "params": {"queue_high": 1, "slack": 0.0}}}
     with gateway(tmp_path, engines, **cfg) as gw:
         a, b = client(gw.url, "key-a"), client(gw.url, "key-b")
         held = [hold(b, "b0"), hold(a, "a0")]

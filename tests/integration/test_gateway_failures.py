@@ -48,7 +48,7 @@ def test_engine_killed_mid_stream(tmp_path):
         e0 = stack.enter_context(FakeEngineProcess("--speedup", "2"))
         e1 = FakeEngineProcess("--speedup", "2", "--port", str(port))
         stack.enter_context(e1)
-        cfg = write_config(tmp_path, backends=[e0.url, e1.url], routing={"router": "round_robin"},
+        cfg = write_config(tmp_path, backends=[e0.url, e1.url], policies={"router": "round_robin"},
                            telemetry={"health_interval_s": 0.2, "eject_after": 2, "readmit_after": 1})
         gw = stack.enter_context(running("serve", "--config", cfg, "--port", "0"))
         outcomes: list[str] = []
@@ -120,7 +120,7 @@ def test_kv_events_reach_the_indexer(tmp_path):
                            "--kv-events-replay", f"tcp://*:{replay}") as engine:
         backend = {"url": engine.url, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{replay}"}
         log = tmp_path / "decisions.jsonl"
-        cfg = write_config(tmp_path, backends=[backend], indexer={"tokenizer": "words", "block_tokens": 16}, ingress={"decision_log": str(log)})
+        cfg = write_config(tmp_path, backends=[backend], indexer={"tokenizer": "words", "block_tokens": 16}, decision_log=str(log))
         # a request served before the gateway starts: its blocks arrive through the replay socket
         httpx.post(engine.url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "early " * 64}], "max_tokens": 2})
         context = " ".join(f"w{i}" for i in range(120))
@@ -135,4 +135,4 @@ def test_kv_events_reach_the_indexer(tmp_path):
             ev = state(gw.url)["workers"][0]["kv_events"]
             assert ev["replays"] >= 1 and ev["bad_messages"] == 0
         records = [json.loads(line) for line in log.read_text().splitlines()]
-        assert records[0]["signals"]["prefix_hit"] == 0.0 and records[1]["signals"]["prefix_hit"] > 0.8
+        assert records[0]["prefix_hit"] == 0.0 and records[1]["prefix_hit"] > 0.8

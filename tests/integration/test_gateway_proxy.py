@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             "auth": {"api_keys": {"key-a": "a", "key-b": "b"}, "admin_key": "admin"},
             "indexer": {"tokenizer": "words", "block_tokens": 16},
             "max_body_bytes": 200_000,
-            "ingress": {"decision_log": str(tmp / "decisions.jsonl"), "shadow": "queue_limit"},
+            "decision_log": str(tmp / "decisions.jsonl"), "policies": {"ingress": {"shadow": "queue_limit"}},
         }
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))
         with running("serve", "--config", str(tmp / "coda.yaml"), "--port", "0") as gw:

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
+from coda.eval.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 from coda.sim.config import SimConfig
-from coda.sim.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 
 
 @pytest.fixture(scope="module")
 def single():
     preset = PaperPreset(name="mini-single", workers=1, workloads=(PaperWorkload("M2", 12, 0.25),),
-                         systems=("vllm", "cachewise", "coda-single"), duration_s=900, warmup_s=300,
+                         systems=("vllm", "cachewise", "coda"), duration_s=900, warmup_s=300,
                          shadow_state="fewest_blocks", calibrate_on=("cachewise", "M2"))
     base = SimConfig()
     runs = run_preset(preset, [0, 1], base)
@@ -34,7 +34,7 @@ def test_calibrated_slo_puts_cachewise_at_seven_percent(single):
     cal = rep["slo_calibrated"]
     assert cal["tbt_s"] == 0.1 and 0 < cal["ttft_s"] < 5.0
     cw = [r for r in runs if r.system == "cachewise"]
-    from coda.sim.paper import _slo_metrics
+    from coda.eval.paper import _slo_metrics
 
     share = sum(_slo_metrics(r, cal["ttft_s"], cal["tbt_s"])["slo_tps"] for r in cw) / sum(r.summary["output_tps"] for r in cw)
     assert share == pytest.approx(0.07, abs=0.01)

@@ -62,7 +62,7 @@ def test_the_gateway_decision_log_and_bench_outputs_are_strict_json(tmp_path):
     log = tmp_path / "decisions.jsonl"
     with FakeEngineProcess("--speedup", "20") as engine:
         cfg = tmp_path / "coda.yaml"
-        cfg.write_text(yaml.safe_dump({"backends": [engine.url], "ingress": {"decision_log": str(log)}}))
+        cfg.write_text(yaml.safe_dump({"backends": [engine.url], "decision_log": str(log)}))
         with running("serve", "--config", str(cfg), "--port", "0") as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "coda-fake", "messages": [{"role": "user", "content": "hi"}],
                                                                    "max_tokens": 4}, timeout=30)

@@ -68,7 +68,7 @@ def largest_chunks(wl: Workload, chunk: int) -> int:
     ssd=st.booleans(),
     shadow=st.booleans(),
     run_max=st.sampled_from([1, 7, 1024]),
-    system=st.sampled_from(["vllm", "cachewise", "coda-single", "dynamo"]),
+    system=st.sampled_from(["vllm", "cachewise", "coda", "dynamo"]),
 )
 def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max, system):
     wl = build(sessions)
@@ -76,7 +76,7 @@ def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions
     cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
                     max_num_batched_tokens=budget, dram=dram, dram_kv_gib=dram_chunks * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=20 * CHUNK_GIB * 4,
                     cpu_shadow=shadow, warmup_s=0, drain_s=1e6, decode_run_max=run_max, per_worker_tiers=False, system=system,
-                    eviction_window_chunks=8)
+                    policies={"eviction": {"params": {"window_chunks": 8}}} if system in ("cachewise", "coda") else None)
     sim = Simulation(wl, cfg)
     for w in sim.workers:
         w.sim_requests = sim.requests
@@ -150,8 +150,8 @@ def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare,
     on its worker is admitted before it."""
     wl = build(sessions)
     need = largest_chunks(wl, 64)
-    cfg = SimConfig(system="coda-single", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
-                    warmup_s=0, policy_params={"tiered_aging": {"w_max_s": w_max}})
+    cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
+                    warmup_s=0, policies={"state": {"params": {"w_max_s": w_max}}})
     sim = Simulation(wl, cfg)
     w = sim.workers[0]
     orig = w._admit

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from coda.cost.model import AnalyticCost
 from coda.cost.profile import load_profile
+from coda.eval.characterize import growth_findings, path_findings, startup_findings, tier_findings, tool_findings
+from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity, near_uniform
 from coda.metrics import Window
 from coda.policy.routing import SMetric
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
-from coda.workload.characterize import growth_findings, path_findings, startup_findings, tier_findings, tool_findings
-from coda.workload.characterize_observe import DecodeMix, RoutingOpportunity, near_uniform
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from tests.conftest import make_session
 
@@ -96,8 +96,7 @@ def _view(wid, load, hbm=0, contexts=()):
 
 
 def _snap(workers, continuation=True, now=1.0):
-    req = RouteRequest(seq=0, session_id="s", is_continuation=continuation, prompt_tokens=5000, prompt_blocks=20,
-                       reusable_tokens=4000, new_tokens=1000)
+    req = RouteRequest(seq=0, session_id="s", is_continuation=continuation, prompt_tokens=5000, prompt_blocks=20)
     return RoutingSnapshot(now, req, tuple(workers))
 
 

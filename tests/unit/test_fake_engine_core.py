@@ -93,7 +93,7 @@ def test_aborting_a_queued_request_takes_it_out_of_the_queue():
 
 
 def test_presets_that_need_sessions_are_refused_with_the_reason():
-    with pytest.raises(CodaError, match="tool_aware eviction"):
+    with pytest.raises(CodaError, match="eviction policy tool_aware needs each session"):
         FakeEngine(FakeEngineConfig(engine=SimConfig(system="coda")))
     with pytest.raises(CodaError, match="max_model_len"):
         FakeEngine(FakeEngineConfig(max_model_len=10**7))

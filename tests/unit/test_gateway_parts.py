@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
+from coda.api_errors import ApiError
 from coda.errors import CodaError
 from coda.gateway.config import BackendConfig, build_config
-from coda.gateway.errors import ApiError
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
@@ -25,12 +25,16 @@ URL = "http://127.0.0.1:8000"
 
 
 def test_config_precedence_file_then_env_then_flags():
-    file = {"backends": [URL], "port": 9000, "ingress": {"policy": "queue_limit", "max_wait_s": 1.0}}
-    env = {"CODA_SERVE_PORT": "9100", "CODA_SERVE_INGRESS__POLICY": "session", "OTHER": "x"}
+    file = {"backends": [URL], "port": 9000, "policies": {"ingress": {"name": "queue_limit", "params": {"max_waiting": 2},
+                                                                     "defer": {"max_wait_s": 1.0}}}}
+    env = {"CODA_SERVE_PORT": "9100", "CODA_SERVE_POLICIES__INGRESS__NAME": "session", "OTHER": "x"}
     cfg = build_config(file, {}, env)
-    assert cfg.port == 9100 and cfg.ingress.policy == "session" and cfg.ingress.max_wait_s == 1.0
-    cfg = build_config(file, {"port": 9200, "ingress": {"shadow": "admit_all"}}, env)
-    assert cfg.port == 9200 and cfg.ingress.policy == "session" and cfg.ingress.shadow == "admit_all"
+    ingress = cfg.policies.ingress
+    # a new name drops the old policy's parameters (they were queue_limit's), the defer settings stay
+    assert cfg.port == 9100 and ingress.name == "session" and ingress.params == {} and ingress.defer.max_wait_s == 1.0
+    cfg = build_config(file, {"port": 9200, "policies": {"ingress": {"shadow": "admit_all"}}}, env)
+    ingress = cfg.policies.ingress
+    assert cfg.port == 9200 and ingress.name == "session" and ingress.shadow.name == "admit_all"
     cfg = build_config({}, {}, {"CODA_SERVE_BACKENDS": f"{URL},http://h:1/"})
     assert [b.url for b in cfg.backends] == [URL, "http://h:1"] and cfg.backends[1].label == "h:1"
 
@@ -40,8 +44,8 @@ def test_config_errors_name_the_fix():
         build_config({}, {}, {})
     with pytest.raises(CodaError, match="must start with http"):
         build_config({"backends": ["localhost:8000"]}, {}, {})
-    with pytest.raises(CodaError, match="coda.yaml: ingress.max_queu: Extra inputs"):
-        build_config({"backends": [URL], "ingress": {"max_queu": 3}}, {}, {}, source="coda.yaml")
+    with pytest.raises(CodaError, match="coda.yaml: ingress.defer.max_queu: Extra inputs"):
+        build_config({"backends": [URL], "policies": {"ingress": {"defer": {"max_queu": 3}}}}, {}, {}, source="coda.yaml")
 
 
 def test_identity_from_keys_or_header():

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda.api_errors import ApiError
 from coda.gateway.admission import Admission, DecisionLog
 from coda.gateway.config import build_config
-from coda.gateway.errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.prompt import CharTokenizer
 from coda.gateway.state import GatewayState, Ticket
@@ -78,11 +78,11 @@ def test_approx_index_is_bounded_and_routes_a_session_back():
     t = ticket(s, "a", "s1", 64 * 8)
     w, _ = s.route(t, set())
     s.begin(t, w)
-    s.end(t)
+    s.end(t, completed=True)
     t2 = ticket(s, "a", "s1", 64 * 12)  # the session's next, longer prompt
     assert t2.matches[w.id].hbm_blocks == 8
     snap = s.routing_snapshot(t2, set())
-    assert snap.request.is_continuation and snap.request.last_worker == w.id and snap.request.reusable_tokens == 8 * 64
+    assert snap.request.is_continuation and snap.request.prompt_blocks == 12
     assert s.route(t2, set())[0] is w
     for i in range(5):
         tt = ticket(s, "a", f"x{i}", 64 * 8)
@@ -107,7 +107,7 @@ def test_session_hash_state_stays_within_its_memory_budget_and_dropping_it_chang
 
 def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():
     clock = Clock()
-    s = make_state(clock, ingress={"policy": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0})
+    s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0})
     t = ticket(s, "a", "s", 640)
     w, _ = s.route(t, set())
     s.begin(t, w)
@@ -123,13 +123,16 @@ def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_satur
     assert s.decide(t)[0].action == "admit"
 
 
-def test_shadow_must_name_a_policy_or_router():
+def test_shadows_run_beside_the_enforced_policies_and_unknown_names_fail():
     from coda.errors import CodaError
 
-    assert make_state(ingress={"shadow": "session"}).shadow_ingress is not None
-    assert make_state(ingress={"shadow": "dynamo_kv"}).shadow_router is not None
-    with pytest.raises(CodaError, match="neither an ingress policy"):
-        make_state(ingress={"shadow": "nope"})
+    s = make_state(policies={"ingress": {"shadow": "session"}, "router": {"shadow": "dynamo_kv"}})
+    assert s.ingress.shadow.name == "session" and s.router.shadow.name == "dynamo_kv"
+    t = ticket(s, "a", "s", 640)
+    d, _, shadow = s.decide(t)
+    assert d.policy == "admit_all" and shadow.policy == "session"
+    with pytest.raises(CodaError, match="unknown router 'nope'; valid: "):
+        make_state(policies={"router": {"shadow": "nope"}})
 
 
 @settings(max_examples=30)
@@ -139,10 +142,10 @@ def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
     the gateway's queue of deferred requests empties."""
 
     async def run() -> None:
-        s = make_state(ingress={"policy": "queue_limit+tenant_share", "params": {"queue_limit": {"max_waiting": 2}}, "max_wait_s": 0.05,
-                                "max_queue": 5})
+        s = make_state(policies={"ingress": {"name": "queue_limit+tenant_share", "params": {"queue_limit": {"max_waiting": 2}},
+                                             "defer": {"max_wait_s": 0.05, "max_queue": 5}}})
         metrics = GatewayMetrics()
-        adm = Admission(s, s.config.ingress, metrics, DecisionLog(None))
+        adm = Admission(s, metrics, DecisionLog(None))
         outcomes: list[str] = []
 
         async def one(q: int, tenant: str) -> None:

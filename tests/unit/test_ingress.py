@@ -10,8 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.errors import CodaError
+from coda.policy.build import make_policy
 from coda.policy.ingress import SIGNALS, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
-from coda.policy.registry import INGRESS_POLICIES, make_ingress_policy
+from coda.policy.registry import names
+
+INGRESS_POLICIES = names("ingress")
 
 
 def snap(*workers: WorkerLoad, **kw) -> IngressSnapshot:
@@ -21,7 +24,7 @@ def snap(*workers: WorkerLoad, **kw) -> IngressSnapshot:
 
 def test_every_policy_is_registered_frozen_and_declares_known_signals():
     for name in INGRESS_POLICIES:
-        p = make_ingress_policy(name)
+        p = make_policy("ingress", name)
         assert p.name == name and p.needs <= set(SIGNALS)
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.name = "x"  # type: ignore[misc]
@@ -29,7 +32,7 @@ def test_every_policy_is_registered_frozen_and_declares_known_signals():
 
 
 def test_queue_limit_defers_only_when_no_worker_has_room():
-    p = make_ingress_policy("queue_limit", {"max_waiting": 2})
+    p = make_policy("ingress", "queue_limit", {"max_waiting": 2})
     assert p.decide(snap(WorkerLoad(0, queue_depth=5), WorkerLoad(1, queue_depth=1))).action == "admit"
     d = p.decide(snap(WorkerLoad(0, queue_depth=5), WorkerLoad(1, queue_depth=2)))
     assert (d.action, d.status, d.reason, d.retry_after_s) == ("defer", 503, "queue_full", 1.0)
@@ -39,17 +42,17 @@ def test_queue_limit_defers_only_when_no_worker_has_room():
 
 
 def test_kv_headroom_and_overload():
-    kv = make_ingress_policy("kv_headroom", {"max_kv_usage": 0.8})
+    kv = make_policy("ingress", "kv_headroom", {"max_kv_usage": 0.8})
     assert kv.decide(snap(WorkerLoad(0, kv_usage=0.79))).action == "admit"
     assert kv.decide(snap(WorkerLoad(0, kv_usage=0.8))).reason == "kv_full"
-    over = make_ingress_policy("overload", {"max_inflight": 2})
+    over = make_policy("ingress", "overload", {"max_inflight": 2})
     d = over.decide(snap(WorkerLoad(0, inflight_requests=2), WorkerLoad(1, inflight_requests=3)))
     assert (d.action, d.status, d.reason) == ("reject", 529, "overloaded")
     assert over.decide(snap(WorkerLoad(0, inflight_requests=2), WorkerLoad(1, inflight_requests=1))).action == "admit"
 
 
 def test_tenant_share_rejects_the_heavy_tenant_only_under_saturation():
-    p = make_ingress_policy("tenant_share", {"slack": 0.0})
+    p = make_policy("ingress", "tenant_share", {"slack": 0.0})
     busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
     heavy = snap(*busy, tenant="a", tenant_inflight_tokens=800, active_weight=2.0)
     light = snap(*busy, tenant="b", tenant_inflight_tokens=100, active_weight=2.0)
@@ -64,19 +67,19 @@ def test_tenant_share_rejects_the_heavy_tenant_only_under_saturation():
 
 
 def test_session_policy_lets_running_sessions_continue_and_defers_new_ones():
-    p = make_ingress_policy("session", {"max_sessions": 2})
+    p = make_policy("ingress", "session", {"max_sessions": 2})
     hot = (WorkerLoad(0, kv_usage=0.95),)
     assert p.decide(snap(*hot, session_id="s", session_active=True)).action == "admit"
     d = p.decide(snap(*hot, session_id="new"))
     assert (d.action, d.status, d.reason) == ("defer", 503, "new_session_deferred")
     assert p.decide(snap(session_id="new", active_sessions=2)).reason == "session_slots_full"
     assert p.decide(snap(session_id="new", active_sessions=1)).action == "admit"
-    assert session_ttl_s(p) == 300.0 and session_ttl_s(make_ingress_policy("queue_limit+session", {"session": {"idle_ttl_s": 5.0}})) == 5.0
-    assert session_ttl_s(make_ingress_policy("queue_limit")) is None
+    assert session_ttl_s(p) == 300.0 and session_ttl_s(make_policy("ingress", "queue_limit+session", {"session": {"idle_ttl_s": 5.0}})) == 5.0
+    assert session_ttl_s(make_policy("ingress", "queue_limit")) is None
 
 
 def test_deadline_rejects_what_cannot_meet_it():
-    p = make_ingress_policy("deadline", {"grace_s": 0.5})
+    p = make_policy("ingress", "deadline", {"grace_s": 0.5})
     assert p.decide(snap(deadline_slack_s=math.inf)).action == "admit"
     assert p.decide(snap(deadline_slack_s=-0.4)).action == "admit"
     d = p.decide(snap(deadline_slack_s=-0.6))
@@ -84,7 +87,7 @@ def test_deadline_rejects_what_cannot_meet_it():
 
 
 def test_composition_takes_the_most_severe_decision_and_unions_needs():
-    p = make_ingress_policy("queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
+    p = make_policy("ingress", "queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
     assert p.name == "queue_limit+tenant_share" and p.needs == {"queue_depth", "kv_usage", "tenant_share"}
     busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
     assert p.decide(snap(*busy, tenant_inflight_tokens=0, active_weight=2.0)).action == "defer"  # queue full, tenant light
@@ -94,13 +97,13 @@ def test_composition_takes_the_most_severe_decision_and_unions_needs():
 
 def test_registry_errors_name_the_fix():
     with pytest.raises(CodaError, match="unknown ingress policy 'nope'; valid: admit_all"):
-        make_ingress_policy("nope")
+        make_policy("ingress", "nope")
     with pytest.raises(CodaError, match="unknown parameter.*max_wait.*valid: max_waiting"):
-        make_ingress_policy("queue_limit", {"max_wait": 3})
+        make_policy("ingress", "queue_limit", {"max_wait": 3})
     with pytest.raises(CodaError, match="key them by part name"):
-        make_ingress_policy("queue_limit+session", {"max_waiting": 3})
+        make_policy("ingress", "queue_limit+session", {"max_waiting": 3})
     with pytest.raises(CodaError, match="kv_high must be within"):
-        make_ingress_policy("session", {"kv_high": 1.5})
+        make_policy("ingress", "session", {"kv_high": 1.5})
 
 
 def test_session_ledger_expires_idle_sessions():
@@ -131,11 +134,11 @@ ALL = "+".join(INGRESS_POLICIES)
 @given(snap_st)
 def test_decisions_are_pure_and_well_formed(s):
     for name in [*INGRESS_POLICIES, ALL]:
-        p = make_ingress_policy(name)
+        p = make_policy("ingress", name)
         d = p.decide(s)
         assert d == p.decide(dataclasses.replace(s))  # same snapshot, same decision
         assert {"admit": 200, "defer": 503}.get(d.action, d.status) == d.status and d.status in (200, 503, 429, 529)
         assert d.action == "admit" or d.retry_after_s > 0
     # a composition never admits what one of its parts refuses
-    parts = [make_ingress_policy(n).decide(s).action for n in INGRESS_POLICIES]
-    assert (make_ingress_policy(ALL).decide(s).action == "admit") == all(a == "admit" for a in parts)
+    parts = [make_policy("ingress", n).decide(s).action for n in INGRESS_POLICIES]
+    assert (make_policy("ingress", ALL).decide(s).action == "admit") == all(a == "admit" for a in parts)

@@ -3,14 +3,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.errors import CodaError
-from coda.policy.registry import make_router
+from coda.policy.build import make_policy
 from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric, context_distance
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
 
-def snap(workers, *, cont=True, prompt_blocks=10, reusable=0, new=0, seq=0):
-    req = RouteRequest(seq=seq, session_id="s", is_continuation=cont, prompt_tokens=prompt_blocks * 256, prompt_blocks=prompt_blocks,
-                       reusable_tokens=reusable, new_tokens=new)
+def snap(workers, *, cont=True, prompt_blocks=10, prompt=None, seq=0):
+    req = RouteRequest(seq=seq, session_id="s", is_continuation=cont, prompt_tokens=prompt or prompt_blocks * 256, prompt_blocks=prompt_blocks)
     return RoutingSnapshot(0.0, req, tuple(workers))
 
 
@@ -58,7 +57,7 @@ def test_coda_sends_48k_arrival_to_the_closest_decoders():
         W(2, load=2, ctx=(8_000, 9_000)),
         W(3, load=5, ctx=(48_000,)),  # closest but two above the minimum load
     ]
-    s = snap(ws, cont=False, reusable=45_000, new=3_000)
+    s = snap(ws, cont=False, prompt=48_000)
     assert CodaRouter().route(s) == 1
     assert SMetric().route(s) == 2  # the parent would have taken the least loaded
     assert context_distance((48_000,), 48_000) == 0
@@ -66,9 +65,9 @@ def test_coda_sends_48k_arrival_to_the_closest_decoders():
 
 def test_coda_falls_back_without_telemetry_and_keeps_affinity():
     no_tel = [W(0, load=1, ctx=(10_000,)), W(1, load=1)]
-    assert CodaRouter().route(snap(no_tel, cont=False, reusable=10_000)) == SMetric().route(snap(no_tel, cont=False))
+    assert CodaRouter().route(snap(no_tel, cont=False, prompt=10_000)) == SMetric().route(snap(no_tel, cont=False))
     aff = [W(0, load=1, hbm=20, ctx=(1_000,)), W(1, load=1, ctx=(50_000,))]
-    assert CodaRouter().route(snap(aff, reusable=50_000)) == 0
+    assert CodaRouter().route(snap(aff, prompt=50_000)) == 0
 
 
 def test_unhealthy_workers_are_skipped():
@@ -78,13 +77,13 @@ def test_unhealthy_workers_are_skipped():
 
 
 def test_registry_params_are_validated():
-    assert make_router("smetric", {"slack": 5}).slack == 5
+    assert make_policy("router", "smetric", {"slack": 5}).slack == 5
     with pytest.raises(CodaError, match="unknown parameter"):
-        make_router("dynamo_kv", {"wieght": 2})
-    with pytest.raises(CodaError, match="must be a float"):
-        make_router("dynamo_kv", {"weight": "heavy"})
+        make_policy("router", "dynamo_kv", {"wieght": 2})
+    with pytest.raises(CodaError, match="must be a number"):
+        make_policy("router", "dynamo_kv", {"weight": "heavy"})
     with pytest.raises(CodaError, match="valid: "):
-        make_router("nope")
+        make_policy("router", "nope")
 
 
 workers_st = st.lists(
@@ -96,7 +95,7 @@ workers_st = st.lists(
 
 @given(ws=workers_st, cont=st.booleans(), seq=st.integers(0, 100), arrival=st.integers(1, 200_000))
 def test_routers_stay_in_the_candidate_set_and_coda_respects_affinity(ws, cont, seq, arrival):
-    s = snap(ws, cont=cont, seq=seq, reusable=arrival)
+    s = snap(ws, cont=cont, seq=seq, prompt=arrival)
     healthy = {w.worker_id for w in ws if w.healthy} or {w.worker_id for w in ws}
     for r in (RoundRobin(), LeastLoaded(), SMetric(), DynamoKV(), DynamoKV(temperature=1.0), CodaRouter()):
         assert r.route(s) in healthy

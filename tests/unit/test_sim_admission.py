@@ -19,8 +19,8 @@ def _big_and_smalls():
 
 
 def _admissions(guard: bool):
-    cfg = SimConfig(system="coda-single", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0,
-                    policy_params={"tiered_aging": {"w_max_s": 2.0, "starvation_guard": guard}})
+    cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0,
+                    policies={"state": {"params": {"w_max_s": 2.0, "starvation_guard": guard}}})
     sim = Simulation(_big_and_smalls(), cfg)
     sim.run()
     recs = {r["session_id"]: r for r in (q.record() for q in sim.requests)}
@@ -45,8 +45,8 @@ def test_without_the_guard_small_requests_keep_bypassing_it():
 
 def test_shadow_policy_counts_decisions_that_differ():
     wl = _big_and_smalls()
-    cfg = SimConfig(system="coda-single", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0, shadow_state="fifo",
-                    shadow_router="round_robin")
+    cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0,
+                    policies={"state": {"shadow": "fifo"}, "router": {"shadow": "round_robin"}})
     res = Simulation(wl, cfg).run()
     sh = res.summary()["shadow"]
     assert sh["state"]["policy"] == "fifo" and sh["state"]["decisions"] >= len(wl.sessions)
@@ -72,18 +72,31 @@ def test_tool_aware_reclaim_evicts_the_session_out_longest():
     assert ToolPredictor().remaining(["Task"], 1.0) == 0.0  # nothing learned yet: plain LRU
 
 
-def test_tool_aware_evictor_takes_the_longest_out_session_first_within_its_window():
+def test_tool_aware_eviction_takes_the_longest_out_session_first_within_its_window():
     from collections import OrderedDict
 
-    from coda.sim.kvcache import ToolAwareEvictor
+    from coda.policy.eviction import Lru, ToolAware
 
     def c(owner, i):
         return (owner << 32) | i
 
     lru = OrderedDict((k, None) for k in [c(1, 3), c(1, 2), c(2, 5), c(2, 4), c(3, 1), c(2, 9)])
-    out = {1: 0.0, 2: 100.0, 3: 5.0}
-    ev = ToolAwareEvictor(window=5, remaining=out.__getitem__)
+    policy = ToolAware(window_chunks=5, min_samples=3)
+    for d in (90.0, 100.0, 110.0):
+        policy.observe(["Task"], d)
+    for d in (4.0, 5.0, 6.0):
+        policy.observe(["Read"], d)
+    status = {1: None, 2: (("Task",), 0.0), 3: (("Read",), 0.0)}  # owner 1 is not out
     # owner 2 first (in LRU order, within the 5-chunk window), then owner 3, then LRU
-    assert ev.victims(lru, 4) == [c(2, 5), c(2, 4), c(3, 1), c(1, 3)]
-    nobody_out = ToolAwareEvictor(window=5, remaining=lambda o: 0.0)
-    assert nobody_out.victims(lru, 2) == [c(1, 3), c(1, 2)]
+    assert policy.victims(lru, 4, status.__getitem__) == [c(2, 5), c(2, 4), c(3, 1), c(1, 3)]
+    assert policy.victims(lru, 2, lambda owner: None) == [c(1, 3), c(1, 2)]  # nobody out: LRU
+    assert Lru().victims(lru, 2, status.__getitem__) == [c(1, 3), c(1, 2)]
+
+
+def test_the_median_statistic_predicts_the_median_residual():
+    from coda.policy.tools import ToolPredictor
+
+    p = ToolPredictor(min_samples=3, statistic="median")
+    for d in (1.0, 2.0, 30.0):
+        p.observe(["Task"], d)
+    assert p.remaining(["Task"], 0.5) == pytest.approx(1.5)  # median of {1, 2, 30} = 2, minus 0.5

@@ -19,8 +19,10 @@ def wl():
     return load_workload(WL)
 
 
-def run(wl, **kw):
-    res = Simulation(wl, SimConfig(**{"workers": 1, "system": "cachewise", "warmup_s": 0, "drain_s": 20_000, **kw})).run()
+def run(wl, ingress: str | None = None, params: dict | None = None, defer: dict | None = None, **kw):
+    """``cachewise`` on one worker behind the simulated gateway running ``ingress``."""
+    policies = {"ingress": {"name": ingress, "params": params or {}, **({"defer": defer} if defer else {})}} if ingress else None
+    res = Simulation(wl, SimConfig(**{"workers": 1, "system": "cachewise", "warmup_s": 0, "drain_s": 20_000, "policies": policies, **kw})).run()
     return res, res.summary()
 
 
@@ -35,7 +37,8 @@ def test_admit_all_is_the_same_as_no_ingress(wl):
 
 def test_every_offered_request_ends_exactly_once(wl):
     for policy in ("queue_limit", "overload", "session", "session+overload"):
-        res, s = run(wl, ingress=policy, policy_params={"overload": {"max_inflight": 6}} if "overload" in policy else {})
+        params = {"max_inflight": 6} if policy == "overload" else {"overload": {"max_inflight": 6}} if "overload" in policy else {}
+        res, s = run(wl, ingress=policy, params=params)
         states = [r["state"] for r in res.records if r["measured"]]
         assert len(states) == s["offered"]  # every round ready in the window is offered once, sent or not
         assert s["offered"] == s["completed"] + s["rejected"] and s["unfinished"] == 0, policy
@@ -43,7 +46,7 @@ def test_every_offered_request_ends_exactly_once(wl):
 
 
 def test_rejection_abandons_the_session_and_counts_its_unsent_rounds(wl):
-    res, s = run(wl, ingress="overload", policy_params={"overload": {"max_inflight": 4}})
+    res, s = run(wl, ingress="overload", params={"max_inflight": 4})
     reasons = {}
     for r in res.records:
         if r["state"] == "rejected":
@@ -64,7 +67,7 @@ def test_unsent_rounds_are_offered_when_they_would_have_become_ready(wl):
     """An abandoned session's rounds follow each other by their tool and think times, and only those
     ready inside the window are offered: a rejection near the window's end is not charged the
     session's whole future."""
-    res, s = run(wl, ingress="overload", warmup_s=300, policy_params={"overload": {"max_inflight": 4}})
+    res, s = run(wl, ingress="overload", warmup_s=300, params={"max_inflight": 4})
     sessions = {x.session_id: x for x in wl.sessions}
     gone = [r for r in res.records if r["reason"] == "session_abandoned"]
     assert gone and any(not r["measured"] for r in gone) and any(r["measured"] for r in gone)
@@ -82,12 +85,53 @@ def test_unsent_rounds_are_offered_when_they_would_have_become_ready(wl):
 
 
 def test_deferred_requests_wait_and_then_run_or_time_out(wl):
-    res, s = run(wl, ingress="queue_limit", policy_params={"queue_limit": {"max_waiting": 1, "retry_after_s": 0.5}})
+    limit = {"max_waiting": 1, "retry_after_s": 0.5}
+    res, s = run(wl, ingress="queue_limit", params=limit, defer={"max_wait_s": 60.0})
     deferred = [r for r in res.records if r["deferred"]]
     assert deferred and s["ingress"]["deferred"] == sum(r["measured"] for r in deferred)
     assert all(r["state"] in ("completed", "rejected") for r in deferred if r["measured"])
-    short, _ = run(wl, ingress="queue_limit", defer_max_s=0.1, policy_params={"queue_limit": {"max_waiting": 1, "retry_after_s": 0.5}})
+    short, _ = run(wl, ingress="queue_limit", params=limit, defer={"max_wait_s": 0.1})
     assert any(r["reason"] == "defer_timeout" for r in short.records)
+
+
+class StepStarts:
+    """Observer: when each batch started (admissions and finishes happen only at these instants)."""
+
+    needs = frozenset()
+
+    def __init__(self) -> None:
+        self.starts: set[float] = set()
+
+    def on_step(self, worker, start_s, *_) -> None:
+        self.starts.add(start_s)
+
+    def on_route(self, *_) -> None:
+        pass
+
+
+def test_a_held_request_decides_again_when_an_engine_admits_or_finishes_a_request(wl):
+    """Event-driven, as the gateway: a deferred request reaches its engine at the instant another
+    request was admitted or finished there (a step boundary), never on a polling tick."""
+    steps = StepStarts()
+    policies = {"ingress": {"name": "queue_limit", "params": {"max_waiting": 1, "retry_after_s": 0.5}, "defer": {"max_wait_s": 600.0}}}
+    res = Simulation(wl, SimConfig(workers=1, system="cachewise", warmup_s=0, drain_s=20_000, policies=policies), observers=[steps]).run()
+    late = [r for r in res.sim.requests if r.deferred_since >= 0 and r.arrived_s >= 0]
+    assert late and all(r.arrived_s > r.ready_s and r.arrived_s in steps.starts for r in late)
+
+
+def test_the_deferral_queue_is_bounded(wl):
+    res, s = run(wl, ingress="queue_limit", params={"max_waiting": 1}, defer={"max_queue": 1, "max_wait_s": 600.0})
+    full = [r for r in res.records if r["reason"] == "gateway_queue_full"]
+    assert full and s["ingress"]["decisions"]["defer:queue_full"] >= len(full)
+
+
+def test_the_deadline_policy_fires_once_a_worker_has_a_ttft_estimate(wl):
+    """A 1 ms deadline is unmeetable once the worker's observed TTFT says so; before its first
+    token the worker predicts 0 and the first requests pass."""
+    res, _ = run(wl, ingress="deadline", tenants={"default": {"deadline_ms": 1.0}})
+    decided = [r for r in res.records if r["reason"] != "session_abandoned"]
+    assert decided[0]["state"] == "completed"
+    assert any(r["reason"] == "deadline_unmeetable" for r in res.records)
 
 
 def test_unknown_ingress_policy_names_the_valid_ones(wl):
@@ -102,4 +146,4 @@ def test_cli_flag(tmp_path):
     out = subprocess.run([sys.executable, "-m", "coda.cli", "sim", "-w", "synth:rate=2,duration=300,seed=1", "--ingress", "queue_limit", "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
     s = json.loads(out.stdout)
-    assert s["config"]["ingress"] == "queue_limit" and s["ingress"]["policy"] == "queue_limit"
+    assert s["config"]["policies"]["ingress"]["name"] == "queue_limit" and s["ingress"]["policy"] == "queue_limit"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coda.policy.registry import make_state_policy
+from coda.policy.build import make_policy
 from coda.policy.state import FewestBlocks, Fifo, TieredAging
 from coda.types import AdmissionCandidate, AdmissionSnapshot
 
@@ -132,10 +132,10 @@ def test_registry_builds_with_params():
     from coda.errors import CodaError
 
     cost = AnalyticCost(load_profile())
-    ta = make_state_policy("tiered_aging", cost, {"tau_s": 2.0, "frontier": 16})
+    ta = make_policy("state", "tiered_aging", {"tau_s": 2.0, "frontier": 16}, cost)
     assert ta.tau_s == 2.0 and ta.frontier == 16 and ta.w_max_s == 20.0
     with pytest.raises(CodaError, match="tau_s > 0"):
-        make_state_policy("tiered_aging", cost, {"tau_s": 0.0})
+        make_policy("state", "tiered_aging", {"tau_s": 0.0}, cost)
     with pytest.raises(CodaError, match="unknown parameter"):
-        make_state_policy("tiered_aging", cost, {"cost": 1})
+        make_policy("state", "tiered_aging", {"cost": 1}, cost)
     assert np.isfinite(ta._costs.seconds(snap(0.0, cand(1, 0.0, dram=5000, ssd=2000, new=300)))).all()

@@ -26,7 +26,7 @@ from coda.cli import (
     progress_bar,
     require,
 )
-from coda.errors import CodaError
+from coda.errors import CodaError, invalid
 
 CONFIG_ONLY = ("workload", "format", "out", "sweep", "sweep_concurrency", "repeats")
 
@@ -54,9 +54,7 @@ def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], A
     try:
         return extra, BenchConfig.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
-        raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
+        raise invalid(source, err, show_input=True) from None
 
 
 def _levels(flag: str, text: str, kind: type) -> list[float]:

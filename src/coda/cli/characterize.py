@@ -32,9 +32,9 @@ def characterize(
 ) -> None:
     """Measure Findings 1-8 on a workload: KV tiers, paths and startup cost (F1-F3), growth and tool
     time (F4), decode-batch composition (F5-F7) and routing opportunity (F8)."""
+    from coda.eval.characterize import characterize as run
+    from coda.eval.characterize_plots import write_figures
     from coda.sim.run import seeded_workload, versions
-    from coda.workload.characterize import characterize as run
-    from coda.workload.characterize_plots import write_figures
 
     cli = dict(format=fmt, workers=workers, seed=seed, profile=profile, warmup_s=warmup_s, hbm_kv_gib=hbm_kv_gib)
     extra, cfg = _settings(config, cli)

@@ -10,11 +10,11 @@ import typer
 
 from coda import strict_json
 from coda.cli import app, err_console, out_console
-from coda.errors import CodaError
+from coda.errors import CodaError, invalid
 
 # Options that configure the simulated worker (SimConfig); the rest configure the server.
 WORKER_KEYS = ("system", "profile", "chunk_tokens", "max_num_seqs", "max_num_batched_tokens", "hbm_kv_gib", "dram", "ssd", "cpu_shadow",
-               "dram_kv_gib", "ssd_kv_gib", "policy_params")
+               "dram_kv_gib", "ssd_kv_gib", "policies")
 
 
 def build_config(config: Path | None, cli: dict[str, Any]) -> Any:
@@ -31,9 +31,7 @@ def build_config(config: Path | None, cli: dict[str, Any]) -> Any:
     try:
         return FakeEngineConfig.model_validate({**data, "engine": engine})
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
-        raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
+        raise invalid(source, err, show_input=True) from None
 
 
 @app.command("fake-engine")

@@ -19,6 +19,7 @@ def serve(
     port: Annotated[int | None, typer.Option("--port", "-p", help="port to listen on (0: any free port, printed at startup; default 8080)")] = None,
     host: Annotated[str | None, typer.Option("--host", help="address to listen on (default 127.0.0.1)")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML gateway config (see examples/coda.yaml)")] = None,
+    system: Annotated[str | None, typer.Option("--system", "-s", help="system preset whose policies the gateway starts from (default coda)")] = None,
     ingress: Annotated[str | None, typer.Option("--ingress", help="ingress policy: admit_all, queue_limit, kv_headroom, tenant_share, overload, session, deadline, or a+b")] = None,
     router: Annotated[str | None, typer.Option("--router", help="router: round_robin, least_loaded, smetric, dynamo_kv, coda")] = None,
     shadow: Annotated[str | None, typer.Option("--shadow", help="an ingress policy or router whose decisions are logged, not enforced")] = None,
@@ -35,15 +36,22 @@ def serve(
     from coda.gateway.config import build_config
     from coda.sim.config import load_config_file
 
-    cli: dict[str, Any] = {k: v for k, v in dict(port=port, host=host, drain_timeout_s=drain_timeout_s).items() if v is not None}
+    cli: dict[str, Any] = {k: v for k, v in dict(port=port, host=host, drain_timeout_s=drain_timeout_s, system=system,
+                                                  decision_log=decision_log).items() if v is not None}
     if backend:
         cli["backends"] = backend
-    nested = {
-        "ingress": dict(policy=ingress, shadow=shadow, decision_log=decision_log, max_wait_s=max_wait_s),
-        "routing": dict(router=router),
-        "indexer": dict(tokenizer=tokenizer),
-        "telemetry": dict(scrape_interval_s=scrape_interval_s),
-    }
+    policies: dict[str, Any] = {}
+    if ingress is not None or max_wait_s is not None:
+        policies["ingress"] = {k: v for k, v in (("name", ingress), ("defer", {"max_wait_s": max_wait_s} if max_wait_s is not None else None))
+                               if v is not None}
+    if router is not None:
+        policies["router"] = {"name": router}
+    if shadow is not None:
+        kind = _shadow_kind(shadow)
+        policies.setdefault(kind, {})["shadow"] = {"name": shadow}
+    if policies:
+        cli["policies"] = policies
+    nested = {"indexer": dict(tokenizer=tokenizer), "telemetry": dict(scrape_interval_s=scrape_interval_s)}
     for section, values in nested.items():
         given = {k: v for k, v in values.items() if v is not None}
         if given:
@@ -63,3 +71,14 @@ def serve(
         pass
     except OSError as err:
         raise CodaError(str(err)) from None
+
+
+def _shadow_kind(name: str) -> str:
+    """``--shadow`` names an ingress policy or a router: which one, by the registry."""
+    from coda.policy.registry import names
+
+    if name.split("+")[0] in names("ingress"):
+        return "ingress"
+    if name in names("router"):
+        return "router"
+    raise CodaError(f"--shadow {name!r} is neither an ingress policy ({', '.join(names('ingress'))}) nor a router ({', '.join(names('router'))})")

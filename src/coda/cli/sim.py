@@ -28,6 +28,9 @@ ShadowOpt = Annotated[bool | None, typer.Option("--cpu-shadow/--no-cpu-shadow", 
 HbmOpt = Annotated[float | None, typer.Option("--hbm-kv-gib", help="override the profile's HBM KV per worker")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="directory for summary.json and per-request records")]
 IngressOpt = Annotated[str | None, typer.Option("--ingress", help="ingress admission policy, as `coda serve` runs it (e.g. queue_limit, session, overload, a+b)")]
+RouterOpt = Annotated[str | None, typer.Option("--router", help="router over the system's (e.g. round_robin, smetric, dynamo_kv, coda)")]
+StateOpt = Annotated[str | None, typer.Option("--state", help="state admission policy over the system's (fifo, fewest_blocks, tiered_aging)")]
+POLICY_FLAGS = ("ingress", "router", "state")
 
 CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
@@ -47,10 +50,14 @@ def _settings(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any],
         if cli.get(key) is not None:
             extra[key] = cli.pop(key)
         cli.pop(key, None)
+    flags = {kind: {"name": cli.pop(kind)} for kind in POLICY_FLAGS if cli.get(kind) is not None}
+    for kind in POLICY_FLAGS:
+        cli.pop(kind, None)
     data.update({k: v for k, v in cli.items() if v is not None})
     if slo:
         data["slo"] = slo
-    return extra, validate_config(data, str(config) if config else "command line")
+    cfg = validate_config(data, str(config) if config else "command line")
+    return extra, cfg.with_overrides(policies=flags) if flags else cfg
 
 
 @app.command()
@@ -71,6 +78,8 @@ def sim(
     cpu_shadow: ShadowOpt = None,
     hbm_kv_gib: HbmOpt = None,
     ingress: IngressOpt = None,
+    router: RouterOpt = None,
+    state: StateOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -79,7 +88,7 @@ def sim(
 
     cli = dict(workload=workload, format=fmt, system=system, workers=workers, seed=seed, profile=profile, warmup_s=warmup_s,
                drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram, ssd=ssd, cpu_shadow=cpu_shadow,
-               hbm_kv_gib=hbm_kv_gib, ingress=ingress, out=out)
+               hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     wl = seeded_workload(spec, cfg.seed, extra.get("format")) if seed is not None else load_workload_arg(spec, extra.get("format"))
@@ -134,26 +143,26 @@ def compare(
     cpu_shadow: ShadowOpt = None,
     hbm_kv_gib: HbmOpt = None,
     ingress: IngressOpt = None,
+    router: RouterOpt = None,
+    state: StateOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
-    """Run several systems on the same workload and seeds; gains are ratios of sums."""
-    from coda.policy.registry import system_preset
+    """Run several systems on the same workload and seeds; gains are ratios of sums. A system is a
+    preset name or, in a config file, a variant ``{name, system, policies}``."""
     from coda.sim.config import load_config_file
     from coda.sim.run import compare as run_compare
-    from coda.sim.run import spec_seed
+    from coda.sim.run import spec_seed, variants
 
     cli = dict(workload=workload, format=fmt, systems=systems, seeds=seeds, baseline=baseline, workers=workers, seed=seed,
                profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
-               ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, out=out)
+               ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
     if preset is not None:
         _paper(preset, extra, cfg, seed, as_json)
         return
     names = extra.get("systems") or "vllm"
-    names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
-    for n in names:
-        system_preset(n)
+    names = variants([n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names)
     n_seeds = _seeds(extra, 1)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     base_seed = cfg.seed if seed is not None or "seed" in (load_config_file(config) if config else {}) else spec_seed(spec, cfg.seed)
@@ -219,18 +228,19 @@ def _seeds(extra: dict[str, Any], default: int) -> int:
 @app.command()
 def systems() -> None:
     """List the system presets with their policies and tiers."""
-    from coda.policy.registry import SYSTEMS
+    from coda.policy.presets import SYSTEMS
 
     table = Table(show_header=True)
-    for c in ("system", "router", "state", "execution", "tiers", "description"):
+    for c in ("system", "router", "state", "execution", "eviction", "tiers", "description"):
         table.add_column(c)
     for p in SYSTEMS.values():
-        table.add_row(p.name, p.router, p.state, p.execution, p.tiers_text(), p.description)
+        b = p.policies
+        table.add_row(p.name, b.router.name, b.state.name, b.execution.name, b.eviction.name, p.tiers_text(), p.description)
     out_console.print(table)
 
 
 def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json: bool) -> None:
-    from coda.sim.paper import PRESETS, markdown, run_and_report
+    from coda.eval.paper import PRESETS, markdown, run_and_report
 
     if name not in PRESETS:
         raise CodaError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
-from coda.errors import CodaError
+from coda.errors import CodaError, invalid
 
 GiB = 1024**3
 
@@ -274,6 +274,4 @@ def load_profile(name_or_path: str | Path = BUILTIN_DEFAULT) -> Profile:
     except json.JSONDecodeError as err:
         raise CodaError(f"profile {source}: not valid JSON at line {err.lineno}: {err.msg}") from None
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(profile)"
-        raise CodaError(f"profile {source}: {loc}: {first['msg']}") from None
+        raise invalid(f"profile {source}", err) from None

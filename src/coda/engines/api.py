@@ -15,24 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from coda.api_errors import ApiError
 from coda.engines import tokenizer as tok
 
 Json = dict[str, Any]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
-
-    def openai_body(self) -> Json:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-
-    def anthropic_body(self) -> Json:
-        return {"type": "error", "error": {"type": self.kind, "message": self.message}}
 
 
 @dataclass(slots=True)

@@ -29,7 +29,8 @@ from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from coda.metrics import Window
-from coda.policy.registry import make_execution_policy, make_state_policy, system_preset
+from coda.policy.build import build_policies
+from coda.policy.presets import resolve_policies, system_preset
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
 from coda.sim.kvcache import HbmPool, KVStore, Versions
@@ -95,13 +96,15 @@ class FakeEngine:
         self.config = config
         cfg = config.engine
         self.preset = system_preset(cfg.system)
-        if self.preset.eviction != "lru":
-            raise CodaError(
-                f"system {cfg.system!r} uses {self.preset.eviction} eviction, which needs each session's tool calls; "
-                "the fake engine sees requests, not sessions: use a preset with LRU eviction (e.g. vllm)"
-            )
         self.profile = load_profile(cfg.profile)
         self.cost = build_cost_model(self.profile)
+        # one worker: routing and ingress belong to whatever stands in front of it (coda serve)
+        self.policies = build_policies(resolve_policies(cfg.system, cfg.policies), self.cost, kinds=("state", "execution", "eviction"))
+        if self.policies.eviction.needs_sessions:
+            raise CodaError(
+                f"eviction policy {self.policies.eviction.name} needs each session's tool calls; the fake engine sees requests, "
+                "not sessions: use a system with LRU eviction (e.g. vllm) or set policies.eviction to lru"
+            )
         self.C = cfg.chunk_tokens
         self.tiers = resolve_tiers(cfg, self.preset, self.profile, self.cost.kv_bytes(self.C))
         capacity = self.tiers.hbm_chunks * self.C
@@ -134,18 +137,18 @@ class FakeEngine:
         t = self.tiers
         ssd = KVStore("ssd", 0, t.ssd_chunks, versions, listener=listener) if t.ssd else None
         dram = KVStore("dram", 0, t.dram_chunks, versions, lower=ssd, listener=listener) if t.dram else None
-        params = cfg.policy_params
+        eviction = self.policies.eviction
         self.worker = Worker(
             0,
             self.loop,  # type: ignore[arg-type]  # the EventLoop interface: now, at()
             self.cost,
-            HbmPool(0, t.hbm_chunks, versions, listener),
+            HbmPool(0, t.hbm_chunks, versions, listener, lambda lru, n: eviction.victims(lru, n, lambda owner: None)),
             dram,
             ssd,
             NodeLinks(),
             versions,
-            make_state_policy(self.preset.state, self.cost, params.get(self.preset.state)),
-            make_execution_policy(self.preset.execution, self.cost, params.get(self.preset.execution)),
+            self.policies.state,
+            self.policies.execution,
             _Recorder(),  # type: ignore[arg-type]
             self._on_finish,
             chunk_tokens=self.C,
@@ -170,6 +173,7 @@ class FakeEngine:
         return {
             "model": self.config.model,
             "system": self.preset.name,
+            "policies": self.policies.spec.describe(),
             "profile": {"name": self.profile.name, "kind": self.profile.kind, "description": self.profile.description},
             "speedup": self.config.speedup,
             "chunk_tokens": self.C,

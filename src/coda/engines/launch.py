@@ -12,7 +12,7 @@ class FakeEngineProcess:
     """``with FakeEngineProcess("--speedup", "10") as engine: engine.url`` — stopped with SIGTERM
     (uvicorn's graceful shutdown) on exit, SIGKILL if it does not stop within ``stop_timeout_s``."""
 
-    def __init__(self, *args: str, startup_timeout_s: float = 30.0, stop_timeout_s: float = 10.0) -> None:
+    def __init__(self, *args: str, startup_timeout_s: float = 120.0, stop_timeout_s: float = 10.0) -> None:
         self.args = args
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s

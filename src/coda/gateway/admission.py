@@ -15,8 +15,7 @@ from dataclasses import asdict
 from typing import Any, TextIO
 
 from coda import strict_json
-from coda.gateway.config import IngressConfig
-from coda.gateway.errors import ApiError
+from coda.api_errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.state import GatewayState, Ticket
 from coda.policy.ingress import Decision, IngressSnapshot
@@ -63,7 +62,8 @@ def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | Non
     rec: dict[str, Any] = {
         "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id, "model": t.model,
         "prompt_tokens": t.prompt_tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
-        "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "signals": snap.signals(),
+        "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "prefix_hit": round(t.prefix_hit, 4),
+        "signals": snap.signals(),
     }
     if shadow is not None:
         rec["shadow"] = asdict(shadow)
@@ -71,9 +71,9 @@ def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | Non
 
 
 class Admission:
-    def __init__(self, state: GatewayState, cfg: IngressConfig, metrics: GatewayMetrics, log: DecisionLog) -> None:
+    def __init__(self, state: GatewayState, metrics: GatewayMetrics, log: DecisionLog) -> None:
         self.state = state
-        self.cfg = cfg
+        self.defer = state.defer
         self.metrics = metrics
         self.log = log
         self._changed = asyncio.Event()
@@ -92,12 +92,12 @@ class Admission:
         deferred = d.action == "defer"
         if deferred:
             self.metrics.deferred.inc()
-            if state.queued >= self.cfg.max_queue:
+            if state.queued >= self.defer.max_queue:
                 d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
             else:
                 state.queued += 1
                 try:
-                    deadline = start + self.cfg.max_wait_s
+                    deadline = start + self.defer.max_wait_s
                     while d.action == "defer" and (left := deadline - time.monotonic()) > 0:
                         try:
                             await asyncio.wait_for(self._changed.wait(), left)
@@ -110,7 +110,7 @@ class Admission:
         rec = record(t, d, snap, shadow, waited, deferred)
         self.metrics.decisions.labels(d.policy, d.action, d.reason).inc()
         if shadow is not None:
-            self.metrics.shadow.labels(state.config.ingress.shadow, str(shadow.action == d.action).lower()).inc()
+            self.metrics.shadow.labels(shadow.policy, str(shadow.action == d.action).lower()).inc()
         if d.action == "admit":
             return rec
         self.log.write(rec)

@@ -31,14 +31,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from coda.api_errors import ApiError
 from coda.gateway.admission import Admission, DecisionLog
 from coda.gateway.config import GatewayConfig
-from coda.gateway.errors import ApiError
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
-from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Upstream, strip_hop_by_hop
+from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upstream, strip_hop_by_hop
 from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.telemetry import Telemetry
 from coda.listen import listen
@@ -58,9 +58,10 @@ class Gateway:
         self.state = GatewayState(config, make_tokenizer(config.indexer.tokenizer))
         self.ids = Identities(config)
         self.metrics = GatewayMetrics()
-        self.decisions = DecisionLog(config.ingress.decision_log)
-        self.admission = Admission(self.state, config.ingress, self.metrics, self.decisions)
+        self.decisions = DecisionLog(config.decision_log)
+        self.admission = Admission(self.state, self.metrics, self.decisions)
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
+        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.ids.label)
         self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
         self.consumers = {
             w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if self.state.uses_events(w)
@@ -123,7 +124,7 @@ class Gateway:
             raw = with_cache_salt(raw, body, salt)
         drop = NOT_FORWARDED | CREDENTIALS if self.drop_credentials else NOT_FORWARDED
         headers = strip_hop_by_hop(request.headers.raw, drop)
-        return Exchange(self, ticket, raw, headers, body.get("stream") is True, t0)
+        return Exchange(self.relay, ticket, raw, headers, body.get("stream") is True, t0)
 
     @staticmethod
     def _json(raw: bytes) -> dict[str, Any]:
@@ -229,7 +230,7 @@ class Gateway:
             })
         sessions = list(s.sessions.items())[-SESSION_LIST_MAX:]
         return {
-            "policy": s.ingress.name, "router": s.router.name, "shadow": s.config.ingress.shadow, "draining": s.draining,
+            "policies": s.policies.spec.describe(), "policy": s.ingress.name, "router": s.router.name, "draining": s.draining,
             "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
             "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
             "session_cache_mib": round(s.session_bytes / 2**20, 3),

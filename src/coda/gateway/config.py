@@ -2,7 +2,9 @@
 variables, then command-line flags, each overriding the one before.
 
 ``coda serve --backend URL`` needs nothing else: every other field has a default that is safe
-for a single team (no auth, admit everything, Coda's router, character-block indexing).
+for a single team (no auth, admit everything, Coda's router, character-block indexing). The
+policies come from the ``system`` preset's block with ``policies`` laid over it, the schema every
+shell reads (``coda.policy.spec``); the gateway enforces the ingress policy and the router.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, field_validator
 
-from coda.errors import CodaError
+from coda.errors import invalid
+from coda.policy.spec import PoliciesOverride, TenantSpec
 
 ENV_PREFIX = "CODA_SERVE_"
 
@@ -44,10 +47,8 @@ class BackendConfig(_Strict):
         return self.name or self.url.split("://", 1)[1]
 
 
-class TenantConfig(_Strict):
-    weight: PositiveFloat = Field(1.0, description="share of in-flight tokens under saturation, relative to other active tenants")
+class TenantConfig(TenantSpec):
     cache_salt: str | None = Field(None, description="injected as the request's cache_salt so no other tenant can hit (or time) its prefix cache")
-    deadline_ms: PositiveFloat | None = Field(None, description="time-to-first-token deadline of the tenant's requests (the deadline policy)")
 
 
 class AuthConfig(_Strict):
@@ -57,20 +58,6 @@ class AuthConfig(_Strict):
     @property
     def enabled(self) -> bool:
         return bool(self.api_keys)
-
-
-class IngressConfig(_Strict):
-    policy: str = Field("admit_all", description="ingress policy, or several joined with + (see `coda serve --help`)")
-    params: dict[str, Any] = Field(default_factory=dict, description="policy parameters (keyed by part name for a composition)")
-    max_queue: PositiveInt = Field(256, description="requests a defer decision may hold in the gateway at once")
-    max_wait_s: NonNegativeFloat = Field(5.0, description="longest a deferred request waits before its 503")
-    shadow: str | None = Field(None, description="an ingress policy or router whose decision is logged beside the enforced one")
-    decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
-
-
-class RoutingConfig(_Strict):
-    router: str = "coda"
-    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class TelemetryConfig(_Strict):
@@ -100,8 +87,9 @@ class GatewayConfig(_Strict):
     backends: list[BackendConfig] = Field(min_length=1)
     auth: AuthConfig = AuthConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
-    ingress: IngressConfig = IngressConfig()
-    routing: RoutingConfig = RoutingConfig()
+    system: str = Field("coda", description="the system preset whose policies block the gateway starts from (see `coda systems`)")
+    policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block: ingress (with defer), router, ...")
+    decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
     telemetry: TelemetryConfig = TelemetryConfig()
     indexer: IndexerConfig = IndexerConfig()
     max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
@@ -148,11 +136,18 @@ def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_config(file_data: dict[str, Any], cli: dict[str, Any], environ: Mapping[str, str] | None = None, source: str = "command line") -> GatewayConfig:
-    data = merge(merge(file_data, env_overrides(os.environ if environ is None else environ)), cli)
+    """File, then environment, then flags; ``policies`` layered kind by kind as every shell does
+    (a new policy name drops the parameters given for the old one)."""
+    layers = [dict(file_data), env_overrides(os.environ if environ is None else environ), dict(cli)]
     try:
+        overrides = [PoliciesOverride.model_validate(layer.pop("policies")) for layer in layers if layer.get("policies") is not None]
+        data = merge(merge(layers[0], layers[1]), layers[2])
+        if overrides:
+            combined = overrides[0]
+            for later in overrides[1:]:
+                combined = combined.then(later)
+            data["policies"] = combined
         return GatewayConfig.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
-        hint = "; give at least one --backend URL" if loc == "backends" else ""
-        raise CodaError(f"{source}: {loc}: {first['msg']}{hint}") from None
+        missing_backends = err.errors()[0]["loc"] == ("backends",)
+        raise invalid(source, err, "give at least one --backend URL" if missing_backends else "") from None

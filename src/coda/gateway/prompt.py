@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from coda.gateway.errors import ApiError
+from coda.api_errors import ApiError
 
 BYTES_PER_TOKEN = 4
 UNIT_BYTES = 256

@@ -14,17 +14,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import msgspec
 
-from coda.gateway.errors import ApiError
+from coda.api_errors import ApiError
+from coda.gateway.admission import Admission, DecisionLog
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.state import GatewayState, Ticket, Worker
-
-if TYPE_CHECKING:
-    from coda.gateway.app import Gateway
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
                         b"transfer-encoding", b"upgrade", b"proxy-connection"})
@@ -81,11 +80,24 @@ class Upstream:
         await self.client.aclose()
 
 
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """What every exchange works with: the gateway's state, admission, upstream client, metrics
+    and decision log, and how a tenant is labelled in metrics."""
+
+    state: GatewayState
+    admission: Admission
+    upstream: Upstream
+    metrics: GatewayMetrics
+    decisions: DecisionLog
+    tenant_label: Callable[[str], str]
+
+
 class Exchange:
     """The ASGI response of one generation request (see the module docstring)."""
 
-    def __init__(self, gw: Gateway, t: Ticket, body: bytes, headers: list[tuple[bytes, bytes]], stream: bool, t0: float) -> None:
-        self.gw = gw
+    def __init__(self, relay: Relay, t: Ticket, body: bytes, headers: list[tuple[bytes, bytes]], stream: bool, t0: float) -> None:
+        self.relay = relay
         self.t = t
         self.body = body
         self.headers = headers
@@ -105,21 +117,21 @@ class Exchange:
                 await work  # re-raises a bug in _run; a client that left is not an error
         if not watch.cancelled() and watch.done() and not work.done():
             self.status = 499
-        self.gw.metrics.requests.labels(self.t.path, str(self.status or 499)).inc()
+        self.relay.metrics.requests.labels(self.t.path, str(self.status or 499)).inc()
 
     async def _run(self, send: Callable[[Any], Any]) -> None:
-        gw, t = self.gw, self.t
+        relay, t = self.relay, self.t
         try:
-            rec = await gw.admission.admit(t)
+            rec = await relay.admission.admit(t)
         except ApiError as err:
             await self._error(send, err)
             return
-        gw.metrics.tenant_requests.labels(gw.ids.label(t.tenant)).inc()
+        relay.metrics.tenant_requests.labels(relay.tenant_label(t.tenant)).inc()
         try:
             await self._proxy(send, rec)
         finally:
-            gw.state.end(t)
-            gw.admission.kick()
+            relay.state.end(t)
+            relay.admission.kick()
 
     async def _error(self, send: Callable[[Any], Any], err: ApiError) -> None:
         self.status = err.status
@@ -128,9 +140,8 @@ class Exchange:
         await send({"type": "http.response.body", "body": err.body(self.t.path), "more_body": False})
 
     async def _proxy(self, send: Callable[[Any], Any], rec: dict[str, Any]) -> None:
-        gw, t = self.gw, self.t
-        state: GatewayState = gw.state
-        metrics: GatewayMetrics = gw.metrics
+        relay, t = self.relay, self.t
+        state, metrics = relay.state, relay.metrics
         tried: set[int] = set()
         error = "no healthy worker serves this model"
         while len(tried) < 2:
@@ -139,10 +150,10 @@ class Exchange:
                 break
             if not tried:
                 rec["worker"] = w.label
-                if gw.state.shadow_router is not None:
-                    rec["shadow_worker"] = state.workers[shadow_worker].label if shadow_worker is not None else None
-                    metrics.shadow.labels(gw.config.ingress.shadow, str(shadow_worker == w.id).lower()).inc()
-                gw.decisions.write(rec)
+                if shadow_worker is not None:
+                    rec["shadow_worker"] = state.workers[shadow_worker].label
+                    metrics.shadow.labels(state.router.shadow.name, str(shadow_worker == w.id).lower()).inc()
+                relay.decisions.write(rec)
             else:
                 metrics.retries.labels(w.label).inc()
             tried.add(w.id)
@@ -150,7 +161,7 @@ class Exchange:
             sent = time.perf_counter()
             metrics.overhead.observe(sent - self.t0)
             try:
-                resp = await gw.upstream.open(w, t.path, self.body, self.headers)
+                resp = await relay.upstream.open(w, t.path, self.body, self.headers)
             except UpstreamFailure as err:
                 state.end(t)
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
@@ -174,44 +185,55 @@ class Exchange:
                 error = f"backend {w.label} answered {resp.status_code}"
                 continue
             ttft = time.perf_counter() - sent if self.stream else None
+            completed = False
             try:
-                await self._relay(send, w, resp, first, chunks)
+                completed = await self._relay(send, w, resp, first, chunks)
             finally:
                 await resp.aclose()
-                state.end(t, ttft)
+                state.end(t, ttft, completed)
             return
         await self._error(send, ApiError(502, f"{error}; tried {len(tried)} worker(s); check the engines (GET /debug/state)", "upstream_failed"))
 
-    async def _relay(self, send: Callable[[Any], Any], w: Worker, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> None:
+    async def _relay(self, send: Callable[[Any], Any], w: Worker, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> bool:
+        """Relay the response; ``True`` when it ended normally with a 200."""
+        relay, t = self.relay, self.t
         headers = strip_hop_by_hop(resp.headers.raw, HOP_BY_HOP)
         headers.append((b"x-coda-worker", w.label.encode()))
         self.status = resp.status_code
+        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         tail = first[-TAIL_BYTES:]
         await send({"type": "http.response.body", "body": first, "more_body": True})
+        if sse:
+            relay.state.streamed(t, first.count(b"data:"))
         try:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = (tail + chunk)[-TAIL_BYTES:]
+                if sse:
+                    relay.state.streamed(t, chunk.count(b"data:"))
         except UpstreamFailure as err:
-            self.gw.metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
-            if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            relay.metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
+            if sse:
                 msg = f"backend {w.label} failed mid-stream ({type(err).__name__}); the response is incomplete, retry the request"
-                await send({"type": "http.response.body", "body": ApiError(502, msg, "upstream_failed").sse_event(self.t.path), "more_body": True})
+                await send({"type": "http.response.body", "body": ApiError(502, msg, "upstream_failed").sse_event(t.path), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if resp.status_code == 200:
             self._usage(tail)
+        return resp.status_code == 200
 
     def _usage(self, tail: bytes) -> None:
-        gw, t = self.gw, self.t
-        label = gw.ids.label(t.tenant)
+        relay, t = self.relay, self.t
+        metrics, label = relay.metrics, relay.tenant_label(t.tenant)
         usage = usage_of(tail)
         if usage is None:
-            gw.metrics.tenant_input.labels(label).inc(t.prompt_tokens)
-            gw.metrics.tenant_unreported.labels(label).inc()
+            metrics.tenant_input.labels(label).inc(t.prompt_tokens)
+            metrics.tenant_unreported.labels(label).inc()
         else:
-            gw.metrics.tenant_input.labels(label).inc(usage[0])
-            gw.metrics.tenant_output.labels(label).inc(usage[1])
+            metrics.tenant_input.labels(label).inc(usage[0])
+            metrics.tenant_output.labels(label).inc(usage[1])
 
 
 async def _disconnected(receive: Callable[[], Any]) -> None:

@@ -14,13 +14,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coda.errors import CodaError
 from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.prompt import Tokenizer
 from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
-from coda.policy.ingress import SIGNALS, Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
-from coda.policy.registry import INGRESS_POLICIES, ROUTERS, make_ingress_policy, make_router
+from coda.policy.build import build_policies
+from coda.policy.ingress import (
+    SIGNALS,
+    Decision,
+    IngressPolicy,
+    IngressSnapshot,
+    SessionLedger,
+    WorkerLoad,
+    deadline_slack_s,
+    ledger_ttl_s,
+    ttft_estimate,
+)
+from coda.policy.presets import resolve_policies
 from coda.policy.routing import Router
+from coda.policy.shadow import Shadowed
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
 #: signals read from an engine's /metrics, with the vLLM metric names that carry them
@@ -30,7 +41,6 @@ SCRAPED_SIGNALS: dict[str, tuple[str, ...]] = {
 }
 #: signals the gateway computes itself, so every backend supplies them
 OWN_SIGNALS = frozenset(SIGNALS) - frozenset(SCRAPED_SIGNALS)
-TTFT_EWMA = 0.2  # weight of the newest first-token time in a worker's estimate
 
 
 @dataclass(slots=True)
@@ -52,6 +62,8 @@ class Worker:
     max_model_len: int | None = None
     inflight: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens
     inflight_tokens: int = 0
+    decoding: dict[int, Ticket] = field(default_factory=dict)  # in-flight requests whose first token has come
+    streamed_tokens: int = 0  # output tokens relayed so far for the in-flight requests
     ttft_s: float | None = None
 
     @property
@@ -70,6 +82,7 @@ class Worker:
 class Session:
     hasher: BlockHasher
     last_worker: int | None = None
+    completed_rounds: int = 0
 
 
 @dataclass(slots=True)
@@ -89,6 +102,13 @@ class Ticket:
     matches: dict[int, PrefixMatch]
     deadline_s: float | None = None
     worker: Worker | None = None  # while an upstream attempt is in flight
+    streamed: int = 0  # output tokens relayed (SSE data events: an estimate of the tokens generated)
+
+    @property
+    def prefix_hit(self) -> float:
+        """Share of the prompt's blocks resident, in any tier, on the worker that holds most of them."""
+        best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self.matches.values()), default=0)
+        return best / max(len(self.hashes), 1)
 
 
 class ApproxIndex:
@@ -129,20 +149,11 @@ class GatewayState:
         ]
         self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
         self.approx = ApproxIndex(self.indexer, config.indexer.approx_blocks_per_worker)
-        self.ingress: IngressPolicy = make_ingress_policy(config.ingress.policy, config.ingress.params)
-        self.router: Router = make_router(config.routing.router, config.routing.params)
-        self.shadow_ingress: IngressPolicy | None = None
-        self.shadow_router: Router | None = None
-        shadow = config.ingress.shadow
-        if shadow is not None:
-            if shadow.split("+")[0] in INGRESS_POLICIES:
-                self.shadow_ingress = make_ingress_policy(shadow)
-            elif shadow in ROUTERS:
-                self.shadow_router = make_router(shadow)
-            else:
-                raise CodaError(f"shadow {shadow!r} is neither an ingress policy ({', '.join(INGRESS_POLICIES)}) nor a router ({', '.join(ROUTERS)})")
-        ttl = session_ttl_s(self.ingress)
-        self.ledger = SessionLedger(ttl if ttl is not None else 300.0)
+        self.policies = build_policies(resolve_policies(config.system, config.policies), kinds=("ingress", "router"))
+        self.defer = self.policies.spec.ingress.defer
+        self.ingress: IngressPolicy = self.policies.ingress
+        self.router: Router = self.policies.router
+        self.ledger = SessionLedger(ledger_ttl_s(self.ingress))
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
@@ -157,10 +168,8 @@ class GatewayState:
     # --- signals ---------------------------------------------------------------------------
     @property
     def needed_signals(self) -> frozenset[str]:
-        needs = set(self.ingress.needs)
-        if self.shadow_ingress is not None:
-            needs |= self.shadow_ingress.needs
-        return frozenset(needs)
+        """What the ingress policy (and its shadow) reads."""
+        return frozenset(self.ingress.needs)
 
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))
@@ -212,13 +221,9 @@ class GatewayState:
             WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight), w.inflight_tokens)
             for w in t.candidates
         )
-        blocks = max(len(t.hashes), 1)
-        hit = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in t.matches.values()), default=0) / blocks
+        hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0
         active_tenants = {name for name, n in self.tenant_inflight.items() if n > 0} | {t.tenant}
-        slack = math.inf
-        if t.deadline_s is not None:
-            ttfts = [w.ttft_s or 0.0 for w in t.candidates if w.healthy]
-            slack = t.deadline_s - (min(ttfts) if ttfts else math.inf)
+        slack = deadline_slack_s(t.deadline_s, [w.ttft_s for w in t.candidates if w.healthy])
         return IngressSnapshot(
             now_s=now,
             tenant=t.tenant,
@@ -227,7 +232,7 @@ class GatewayState:
             session_id=t.session_id,
             session_active=self.ledger.active(t.session_id, now),
             active_sessions=self.ledger.count(now),
-            prefix_hit=round(hit, 4),
+            prefix_hit=hit,
             tenant_inflight_tokens=self.tenant_inflight.get(t.tenant, 0),
             tenant_weight=self.config.tenant(t.tenant).weight,
             active_weight=sum(self.config.tenant(n).weight for n in active_tenants),
@@ -236,41 +241,56 @@ class GatewayState:
         )
 
     def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
+        """The enforced decision, its snapshot, and the shadow policy's decision on it (if any)."""
         snap = self.ingress_snapshot(t)
-        shadow = self.shadow_ingress.decide(snap) if self.shadow_ingress is not None else None
-        return self.ingress.decide(snap), snap, shadow
+        d = self.ingress.decide(snap)
+        return d, snap, self.ingress.last_shadow if isinstance(self.ingress, Shadowed) else None
 
     # --- routing ---------------------------------------------------------------------------
     def routing_snapshot(self, t: Ticket, exclude: set[int]) -> RoutingSnapshot:
         ws = [w for w in t.candidates if w.id not in exclude]
         session = self.sessions.get(t.session_id) if t.session_id is not None else None
-        last = session.last_worker if session is not None else None
-        best = max((m.hbm_blocks for m in t.matches.values()), default=0)
-        reusable = min(best * self.block_tokens, t.prompt_tokens)
         req = RouteRequest(
             seq=t.rid,
             session_id=t.session_id or "",
-            is_continuation=last is not None,
+            is_continuation=session is not None and session.completed_rounds > 0,
             prompt_tokens=t.prompt_tokens,
             prompt_blocks=len(t.hashes) or -(-t.prompt_tokens // self.block_tokens),
-            reusable_tokens=reusable,
-            new_tokens=t.prompt_tokens - reusable,
-            last_worker=last,
         )
-        views = tuple(
-            WorkerView(w.id, len(w.inflight), w.inflight_tokens // self.block_tokens, w.queue_depth, tuple(w.inflight.values()),
-                       t.matches.get(w.id, PrefixMatch()), w.healthy)
-            for w in ws
-        )
+        views = tuple(self.worker_view(w, t.matches.get(w.id, PrefixMatch())) for w in ws)
         return RoutingSnapshot(self.clock(), req, views)
+
+    def worker_view(self, w: Worker, match: PrefixMatch) -> WorkerView:
+        """What a router knows of a worker, from the gateway's own view of its in-flight requests
+        (the engine's queue depth from its /metrics): a request decodes from its first relayed
+        token, its context growing by each relayed token (non-streamed responses are not seen
+        decoding: their first byte is their end)."""
+        return WorkerView(
+            worker_id=w.id,
+            active_requests=len(w.inflight),
+            active_kv_blocks=(w.inflight_tokens + w.streamed_tokens) // self.block_tokens,
+            waiting_requests=w.queue_depth,
+            decode_contexts=tuple(d.prompt_tokens + d.streamed for d in w.decoding.values()),
+            match=match,
+            healthy=w.healthy,
+        )
 
     def route(self, t: Ticket, exclude: set[int]) -> tuple[Worker | None, int | None]:
         """The chosen worker (``None`` when every candidate is excluded) and the shadow router's choice."""
         snap = self.routing_snapshot(t, exclude)
         if not snap.workers:
             return None, None
-        shadow = self.shadow_router.route(snap) if self.shadow_router is not None else None
-        return self.workers[self.router.route(snap)], shadow
+        wid = self.router.route(snap)
+        return self.workers[wid], self.router.last_shadow if isinstance(self.router, Shadowed) else None
+
+    def streamed(self, t: Ticket, tokens: int) -> None:
+        """``tokens`` more output tokens relayed for ``t``; the first makes it a decoding request."""
+        w = t.worker
+        if w is None or tokens <= 0:
+            return
+        w.decoding[t.rid] = t
+        t.streamed += tokens
+        w.streamed_tokens += tokens
 
     # --- accounting ------------------------------------------------------------------------
     def begin(self, t: Ticket, w: Worker) -> None:
@@ -289,20 +309,26 @@ class GatewayState:
         if not self.uses_events(w):
             self.approx.sent(w.tiers.hbm, t.hashes)
 
-    def end(self, t: Ticket, ttft_s: float | None = None) -> None:
-        """The attempt is over (finished, failed or aborted): idempotent."""
+    def end(self, t: Ticket, ttft_s: float | None = None, completed: bool = False) -> None:
+        """The attempt is over (``completed``: the response ended normally; else it failed or was
+        aborted): idempotent."""
         w, t.worker = t.worker, None
         if w is None:
             return
+        if completed and t.session_id is not None and (s := self.sessions.get(t.session_id)) is not None:
+            s.completed_rounds += 1
         n = w.inflight.pop(t.rid, 0)
         w.inflight_tokens -= n
+        if w.decoding.pop(t.rid, None) is not None:
+            w.streamed_tokens -= t.streamed
+        t.streamed = 0
         left = self.tenant_inflight.get(t.tenant, 0) - n
         if left > 0:
             self.tenant_inflight[t.tenant] = left
         else:
             self.tenant_inflight.pop(t.tenant, None)
         if ttft_s is not None:
-            w.ttft_s = ttft_s if w.ttft_s is None else (1 - TTFT_EWMA) * w.ttft_s + TTFT_EWMA * ttft_s
+            w.ttft_s = ttft_estimate(w.ttft_s, ttft_s)
 
     # --- health ----------------------------------------------------------------------------
     def failed(self, w: Worker) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -43,7 +43,7 @@ class Cohort:
     ``cohort_gain_bounds``) never splits.
     """
 
-    cost: CostModel
+    cost: CostModel = field(compare=False)
     min_requests: int = 4
     min_ratio: float = 1.5
     rho: float = 0.35

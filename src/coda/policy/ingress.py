@@ -9,7 +9,8 @@ Pressure is judged per worker and admission asks whether *any* healthy worker ha
 the router then places the request: a worker whose telemetry is stale counts as full.
 
 Decisions: ``admit``; ``defer`` (the shell holds the request in a bounded queue and asks again
-until a maximum wait, then answers ``503`` with ``Retry-After``); ``reject`` (``429`` when the
+whenever something that could free room happens, until a maximum wait, then answers ``503`` with
+``Retry-After``; see ``coda.policy.spec.DeferSpec``); ``reject`` (``429`` when the
 tenant is over its share, ``529`` when the cluster is overloaded), with a reason from a fixed
 set so it can label metrics.
 """
@@ -31,40 +32,48 @@ SEVERITY: dict[str, int] = {"admit": 0, "defer": 1, "reject": 2}
 
 @dataclass(slots=True, frozen=True)
 class WorkerLoad:
-    """One worker's load as the shell observed it. ``stale``: its telemetry is too old to trust."""
+    """One worker's load as the shell observed it."""
 
     worker_id: int
     healthy: bool = True
+    #: its telemetry is too old to trust (a stale worker counts as full)
     stale: bool = False
+    #: requests in the engine's waiting queue (vLLM's ``vllm:num_requests_waiting``)
     queue_depth: int = 0
+    #: share of the engine's KV blocks held by its running requests (``vllm:kv_cache_usage_perc``)
     kv_usage: float = 0.0
+    #: requests sent to the engine and not yet finished (running, restoring or waiting there)
     inflight_requests: int = 0
+    #: prompt tokens of those requests
     inflight_tokens: int = 0
 
 
 @dataclass(slots=True, frozen=True)
 class IngressSnapshot:
-    """What an admission decision may read about one arriving request and the cluster.
-
-    ``session_active``: the request's session holds an admission slot (it was admitted within
-    the session TTL); ``active_sessions``: how many sessions hold one. ``tenant_weight`` /
-    ``active_weight``: the tenant's weight and the sum over tenants with work in flight (this
-    one included), so its entitlement is their ratio. ``deadline_slack_s``: the request's
-    deadline minus the predicted time to its first token (``inf`` without a deadline).
-    """
+    """What an admission decision may read about one arriving request and the cluster."""
 
     now_s: float
     tenant: str
     prompt_tokens: int
     workers: tuple[WorkerLoad, ...]
     session_id: str | None = None
+    #: the request's session holds an admission slot (it was admitted within the session TTL)
     session_active: bool = False
+    #: how many sessions hold a slot
     active_sessions: int = 0
+    #: share of the prompt's blocks resident, in any tier, on the worker that holds most of them
+    #: (0 when the policy does not read it)
     prefix_hit: float = 0.0
+    #: prompt tokens in flight for this request's tenant
     tenant_inflight_tokens: int = 0
+    #: the tenant's weight, and the sum of the weights of the tenants with work in flight (this one
+    #: included): its entitlement is their ratio
     tenant_weight: float = 1.0
     active_weight: float = 1.0
+    #: the request's time-to-first-token deadline minus the lowest predicted TTFT among healthy
+    #: workers (``deadline_slack_s``); ``inf`` without a deadline
     deadline_slack_s: float = math.inf
+    #: requests the shell holds deferred right now
     queued: int = 0
 
     @property
@@ -299,8 +308,36 @@ class AllOf:
         return best
 
 
+#: weight of the newest first-token time in a worker's TTFT estimate (assumed, not fitted)
+TTFT_EWMA_WEIGHT = 0.2
+
+
+def ttft_estimate(previous_s: float | None, sample_s: float) -> float:
+    """A worker's predicted TTFT after one more observed first token (an exponential average)."""
+    return sample_s if previous_s is None else (1 - TTFT_EWMA_WEIGHT) * previous_s + TTFT_EWMA_WEIGHT * sample_s
+
+
+def deadline_slack_s(deadline_s: float | None, predicted_ttft_s: Sequence[float | None]) -> float:
+    """A request's deadline minus the lowest predicted TTFT of the healthy workers it may go to (a
+    worker that has served nothing yet predicts 0); ``inf`` without a deadline."""
+    if deadline_s is None:
+        return math.inf
+    return deadline_s - min((t or 0.0 for t in predicted_ttft_s), default=math.inf)
+
+
+def ledger_ttl_s(policy: IngressPolicy) -> float:
+    """The TTL a shell's session ledger runs with: the policy's, or the session policy's default
+    (so ``session_active`` means the same whether or not a policy reads it)."""
+    ttl = session_ttl_s(policy)
+    return SessionAdmission().idle_ttl_s if ttl is None else ttl
+
+
 def session_ttl_s(policy: IngressPolicy) -> float | None:
-    """The session TTL a policy asks the shell to apply (``None``: it does not track sessions)."""
+    """The session TTL a policy asks the shell to apply (``None``: it does not track sessions); a
+    shadowed policy's TTL is its primary's."""
+    primary = getattr(policy, "primary", None)
+    if primary is not None:
+        return session_ttl_s(primary)
     if isinstance(policy, SessionAdmission):
         return policy.idle_ttl_s
     if isinstance(policy, AllOf):

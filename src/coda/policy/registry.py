@@ -1,175 +1,175 @@
-"""One registry for every policy and system preset; unknown names fail with the valid ones."""
+"""One registry for every kind of policy: ``register(kind, name, factory)``, open to other packages
+through the ``coda.policies`` entry-point group.
+
+A factory is a class or a function called with the policy's parameters as keyword arguments; its
+signature is the parameter schema (names, defaults, types), so every default lives once, in the
+policy. A parameter named ``cost`` is not the user's: Coda passes the shell's cost model. A
+parameter whose default is a dataclass instance takes a mapping of that dataclass's parameters.
+
+An out-of-tree policy registers itself in its package's metadata::
+
+    [project.entry-points."coda.policies"]
+    "state.oldest_first" = "my_policies:OldestFirst"
+
+and is then selected like a built-in one (``policies: {state: {name: oldest_first}}``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import inspect
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Literal
 
-from coda.cost.model import CostModel
 from coda.errors import CodaError
-from coda.policy.execution import Cohort, ExecutionPolicy, FullBatch
-from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, Router, SMetric
-from coda.policy.state import FewestBlocks, Fifo, StatePolicy, TieredAging
+from coda.policy.spec import KINDS
 
-StateFactory = Callable[[CostModel, dict[str, Any]], StatePolicy]
-ExecutionFactory = Callable[[CostModel, dict[str, Any]], ExecutionPolicy]
-RouterFactory = Callable[[dict[str, Any]], Router]
-
-
-
-
-def with_params(cls: type, params: dict[str, Any], kind: str, **fixed: Any) -> Any:
-    """Build a policy dataclass from user parameters; unknown or ill-typed ones name the valid fields.
-
-    ``fixed`` are arguments Coda supplies itself (the cost model), not user parameters.
-    """
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "needs", *fixed)}
-    unknown = sorted(set(params) - set(fields))
-    if unknown:
-        raise CodaError(f"{kind}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(fields) or '(none)'}")
-    for key, value in params.items():
-        default = fields[key].default
-        if isinstance(default, (int, float)) and not isinstance(value, (int, float)) or isinstance(value, bool) != isinstance(default, bool):
-            raise CodaError(f"{kind}: parameter {key}={value!r} must be a {type(default).__name__}")
-    try:
-        return cls(**fixed, **params)
-    except ValueError as err:
-        raise CodaError(f"{kind}: {err}") from None
-
-
-STATE_POLICIES: dict[str, StateFactory] = {
-    "fifo": lambda cost, params: with_params(Fifo, params, "state policy fifo"),
-    "fewest_blocks": lambda cost, params: with_params(FewestBlocks, params, "state policy fewest_blocks"),
-    "tiered_aging": lambda cost, params: with_params(TieredAging, params, "state policy tiered_aging", cost=cost),
-}
-EXECUTION_POLICIES: dict[str, ExecutionFactory] = {
-    "full": lambda cost, params: with_params(FullBatch, params, "execution policy full"),
-    "cohort": lambda cost, params: with_params(Cohort, params, "execution policy cohort", cost=cost),
-}
-
-
-def _coda_router(params: dict[str, Any]) -> Router:
-    params = dict(params)
-    parent = with_params(SMetric, params.pop("parent", None) or {}, "router coda.parent")
-    return dataclasses.replace(with_params(CodaRouter, params, "router coda"), parent=parent)
-
-
-ROUTERS: dict[str, RouterFactory] = {
-    "round_robin": lambda params: with_params(RoundRobin, params, "router round_robin"),
-    "least_loaded": lambda params: with_params(LeastLoaded, params, "router least_loaded"),
-    "smetric": lambda params: with_params(SMetric, params, "router smetric"),
-    "dynamo_kv": lambda params: with_params(DynamoKV, params, "router dynamo_kv"),
-    "coda": _coda_router,
-}
-EVICTIONS = ("lru", "tool_aware")
+ENTRY_POINT_GROUP = "coda.policies"
+KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state admission policy",
+              "execution": "execution policy", "eviction": "eviction policy"}
+#: fields of a policy class that are not parameters: its name, what it reads, and what Coda supplies
+RESERVED = frozenset({"name", "needs", "cost"})
 
 
 @dataclass(frozen=True, slots=True)
-class SystemPreset:
-    """A named combination of router, state admission, execution admission, eviction and tiers."""
-
+class Entry:
+    kind: str
     name: str
-    router: str
-    state: str
-    execution: str
-    eviction: Literal["lru", "tool_aware"]
-    description: str
-    # the paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
-    dram: bool = True
-    ssd: bool = False
-    cpu_shadow: bool = True
+    factory: Callable[..., Any]
 
-    def tiers_text(self) -> str:
-        parts = ["HBM", "DRAM" if self.dram else None, "SSD" if self.ssd else None]
-        tiers = " + ".join(p for p in parts if p)
-        return f"{tiers}; CPU-shadow {'on' if self.cpu_shadow else 'off'}; eviction {self.eviction}"
+    @property
+    def label(self) -> str:
+        return f"{KIND_NAMES[self.kind]} {self.name}"
 
+    @property
+    def needs_cost(self) -> bool:
+        return "cost" in _signature(self.factory).parameters
 
-SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
-    SystemPreset("vllm", "round_robin", "fifo", "full", "lru",
-                 "vLLM with prefix caching and a CPU KV store written as blocks complete (as vLLM's offloading connector "
-                 "or LMCache do): round-robin routing, FCFS admission, one attention launch"),
-    SystemPreset("smetric", "smetric", "fifo", "full", "lru",
-                 "session affinity with a load guard (SMetric) in front of vLLM-like workers"),
-    SystemPreset("dynamo", "dynamo_kv", "fifo", "full", "lru",
-                 "NVIDIA Dynamo's KV-aware router (w * prefill_blocks + decode_blocks, host/disk hit credits) in front of vLLM-like workers"),
-    SystemPreset("cachewise", "least_loaded", "fewest_blocks", "full", "tool_aware",
-                 "CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow"),
-    SystemPreset("cachewise+ta", "least_loaded", "tiered_aging", "full", "tool_aware",
-                 "CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks"),
-    SystemPreset("coda-single", "coda", "tiered_aging", "cohort", "tool_aware",
-                 "Coda's single-worker admission layer: Tiered-Aging, Compatibility-Aware cohorts, tool-aware reclaim"),
-    SystemPreset("coda", "coda", "tiered_aging", "cohort", "tool_aware",
-                 "Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim"),
-    SystemPreset("coda-route-only", "coda", "fifo", "full", "lru",
-                 "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
-    SystemPreset("coda-admit-only", "smetric", "tiered_aging", "cohort", "tool_aware",
-                 "ablation: Coda's engine admission behind the SMetric router"),
-)}
+    def check(self, params: Mapping[str, Any]) -> None:
+        """Raise ``CodaError`` for an unknown or ill-typed parameter, without building the policy."""
+        _arguments(self.factory, params, self.label)
+
+    def build(self, params: Mapping[str, Any], cost: Any = None) -> Any:
+        kwargs = _arguments(self.factory, params, self.label)
+        if self.needs_cost:
+            if cost is None:
+                raise CodaError(f"{self.label} needs a cost model, which this shell does not have; give it a profile")
+            kwargs["cost"] = cost
+        try:
+            return self.factory(**kwargs)
+        except ValueError as err:
+            raise CodaError(f"{self.label}: {err}") from None
 
 
-def _lookup(kind: str, name: str, table: dict[str, Any]) -> Any:
-    if name not in table:
-        raise CodaError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(table))}")
-    return table[name]
+_REGISTRY: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_loaded_entry_points = False
 
 
-def system_preset(name: str) -> SystemPreset:
-    return _lookup("system", name, SYSTEMS)
+def register(kind: str, name: str, factory: Callable[..., Any]) -> None:
+    """Make ``factory`` the policy ``name`` of ``kind`` (one of ``ingress``, ``router``, ``state``,
+    ``execution``, ``eviction``). Registering a name again replaces it (built-in ones included)."""
+    _load_entry_points()
+    if kind not in _REGISTRY:
+        raise CodaError(f"unknown policy kind {kind!r}; valid: {', '.join(KINDS)}")
+    if not name or "+" in name:
+        raise CodaError(f"{KIND_NAMES[kind]} name {name!r}: use a non-empty name without '+' ('+' composes ingress policies)")
+    _REGISTRY[kind][name] = Entry(kind, name, factory)
 
 
-def make_state_policy(name: str, cost: CostModel, params: dict[str, Any] | None = None) -> StatePolicy:
-    return _lookup("state admission policy", name, STATE_POLICIES)(cost, params or {})
+def _load_entry_points() -> None:
+    """Coda's own policies (``coda.policy.builtin``), then those other packages declare in the
+    ``coda.policies`` group, named ``kind.name``."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    import coda.policy.builtin  # noqa: F401  (registers the built-in policies)
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        kind, _, name = ep.name.partition(".")
+        if kind not in _REGISTRY or not name:
+            raise CodaError(f"entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}: name it kind.name, kind one of {', '.join(KINDS)}")
+        try:
+            factory = ep.load()
+        except Exception as err:  # a broken plugin must name itself, not crash Coda with its traceback
+            raise CodaError(f"entry point {ep.name} = {ep.value}: cannot load it ({type(err).__name__}: {err})") from None
+        _REGISTRY[kind].setdefault(name, Entry(kind, name, factory))
 
 
-def make_execution_policy(name: str, cost: CostModel, params: dict[str, Any] | None = None) -> ExecutionPolicy:
-    return _lookup("execution policy", name, EXECUTION_POLICIES)(cost, params or {})
+def names(kind: str) -> list[str]:
+    """Every registered name of a kind, entry points included."""
+    _load_entry_points()
+    return sorted(_REGISTRY[kind])
 
 
-def make_router(name: str, params: dict[str, Any] | None = None) -> Router:
-    return _lookup("router", name, ROUTERS)(params or {})
+def lookup(kind: str, name: str) -> Entry:
+    _load_entry_points()
+    entry = _REGISTRY[kind].get(name)
+    if entry is None:
+        raise CodaError(f"unknown {KIND_NAMES[kind]} {name!r}; valid: {', '.join(names(kind))}")
+    return entry
 
 
-# --- ingress admission ---------------------------------------------------------------------
-from coda.policy import ingress as _ingress  # noqa: E402  (appended section; the table above stays untouched)
-
-IngressFactory = Callable[[dict[str, Any]], _ingress.IngressPolicy]
-INGRESS_POLICIES: dict[str, IngressFactory] = {
-    "admit_all": lambda params: with_params(_ingress.AdmitAll, params, "ingress policy admit_all"),
-    "queue_limit": lambda params: with_params(_ingress.QueueLimit, params, "ingress policy queue_limit"),
-    "kv_headroom": lambda params: with_params(_ingress.KVHeadroom, params, "ingress policy kv_headroom"),
-    "tenant_share": lambda params: with_params(_ingress.TenantShare, params, "ingress policy tenant_share"),
-    "overload": lambda params: with_params(_ingress.Overload, params, "ingress policy overload"),
-    "session": lambda params: with_params(_ingress.SessionAdmission, params, "ingress policy session"),
-    "deadline": lambda params: with_params(_ingress.Deadline, params, "ingress policy deadline"),
-}
+# --- parameters from signatures ----------------------------------------------------------------
+def _signature(factory: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(factory)
 
 
-def make_ingress_policy(name: str, params: dict[str, Any] | None = None) -> _ingress.IngressPolicy:
-    """An ingress policy by name; ``a+b`` composes several (the most severe decision wins), and
-    then ``params`` maps each part's name to its parameters."""
-    parts = name.split("+")
-    params = params or {}
-    if len(parts) == 1:
-        return _lookup("ingress policy", name, INGRESS_POLICIES)(params)
-    unknown = sorted(set(params) - set(parts))
+def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
+    target = factory.__init__ if isinstance(factory, type) and not dataclasses.is_dataclass(factory) else factory
+    try:
+        return typing.get_type_hints(target)
+    except (NameError, TypeError):
+        return {}
+
+
+def parameters(factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The user-settable parameters of a factory (its keyword parameters, less the reserved ones)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {n: p for n, p in _signature(factory).parameters.items() if p.kind in kinds and n not in RESERVED}
+
+
+def _arguments(factory: Callable[..., Any], params: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """Keyword arguments for ``factory`` from user ``params``, checked against its signature."""
+    accepted = parameters(factory)
+    unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise CodaError(f"ingress policy {name}: parameters for {', '.join(unknown)}, which is not part of it; key them by part name")
-    return _ingress.compose([_lookup("ingress policy", p, INGRESS_POLICIES)(params.get(p) or {}) for p in parts])
+        raise CodaError(f"{label}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(accepted) or '(none)'}")
+    hints = _hints(factory)
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        default = accepted[key].default
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            if not isinstance(value, Mapping):
+                raise CodaError(f"{label}: parameter {key} takes a mapping of {type(default).__name__}'s parameters, got {value!r}")
+            nested = _arguments(type(default), value, f"{label} {key}")
+            out[key] = dataclasses.replace(default, **nested)
+            continue
+        _check_type(label, key, value, default, hints.get(key))
+        out[key] = value
+    return out
 
 
-# --- appended presets ----------------------------------------------------------------------
-SYSTEMS["vllm+ta"] = SystemPreset(
-    name="vllm+ta",
-    router="round_robin",
-    state="tiered_aging",
-    execution="full",
-    eviction="lru",
-    dram=True,
-    ssd=False,
-    cpu_shadow=True,
-    description="vLLM with Coda's Tiered-Aging order of its waiting queue and nothing else changed "
-    "(what --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler runs)",
-)
+def _check_type(label: str, key: str, value: Any, default: Any, hint: Any) -> None:
+    choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+    if choices:
+        if value not in choices:
+            raise CodaError(f"{label}: parameter {key}={value!r} must be one of {', '.join(map(repr, choices))}")
+        return
+    if default is inspect.Parameter.empty or default is None:
+        return
+    if isinstance(default, bool) or isinstance(value, bool):
+        ok, want = isinstance(value, bool) and isinstance(default, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int), "an integer"
+    elif isinstance(default, float):
+        ok, want = isinstance(value, (int, float)), "a number"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a string"
+    else:
+        ok, want = True, ""
+    if not ok:
+        raise CodaError(f"{label}: parameter {key}={value!r} must be {want}")

@@ -1,16 +1,17 @@
 """Routing: which worker serves a request. Every router is a pure function of a snapshot.
 
 Load is the worker's active requests (running, restoring and waiting). ``match`` in each
-``WorkerView`` is the request's prefix already resident on that worker, by tier.
+``WorkerView`` is the request's prefix already resident on that worker, by tier. ``explain``
+says which rule chose and the scores it compared, for decision logs and analyses.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,6 +26,22 @@ class Router(Protocol):
     def route(self, snap: RoutingSnapshot) -> int:
         """The chosen ``worker_id`` (one of ``snap.workers``)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChoice:
+    """A routing decision explained: the worker, the rule that chose it, and the per-worker scores
+    it compared (by name, each a mapping of worker id to score)."""
+
+    worker_id: int
+    rule: str
+    scores: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+
+
+def explain_route(router: Any, snap: RoutingSnapshot) -> RouteChoice:
+    """The router's own explanation, or its choice with the rule ``chosen``."""
+    fn = getattr(router, "explain", None)
+    return fn(snap) if fn is not None else RouteChoice(router.route(snap), "chosen")
 
 
 def candidates(snap: RoutingSnapshot) -> list[WorkerView]:
@@ -84,14 +101,23 @@ class SMetric:
         best = max(ws, key=lambda w: (w.match.hbm_blocks, -w.active_requests, -w.worker_id))
         if best.match.hbm_blocks == 0:
             return None
-        lo = min(w.active_requests for w in ws)
-        if best.active_requests <= lo + max(self.slack, self.ratio * lo):
-            return best
-        return None
+        return best if best.active_requests <= self.load_bound(ws) else None
+
+    def load_bound(self, workers: Sequence[WorkerView]) -> float:
+        """The most active requests a worker may have and still be chosen for affinity."""
+        lo = min(w.active_requests for w in workers)
+        return lo + max(self.slack, self.ratio * lo)
 
     def route(self, snap: RoutingSnapshot) -> int:
         chosen = self.affinity(snap)
         return (chosen or least_loaded_of(candidates(snap))).worker_id
+
+    def explain(self, snap: RoutingSnapshot) -> RouteChoice:
+        chosen = self.affinity(snap)
+        hits = {w.worker_id: float(w.match.hbm_blocks) for w in candidates(snap)}
+        if chosen is not None:
+            return RouteChoice(chosen.worker_id, "affinity", {"hbm_hit_blocks": hits})
+        return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded", {"hbm_hit_blocks": hits})
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +146,18 @@ class DynamoKV:
         return self.weight * max(prompt_blocks - credited, 0.0) + w.active_kv_blocks
 
     def route(self, snap: RoutingSnapshot) -> int:
+        return self.explain(snap).worker_id
+
+    def explain(self, snap: RoutingSnapshot) -> RouteChoice:
         ws = candidates(snap)
         costs = [self.cost(w, snap.request.prompt_blocks) for w in ws]
+        scores = {"cost": {w.worker_id: c for w, c in zip(ws, costs)}}
         if self.temperature <= 0:
-            return min(zip(costs, (w.worker_id for w in ws)))[1]
+            return RouteChoice(min(zip(costs, (w.worker_id for w in ws)))[1], "least cost", scores)
         lo = min(costs)
         weights = [math.exp(-(c - lo) / self.temperature) for c in costs]
         rng = random.Random(self.seed * 1_000_003 + snap.request.seq)
-        return rng.choices([w.worker_id for w in ws], weights=weights)[0]
+        return RouteChoice(rng.choices([w.worker_id for w in ws], weights=weights)[0], "sampled by cost", scores)
 
 
 def context_distance(contexts: Sequence[int], arrival_tokens: int) -> float:
@@ -142,9 +172,9 @@ class CodaRouter:
 
     When KV affinity decides (SMetric chooses a prefix holder), that choice stands. Otherwise,
     among workers at the minimum load or ``load_slack`` above it, choose the one whose active
-    decoders are closest in context length to the arrival (``L = reusable prefix + new input``),
-    so decode batches stay homogeneous; ties by load, then id. Without decoder telemetry on
-    every such worker, the parent's (least-loaded) choice stands.
+    decoders are closest in context length to the arrival (``L``: its prompt, the reusable prefix
+    and the new input together), so decode batches stay homogeneous; ties by load, then id.
+    Without decoder telemetry on every such worker, the parent's (least-loaded) choice stands.
     """
 
     parent: SMetric = SMetric()
@@ -152,16 +182,30 @@ class CodaRouter:
     name: str = "coda"
     needs: frozenset[str] = frozenset({"match", "decode_contexts"})
 
-    def compatible(self, snap: RoutingSnapshot) -> WorkerView | None:
-        """The context-compatible choice, or ``None`` to fall back to the parent."""
+    def near(self, snap: RoutingSnapshot) -> list[WorkerView]:
+        """The workers within ``load_slack`` of the least load, among which compatibility decides."""
         ws = candidates(snap)
         lo = min(w.active_requests for w in ws)
-        near = [w for w in ws if w.active_requests <= lo + self.load_slack]
+        return [w for w in ws if w.active_requests <= lo + self.load_slack]
+
+    def distances(self, snap: RoutingSnapshot) -> dict[int, float] | None:
+        """Context distance of each near worker to the arrival; ``None`` when compatibility cannot
+        decide (a near worker reports no decoders), so the parent's choice stands."""
+        near = self.near(snap)
         if not near or any(not w.decode_contexts for w in near):
             return None
-        arrival = snap.request.reusable_tokens + snap.request.new_tokens
-        return min(near, key=lambda w: (context_distance(w.decode_contexts, arrival), w.active_requests, w.worker_id))
+        return {w.worker_id: context_distance(w.decode_contexts, snap.request.prompt_tokens) for w in near}
 
     def route(self, snap: RoutingSnapshot) -> int:
-        chosen = self.parent.affinity(snap) or self.compatible(snap)
-        return (chosen or least_loaded_of(candidates(snap))).worker_id
+        return self.explain(snap).worker_id
+
+    def explain(self, snap: RoutingSnapshot) -> RouteChoice:
+        held = self.parent.affinity(snap)
+        if held is not None:
+            return RouteChoice(held.worker_id, "affinity")
+        dist = self.distances(snap)
+        if dist is None:
+            return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded (no decoder telemetry)")
+        load = {w.worker_id: w.active_requests for w in snap.workers}
+        best = min(dist, key=lambda wid: (dist[wid], load[wid], wid))
+        return RouteChoice(best, "context compatible", {"context_distance": dist})

@@ -1,18 +1,31 @@
 """State admission: which waiting request prepares its KV state next on a worker.
 
 Every policy reads an ``AdmissionSnapshot`` (oldest-ready first) and returns the index of the
-request to admit now, or ``None`` to admit nothing at this opportunity.
+request to admit now, or ``None`` to admit nothing at this opportunity. ``explain`` says which rule
+decided and the scores it compared, for decision logs and analyses (they never repeat a policy's
+branches).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from coda.cost.model import CostModel
 from coda.types import AdmissionSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A state-admission decision explained: the chosen index (or ``None``), the rule that decided,
+    and the scores it compared (arrays over the snapshot's rows, by name)."""
+
+    index: int | None
+    rule: str
+    scores: Mapping[str, Any] = field(default_factory=dict)
 
 
 class StatePolicy(Protocol):
@@ -23,6 +36,15 @@ class StatePolicy(Protocol):
     def choose(self, snap: AdmissionSnapshot) -> int | None:
         """Index of the candidate to admit now, or ``None`` to admit nothing at this opportunity."""
         ...
+
+
+def explain(policy: Any, snap: AdmissionSnapshot) -> Choice:
+    """The policy's own explanation, or its choice with the rule ``chosen`` / ``none``."""
+    fn = getattr(policy, "explain", None)
+    if fn is not None:
+        return fn(snap)
+    idx = policy.choose(snap)
+    return Choice(idx, "none" if idx is None else "chosen")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,20 +127,25 @@ class TieredAging:
     """Coda's Tiered-Aging state admission.
 
     Among ready requests that fit in HBM now, admit the one with the least age-adjusted cost
-    ``C / (1 + wait / tau)`` (wait: time since the request became logically ready; tool time is
-    not in it); ties by raw cost, then extra KV blocks, then ready time. Once the oldest feasible
+    ``C / (1 + wait / tau)`` (wait: time since the request reached the engine; tool time is not
+    in it); ties by raw cost, then extra KV blocks, then ready time. Once the oldest feasible
     request has waited ``w_max_s`` it goes first. Starvation guard (beyond the paper): when the
     oldest ready request has waited ``w_max_s`` but does not fit, nothing else is admitted until
     it fits, so memory drains for it and a large session cannot be bypassed forever.
+
+    ``cost_unit``: ``seconds`` is the paper's C (restore, load and prefill time per the cost
+    model); ``blocks`` ranks by the extra KV blocks instead (an ablation: with ``tau_s`` = inf it
+    is fewest-blocks with the W_max rules).
     """
 
-    cost: CostModel
+    cost: CostModel = field(compare=False)
     tau_s: float = 5.0
     w_max_s: float = 20.0
     frontier: int = 64
     starvation_guard: bool = True
+    cost_unit: Literal["seconds", "blocks"] = "seconds"
     name: str = "tiered_aging"
-    _costs: StateCost = field(init=False)
+    _costs: StateCost = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.tau_s <= 0 or self.w_max_s < 0 or self.frontier < 1:
@@ -126,17 +153,25 @@ class TieredAging:
         self._costs = StateCost(self.cost)
 
     def choose(self, snap: AdmissionSnapshot) -> int | None:
+        return self._decide(snap)[0]
+
+    def explain(self, snap: AdmissionSnapshot) -> Choice:
+        idx, rule, scores = self._decide(snap)
+        return Choice(idx, rule, scores or {})
+
+    def _decide(self, snap: AdmissionSnapshot) -> tuple[int | None, str, dict[str, np.ndarray] | None]:
+        """(index or None, the rule that decided, the scores it compared): one path for ``choose`` and ``explain``."""
         if not len(snap):
-            return None
+            return None, "empty", None
         wait = snap.now_s - snap.ready_s
         if self.starvation_guard and wait[0] >= self.w_max_s:
-            return 0 if snap.fits[0] else None
+            return (0, "guard: oldest first", None) if snap.fits[0] else (None, "guard: oldest does not fit, admit nothing", None)
         feasible = np.flatnonzero(snap.fits)
         if not feasible.size:
-            return None
+            return None, "nothing fits", None
         if wait[feasible[0]] >= self.w_max_s:
-            return int(feasible[0])
-        raw = self._costs.seconds(snap, feasible)
+            return int(feasible[0]), "W_max: oldest feasible", None
+        raw = self._costs.seconds(snap, feasible) if self.cost_unit == "seconds" else snap.extra_blocks[feasible].astype(np.float64)
         aged = raw / (1.0 + wait[feasible] / self.tau_s)
         best = np.lexsort((snap.ready_s[feasible], snap.extra_blocks[feasible], raw, aged))[0]
-        return int(feasible[best])
+        return int(feasible[best]), "age-adjusted cost", {"feasible": feasible, "raw_cost": raw, "aged_cost": aged}

@@ -2,14 +2,15 @@
 
 It learns only from tool calls that have already ended (their durations became observable when
 the session's next request arrived), never from the call it predicts. For a call that has
-been out for ``elapsed`` seconds it predicts the mean residual time E[D - elapsed | D > elapsed]
-from the durations seen for the same tools, falling back to all tools.
+been out for ``elapsed`` seconds it predicts the residual time D - elapsed over the durations D >
+elapsed seen for the same tools (falling back to all tools): their mean, or their median.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -27,21 +28,24 @@ class _Samples:
         bisect.insort(self.values, d)
         self._suffix = None
 
-    def residual(self, elapsed: float) -> float | None:
+    def residual(self, elapsed: float, statistic: Literal["mean", "median"] = "mean") -> float | None:
         i = bisect.bisect_right(self.values, elapsed)
         n = len(self.values) - i
         if n == 0:
             return None
+        if statistic == "median":
+            return self.values[(i + len(self.values)) // 2] - elapsed
         if self._suffix is None:
             self._suffix = np.concatenate([np.cumsum(self.values[::-1])[::-1], [0.0]])
         return float(self._suffix[i]) / n - elapsed
 
 
 class ToolPredictor:
-    """Mean residual tool time by tool identity, learned online."""
+    """Residual tool time by tool identity, learned online."""
 
-    def __init__(self, min_samples: int = 5) -> None:
+    def __init__(self, min_samples: int = 5, statistic: Literal["mean", "median"] = "mean") -> None:
         self.min_samples = min_samples
+        self.statistic = statistic
         self._by_key: dict[tuple[str, ...], _Samples] = {}
         self._all = _Samples()
 
@@ -65,6 +69,6 @@ class ToolPredictor:
         k = self.key(names)
         for samples in (self._by_key.get(k), self._all if k != (USER,) else None):
             if samples is not None and len(samples.values) >= self.min_samples:
-                r = samples.residual(elapsed_s)
+                r = samples.residual(elapsed_s, self.statistic)
                 return elapsed_s if r is None else r
         return 0.0

@@ -18,11 +18,12 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
-from coda.policy.registry import SystemPreset, make_execution_policy, make_ingress_policy, make_router, make_state_policy, system_preset
-from coda.policy.tools import ToolPredictor
+from coda.policy.build import PolicySet, build_policies
+from coda.policy.ingress import IngressSnapshot, ttft_estimate
+from coda.policy.presets import SystemPreset, resolve_policies, system_preset
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, ToolAwareEvictor, Versions
+from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
@@ -114,17 +115,15 @@ class Simulation:
         self.loop = EventLoop()
         self.versions = Versions()
         self.recorder = Recorder(self.window)
-        params = config.policy_params
-        pp = self.preset
-        self.router = make_router(pp.router, params.get(pp.router))
+        self.policies: PolicySet = build_policies(resolve_policies(config.system, config.policies), self.cost)
+        for shadowed in self.policies.shadows().values():
+            shadowed.window = (self.window.start_s, self.window.end_s)
+        self.router = self.policies.router
         self.observers = tuple(observers)
-        self.shadow_router = make_router(config.shadow_router, params.get(config.shadow_router)) if config.shadow_router else None
-        self.router_shadow = {"decisions": 0, "differs": 0}
-        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(
-            *(ob.needs for ob in self.observers), getattr(self.shadow_router, "needs", frozenset())
-        )
-        self.tool_predictor = ToolPredictor() if pp.eviction == "tool_aware" else None
+        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(*(ob.needs for ob in self.observers))
+        self.eviction = self.policies.eviction
         self.ingress = self._ingress(config)
+        self.ttft_estimates: list[float | None] = [None] * config.workers
         self._owner_session: dict[int, SessionState] = {}
 
         self.indexer = KVIndexer() if config.indexer else None
@@ -143,13 +142,13 @@ class Simulation:
                 w,
                 self.loop,
                 self.cost,
-                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._evictor()),
+                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims),
                 self.dram_stores[w // wpn],
                 self.ssd_stores[w // wpn],
                 links[w // wpn],
                 self.versions,
-                make_state_policy(pp.state, self.cost, params.get(pp.state)),
-                make_execution_policy(pp.execution, self.cost, params.get(pp.execution)),
+                self.policies.state,
+                self.policies.execution,
                 self.recorder,
                 self._finished,
                 chunk_tokens=C,
@@ -158,7 +157,8 @@ class Simulation:
                 decode_run_max=config.decode_run_max,
                 cpu_shadow=self.tiers.cpu_shadow,
                 observers=self.observers,
-                shadow=make_state_policy(config.shadow_state, self.cost, params.get(config.shadow_state)) if config.shadow_state else None,
+                on_first_token=self._first_token,
+                on_admit=self._engine_admitted,
             )
             for w in range(config.workers)
         ]
@@ -173,18 +173,18 @@ class Simulation:
         self._owner_session.update((sess.owner, sess) for sess in self.sessions)
         self.requests: list[SimRequest] = []
         self._route_seq = 0
+        self._retry_pending = False
         self.live_sessions = 0
         self.open_measured = 0
         self.wall_s = 0.0
 
-    def _ingress(self, config: SimConfig) -> SimIngress | None:
-        if not config.ingress:
-            return None
-        policy = make_ingress_policy(config.ingress, config.policy_params.get(config.ingress))
+    def _ingress(self, config: SimConfig) -> SimIngress:
+        """The simulated gateway's admission (every request passes it, as every request passes ``coda serve``)."""
+        policy, spec = self.policies.ingress, self.policies.spec.ingress
         missing = sorted(policy.needs - SIM_SIGNALS)
         if missing:
-            raise CodaError(f"ingress policy {config.ingress} needs {', '.join(missing)}, which the simulator cannot supply")
-        return SimIngress(policy, config.defer_max_s, config.tenant_weights)
+            raise CodaError(f"ingress policy {spec.name} needs {', '.join(missing)}, which the simulator cannot supply")
+        return SimIngress(policy, spec.defer, config.tenants)
 
     def _indexing_listener(self, downstream: KVListener | None) -> KVListener:
         indexer = self.indexer
@@ -197,17 +197,27 @@ class Simulation:
 
         return listener
 
-    def _evictor(self) -> ToolAwareEvictor | None:
-        if self.tool_predictor is None:
-            return None
-        return ToolAwareEvictor(self.config.eviction_window_chunks, self._predicted_out)
+    def _victims(self, lru: Any, n: int) -> list[int]:
+        return self.eviction.victims(lru, n, self._out_status)
 
-    def _predicted_out(self, owner: int) -> float:
-        """Predicted remaining tool (or user) time of the session owning a chunk; 0 if not out."""
+    def _out_status(self, owner: int) -> tuple[tuple[str, ...], float] | None:
+        """What a shell observes of the session owning a chunk: the tools it waits on and for how
+        long, while its last response has ended and its next request has not come (``None`` otherwise)."""
         sess = self._owner_session.get(owner)
-        if sess is None or sess.out_since is None or self.tool_predictor is None:
+        if sess is None or sess.out_since is None:
+            return None
+        return sess.out_tools, self.loop.now - sess.out_since
+
+    def oracle_remaining_s(self, owner: int) -> float:
+        """The true time until the session owning a chunk sends its next request (infinite once it
+        has ended; 0 while it is not out). Hidden from every policy: for oracle experiments only."""
+        sess = self._owner_session.get(owner)
+        if sess is None or sess.out_since is None:
             return 0.0
-        return self.tool_predictor.remaining(sess.out_tools, self.loop.now - sess.out_since)
+        if sess.done:
+            return math.inf
+        rnd = sess.session.rounds[sess.next_round - 1]
+        return max(sess.out_since + rnd.tool_duration_s + rnd.think_time_s - self.loop.now, 1e-9)
 
     # --- validation ------------------------------------------------------------------------
     def _check_workload(self) -> None:
@@ -269,8 +279,7 @@ class Simulation:
     def _ready(self, sess: SessionState) -> None:
         now = self.loop.now
         if sess.out_since is not None:
-            if self.tool_predictor is not None:
-                self.tool_predictor.observe(sess.out_tools, now - sess.out_since)
+            self.eviction.observe(sess.out_tools, now - sess.out_since)
             sess.out_since = None
         k = sess.next_round
         rnd = sess.session.rounds[k]
@@ -292,31 +301,66 @@ class Simulation:
             self._admit_or_not(req)
 
     # --- ingress ---------------------------------------------------------------------------
-    def _admit_or_not(self, req: SimRequest) -> None:
+    def ingress_snapshot(self, req: SimRequest) -> IngressSnapshot:
+        """What the ingress policy sees of an arriving (or held) request and the workers."""
         ing = self.ingress
         assert ing is not None
-        now = self.loop.now
-        sess = req.sess
-        tenant = sess.session.tenant or "default"
         hit = 0.0
-        if "prefix_hit" in ing.policy.needs and req.prompt_tokens:
+        if "prefix_hit" in ing.policy.needs:
             best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self._matches(req.chain).values()), default=0)
-            hit = best * self.C / req.prompt_tokens
-        d = ing.decide(ing.snapshot(now, req, tenant, self.workers, hit))
+            hit = best / max(len(req.chain), 1)
+        return ing.snapshot(self.loop.now, req, self._tenant(req), self.workers, hit, self.ttft_estimates)
+
+    @staticmethod
+    def _tenant(req: SimRequest) -> str:
+        return req.sess.session.tenant or "default"
+
+    def _admit_or_not(self, req: SimRequest) -> None:
+        """Decide on a request at its arrival, and again each time a held one is retried."""
+        ing = self.ingress
+        assert ing is not None
+        d = ing.decide(self.ingress_snapshot(req))
         if d.action == "admit":
-            wid = self._route(req, sess)
-            ing.admitted(wid, tenant, req.orig_prompt_tokens)
+            ing.release(req)
+            wid = self._route(req, req.sess)
+            ing.admitted(wid, self._tenant(req), req.orig_prompt_tokens)
             self.workers[wid].enqueue(req)
         elif d.action == "defer":
-            if req.deferred_since < 0:
-                req.deferred_since = now
-            retry = max(d.retry_after_s, 0.05)
-            if now + retry - req.deferred_since > self.config.defer_max_s:
-                self._reject(req, "defer_timeout")
-            else:
-                self.loop.at(now + retry, self._admit_or_not, req)
+            if req.deferred_since >= 0:
+                return  # held already: its deadline event stands
+            req.deferred_since = self.loop.now
+            if not ing.hold(req):
+                self._reject(req, "gateway_queue_full")
+                return
+            self.loop.at(self.loop.now + ing.defer.max_wait_s, self._defer_timeout, req)
         else:
+            ing.release(req)
             self._reject(req, d.reason)
+
+    def _defer_timeout(self, req: SimRequest) -> None:
+        """A held request that found no room within max_wait_s: answered 503 with Retry-After."""
+        assert self.ingress is not None
+        if self.ingress.release(req):
+            self._reject(req, "defer_timeout")
+
+    def _room_may_have_freed(self) -> None:
+        """An engine admitted or finished a request: held requests decide again (at this instant, as
+        the gateway's deferred requests wake on its next event-loop turn)."""
+        if self.ingress is not None and self.ingress.deferred and not self._retry_pending:
+            self._retry_pending = True
+            self.loop.at(self.loop.now, self._retry_deferred)
+
+    def _retry_deferred(self, _: object) -> None:
+        self._retry_pending = False
+        assert self.ingress is not None
+        self.ingress.retry_all(self._admit_or_not)
+
+    def _engine_admitted(self, req: SimRequest) -> None:
+        self._room_may_have_freed()
+
+    def _first_token(self, req: SimRequest) -> None:
+        """A worker's TTFT estimate (the ``deadline`` policy's prediction) learns from each first token."""
+        self.ttft_estimates[req.worker] = ttft_estimate(self.ttft_estimates[req.worker], req.first_token_s - req.arrived_s)
 
     def _reject(self, req: SimRequest, reason: str) -> None:
         """A rejected request ends its session: the client gives up, and its unsent rounds count as
@@ -335,38 +379,35 @@ class Simulation:
         sess.done = True
         self.live_sessions -= 1
 
-    def _route(self, req: SimRequest, sess: SessionState) -> int:
-        self._route_seq += 1
+    def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
+        """What the router (and the observers) may see of a request to place and the workers."""
         needs = self.router_needs
         matches = self._matches(req.chain) if "match" in needs else {}
-        views = []
-        for w in self.workers:
-            match = matches.get(w.id, PrefixMatch())
-            views.append(
-                WorkerView(
-                    worker_id=w.id,
-                    active_requests=w.active_requests,
-                    active_kv_blocks=w.hbm.used - len(w.hbm.lru),
-                    waiting_requests=len(w.waiting),
-                    decode_contexts=w.decode_contexts() if "decode_contexts" in needs else (),
-                    match=match,
-                )
+        C = self.C
+        views = tuple(
+            WorkerView(
+                worker_id=w.id,
+                active_requests=w.active_requests,
+                active_kv_blocks=w.active_tokens // C,
+                waiting_requests=len(w.waiting),
+                decode_contexts=w.decode_contexts() if "decode_contexts" in needs else (),
+                match=matches.get(w.id, PrefixMatch()),
             )
+            for w in self.workers
+        )
         rr = RouteRequest(
-            seq=self._route_seq - 1,
-            session_id=sess.session.session_id,
-            is_continuation=req.round_idx > 0,
+            seq=self._route_seq,
+            session_id=req.sess.session.session_id,
+            is_continuation=req.round_idx > 0,  # the previous round completed: a round is sent only after it
             prompt_tokens=req.prompt_tokens,
             prompt_blocks=len(req.chain),
-            reusable_tokens=req.reused_tokens,
-            new_tokens=req.new_input_tokens,
-            last_worker=sess.last_worker,
         )
-        snap = RoutingSnapshot(self.loop.now, rr, tuple(views))
+        return RoutingSnapshot(self.loop.now, rr, views)
+
+    def _route(self, req: SimRequest, sess: SessionState) -> int:
+        snap = self.routing_snapshot(req)
+        self._route_seq += 1
         wid = self.router.route(snap)
-        if self.shadow_router is not None and self.window.start_s <= snap.now_s <= self.window.end_s:
-            self.router_shadow["decisions"] += 1
-            self.router_shadow["differs"] += self.shadow_router.route(snap) != wid
         for ob in self.observers:
             ob.on_route(snap, wid)
         if not 0 <= wid < len(self.workers):
@@ -388,9 +429,9 @@ class Simulation:
     def _finished(self, req: SimRequest) -> None:
         sess = req.sess
         if self.ingress is not None:
-            self.ingress.finished(req.worker, sess.session.tenant or "default", req.orig_prompt_tokens)
+            self.ingress.finished(req.worker, self._tenant(req), req.orig_prompt_tokens)
+            self._room_may_have_freed()
         sess.context_tokens = req.orig_prompt_tokens + req.output_tokens
-        sess.last_worker = req.worker
         self.open_measured -= req.measured
         k = req.round_idx
         rounds = sess.session.rounds
@@ -468,7 +509,7 @@ class SimResult:
                 "preemptions": sum(r["preemptions"] for r in self.records),
                 "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
                 "shadow": self.shadow_block(),
-                "ingress": ({"policy": cfg.ingress, "decisions": dict(sorted(sim.ingress.decisions.items())),
+                "ingress": ({"policy": sim.policies.spec.ingress.name, "decisions": dict(sorted(sim.ingress.decisions.items())),
                              "deferred": sum(r["deferred"] for r in self.records if r["measured"])} if sim.ingress else None),
                 "window_s": [sim.window.start_s, sim.window.end_s],
                 "config": self.config_block(),
@@ -478,25 +519,17 @@ class SimResult:
 
     def shadow_block(self) -> dict[str, Any]:
         """How often a shadow policy, on the same snapshots in the measurement window, would have decided
-        differently: over admission choices (the shadow admitting another request or none) and
-        over routing decisions."""
-        sim, cfg = self.sim, self.sim.config
-        out: dict[str, Any] = {}
-        if cfg.shadow_state:
-            n = sum(w.shadow_decisions for w in sim.workers)
-            d = sum(w.shadow_differs for w in sim.workers)
-            out["state"] = {"policy": cfg.shadow_state, "decisions": n, "differs": d, "differs_frac": d / n if n else None}
-        if cfg.shadow_router:
-            n, d = sim.router_shadow["decisions"], sim.router_shadow["differs"]
-            out["router"] = {"policy": cfg.shadow_router, "decisions": n, "differs": d, "differs_frac": d / n if n else None}
-        return out
+        differently: over admission choices (the shadow admitting another request or none), routing
+        decisions, ingress decisions (another action) or decode-batch plans, by kind."""
+        return {kind: shadowed.report() for kind, shadowed in self.sim.policies.shadows().items()}
 
     def config_block(self) -> dict[str, Any]:
         sim = self.sim
         p = sim.preset
         return {
             **sim.config.model_dump(),
-            "preset": {"router": p.router, "state": p.state, "execution": p.execution, "eviction": p.eviction, "description": p.description},
+            "preset": {"name": p.name, "description": p.description},
+            "policies": sim.policies.spec.describe(),
             "tiers": sim.tiers.describe(),
             "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description},
             "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"} | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
-from coda.errors import CodaError
+from coda.errors import CodaError, invalid
+from coda.policy.spec import PoliciesOverride, TenantSpec
 
 
 class SloConfig(BaseModel):
@@ -43,29 +44,29 @@ class SimConfig(BaseModel):
     ssd_kv_gib: float | None = Field(None, ge=0)
     decode_run_max: PositiveInt = Field(1024, description="longest run of pure-decode steps advanced at once")
     sample_every_s: PositiveFloat = Field(10.0, description="occupancy time-series sampling period")
-    policy_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-policy keyword parameters")
-    shadow_state: str | None = Field(None, description="state-admission policy evaluated in shadow on every admission snapshot")
-    shadow_router: str | None = Field(None, description="router evaluated in shadow on every routing snapshot")
+    policies: PoliciesOverride | None = Field(None, description="the system's policies block with these kinds laid over it "
+                                              "(ingress, router, state, execution, eviction; each {name, params, shadow})")
     indexer: bool = Field(False, description="routers match prefixes through a KV indexer fed by the pools' block events (as the gateway does)")
-    ingress: str | None = Field(None, description="ingress admission policy (as the gateway's; 'a+b' composes)")
-    defer_max_s: PositiveFloat = Field(60.0, description="longest a deferred request waits in the gateway queue before a 503")
-    tenant_weights: dict[str, float] = Field(default_factory=dict, description="tenant entitlement weights for tenant_share")
-    eviction_window_chunks: PositiveInt = Field(2048, description="victim window of tool-aware HBM reclaim")
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict, description="tenant weights and deadlines for the ingress policies")
 
     def with_overrides(self, **kw: Any) -> SimConfig:
-        """A copy with the given non-None fields replaced (CLI flags over a config file)."""
-        data = self.model_dump()
+        """A copy with the given non-None fields replaced (CLI flags over a config file); a
+        ``policies`` override is laid over this config's own, kind by kind."""
+        data = self.model_dump(exclude_unset=True)
+        policies = kw.pop("policies", None)
         data.update({k: v for k, v in kw.items() if v is not None})
-        return validate_config(data, "command line")
+        cfg = validate_config(data, "command line")
+        if policies is not None:
+            over = policies if isinstance(policies, PoliciesOverride) else PoliciesOverride.model_validate(policies)
+            cfg = cfg.model_copy(update={"policies": (cfg.policies or PoliciesOverride()).then(over)})
+        return cfg
 
 
 def validate_config(data: dict[str, Any], source: str) -> SimConfig:
     try:
         return SimConfig.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "(config)"
-        raise CodaError(f"{source}: {loc}: {first['msg']} (got {first.get('input')!r})") from None
+        raise invalid(source, err, show_input=True) from None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

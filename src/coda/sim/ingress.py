@@ -2,18 +2,23 @@
 
 The same ``coda.policy.ingress`` policy decides on an ``IngressSnapshot`` built from the
 simulated workers (engine queue, active KV use, in-flight requests and tokens). ``defer``: the
-request waits in the gateway's queue and is asked about again after ``retry_after_s``, until it
-has waited ``defer_max_s``, then it is answered 503 and counts as rejected. ``reject``: 429/529.
-A client that is rejected gives up on its session, so the session's unsent rounds count as
-rejected too (``session_abandoned``), each at the time it would have become ready had the session
-been served instantly: shedding never shrinks the goodput denominator.
+request waits in the gateway's queue, at most ``defer.max_queue`` of them, and decides again
+whenever something that could free room happens (a request is admitted by an engine or
+finishes), until it has waited ``defer.max_wait_s``; then it is answered 503 with the policy's
+Retry-After. ``reject``: 429/529. The simulated client does not retry: a request that is not
+served ends its session, so the session's unsent rounds count as rejected too
+(``session_abandoned``), each at the time it would have become ready had the session been served
+instantly; shedding never shrinks the goodput denominator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from coda.policy.ingress import Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
+from coda.policy.ingress import Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, deadline_slack_s, ledger_ttl_s
+from coda.policy.spec import DeferSpec, TenantSpec
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
 
@@ -21,17 +26,24 @@ SIM_SIGNALS = frozenset({"queue_depth", "kv_usage", "inflight_requests", "inflig
 
 
 class SimIngress:
-    def __init__(self, policy: IngressPolicy, defer_max_s: float, tenant_weights: dict[str, float] | None = None) -> None:
+    """The simulated gateway's admission state: in-flight tokens per worker and tenant, session
+    slots, TTFT estimates per worker, and the queue of deferred requests (oldest first)."""
+
+    def __init__(self, policy: IngressPolicy, defer: DeferSpec, tenants: dict[str, TenantSpec]) -> None:
         self.policy = policy
-        self.defer_max_s = defer_max_s
-        self.weights = tenant_weights or {}
-        ttl = session_ttl_s(policy)
-        self.ledger = SessionLedger(ttl) if ttl is not None else None
+        self.defer = defer
+        self.tenants = tenants
+        self.ledger = SessionLedger(ledger_ttl_s(policy))
         self.inflight_tokens: dict[int, int] = {}
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
+        self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
 
-    def snapshot(self, now: float, req: SimRequest, tenant: str, workers: Sequence[Worker], prefix_hit: float) -> IngressSnapshot:
+    def tenant(self, name: str) -> TenantSpec:
+        return self.tenants.get(name) or TenantSpec()
+
+    def snapshot(self, now: float, req: SimRequest, tenant: str, workers: Sequence[Worker], prefix_hit: float,
+                 predicted_ttft_s: Sequence[float | None]) -> IngressSnapshot:
         loads = tuple(
             WorkerLoad(
                 worker_id=w.id,
@@ -43,28 +55,50 @@ class SimIngress:
             for w in workers
         )
         sid = req.sess.session.session_id
-        active = [t for t, v in self.tenant_tokens.items() if v > 0 and t != tenant]
+        active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
+        deadline_ms = self.tenant(tenant).deadline_ms
         return IngressSnapshot(
             now_s=now,
             tenant=tenant,
             prompt_tokens=req.orig_prompt_tokens,
             workers=loads,
             session_id=sid,
-            session_active=self.ledger.active(sid, now) if self.ledger else False,
-            active_sessions=self.ledger.count(now) if self.ledger else 0,
+            session_active=self.ledger.active(sid, now),
+            active_sessions=self.ledger.count(now),
             prefix_hit=prefix_hit,
             tenant_inflight_tokens=self.tenant_tokens.get(tenant, 0),
-            tenant_weight=self.weights.get(tenant, 1.0),
-            active_weight=self.weights.get(tenant, 1.0) + sum(self.weights.get(t, 1.0) for t in active),
+            tenant_weight=self.tenant(tenant).weight,
+            active_weight=sum(self.tenant(t).weight for t in active),
+            deadline_slack_s=deadline_slack_s(deadline_ms / 1000 if deadline_ms is not None else None, predicted_ttft_s),
+            queued=len(self.deferred),
         )
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         d = self.policy.decide(snap)
         key = f"{d.action}:{d.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        if d.action == "admit" and self.ledger is not None:
+        if d.action == "admit":
             self.ledger.touch(snap.session_id, snap.now_s)
         return d
+
+    def hold(self, req: SimRequest) -> bool:
+        """Queue a deferred request; ``False`` when the queue is full (it is answered 503 at once)."""
+        if req.rid in self.deferred:
+            return True
+        if len(self.deferred) >= self.defer.max_queue:
+            return False
+        self.deferred[req.rid] = req
+        return True
+
+    def release(self, req: SimRequest) -> bool:
+        """Take a request out of the queue; ``False`` when it was not (or no longer) there."""
+        return self.deferred.pop(req.rid, None) is not None
+
+    def retry_all(self, decide_again: Callable[[SimRequest], Any]) -> None:
+        """Something that may free room happened: every held request decides again, oldest first."""
+        for req in list(self.deferred.values()):
+            if req.rid in self.deferred:
+                decide_again(req)
 
     def admitted(self, worker: int, tenant: str, tokens: int) -> None:
         self.inflight_tokens[worker] = self.inflight_tokens.get(worker, 0) + tokens

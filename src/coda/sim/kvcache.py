@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice
-from typing import Protocol
 
-import numpy as np
-
-OWNER_SHIFT = 32
+from coda.policy.eviction import OWNER_SHIFT
 
 KVListener = Callable[[str, int, str, Sequence[int]], None]
 """Called as ``listener(event, where, tier, chunk_ids)``: event ``stored``/``removed``, tier
@@ -48,38 +44,15 @@ class Versions:
                 last = o
 
 
-class Evictor(Protocol):
-    def victims(self, lru: OrderedDict[int, None], n: int) -> list[int]:
-        """``n`` idle chunks to evict (``lru`` is oldest first and holds at least ``n``)."""
-        ...
-
-
-class ToolAwareEvictor:
-    """CacheWise-style reclaim: within the first ``window`` idle chunks in LRU order, evict first
-    the chunks of sessions whose current tool call is predicted to stay out longest; the rest
-    (shared chunks, sessions not out on a tool) in LRU order. Within a session, LRU order keeps
-    its tail going first, so its prefix survives longest."""
-
-    __slots__ = ("window", "remaining")
-
-    def __init__(self, window: int, remaining: Callable[[int], float]) -> None:
-        self.window = window
-        self.remaining = remaining
-
-    def victims(self, lru: OrderedDict[int, None], n: int) -> list[int]:
-        w = min(max(self.window, n), len(lru))
-        chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
-        owners, inverse = np.unique(chunks >> OWNER_SHIFT, return_inverse=True)
-        score = np.array([self.remaining(int(o)) for o in owners])
-        if not (score > 0).any():
-            return chunks[:n].tolist()
-        order = np.lexsort((np.arange(w), -score[inverse]))
-        return chunks[order[:n]].tolist()
+Evictor = Callable[[OrderedDict[int, None], int], list[int]]
+"""Called as ``evictor(lru, n)``: ``n`` idle chunks to evict (``lru`` is oldest first and holds at
+least ``n``); the simulator binds its eviction policy (``coda.policy.eviction``) to its sessions."""
 
 
 class HbmPool:
-    """One worker's HBM KV: hashed chunks (refcounted; ref 0 = cached and evictable in LRU order)
-    plus private chunks (partial tails and decode growth not yet hashed)."""
+    """One worker's HBM KV: hashed chunks (refcounted; ref 0 = cached and evictable, kept in LRU
+    order) plus private chunks (partial tails and decode growth not yet hashed). Without an
+    evictor, the least recently used idle chunks go first."""
 
     __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor")
 
@@ -139,7 +112,7 @@ class HbmPool:
         if self.evictor is None or n == 0:
             out = [lru.popitem(last=False)[0] for _ in range(n)]
         else:
-            out = self.evictor.victims(lru, n)
+            out = self.evictor(lru, n)
             for c in out:
                 del lru[c]
         for c in out:

@@ -11,7 +11,7 @@ STATE_NAMES = ("waiting", "restoring", "running", "finished", "rejected")
 class SessionState:
     """A session's progress: its content chain (chunk ids of the context so far) and next round."""
 
-    __slots__ = ("index", "session", "owner", "next_id", "chain", "next_round", "context_tokens", "last_worker", "done", "started_s",
+    __slots__ = ("index", "session", "owner", "next_id", "chain", "next_round", "context_tokens", "done", "started_s",
                  "out_since", "out_tools")
 
     def __init__(self, index: int, session: Any, owner: int) -> None:
@@ -22,7 +22,6 @@ class SessionState:
         self.chain: list[int] = []
         self.next_round = 0
         self.context_tokens = 0
-        self.last_worker: int | None = None
         self.done = False
         self.started_s = session.start_s
         # observable: when the session's last response ended and which tools it called (() = user turn)
@@ -43,7 +42,7 @@ class SimRequest:
     """
 
     __slots__ = (
-        "rid", "sess", "round_idx", "kind", "ready_s", "measured",
+        "rid", "sess", "round_idx", "kind", "ready_s", "arrived_s", "measured",
         "prompt_tokens", "orig_prompt_tokens", "new_input_tokens", "reused_tokens", "output_tokens",
         "chain", "owners", "worker", "state",
         "computed", "emitted", "held", "private", "admit_seq",
@@ -58,6 +57,7 @@ class SimRequest:
         self.round_idx = round_idx
         self.kind = kind
         self.ready_s = ready_s
+        self.arrived_s = -1.0  # when it first entered a worker's waiting queue (after any ingress deferral)
         self.measured = False
         self.prompt_tokens = 0
         self.orig_prompt_tokens = 0
@@ -102,6 +102,7 @@ class SimRequest:
             "worker": self.worker,
             "measured": self.measured,
             "ready_s": self.ready_s,
+            "arrived_s": self.arrived_s if self.arrived_s >= 0 else None,
             "admitted_s": self.admitted_s if self.admitted_s >= 0 else None,
             "state_ready_s": self.state_ready_s if self.state_ready_s >= 0 else None,
             "first_token_s": self.first_token_s if self.first_token_s >= 0 else None,

@@ -7,8 +7,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from coda import __version__, strict_json
+from coda.errors import CodaError, invalid
 from coda.metrics import mean_ci, ratio_ci
+from coda.policy.presets import system_preset
+from coda.policy.spec import PoliciesOverride
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload
@@ -66,9 +71,42 @@ def sim_summary(result: SimResult, seed: int) -> dict[str, Any]:
     return s
 
 
+class Variant(BaseModel):
+    """A system in a comparison: a preset (``system``, default ``name``) with a ``policies`` block
+    over it, reported under ``name``; a bare preset name is a variant of itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    system: str | None = None
+    policies: PoliciesOverride | None = None
+
+    @property
+    def preset(self) -> str:
+        return self.system or self.name
+
+
+def variants(systems: Sequence[str | dict[str, Any] | Variant]) -> list[Variant]:
+    """Systems as given on the command line or in a config file, checked: every preset exists and
+    every name appears once."""
+    out = []
+    for i, item in enumerate(systems):
+        try:
+            v = item if isinstance(item, Variant) else Variant(name=item) if isinstance(item, str) else Variant.model_validate(item)
+        except ValidationError as err:
+            raise invalid(f"systems[{i}]", err, "give a preset name or {name, system, policies}") from None
+        system_preset(v.preset)
+        out.append(v)
+    names = [v.name for v in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CodaError(f"systems: {', '.join(twice)} appear more than once; give each variant its own name")
+    return out
+
+
 def compare(
     workload_spec: str,
-    systems: Sequence[str],
+    systems: Sequence[str | dict[str, Any] | Variant],
     seeds: Sequence[int],
     base: SimConfig,
     *,
@@ -78,19 +116,21 @@ def compare(
     out: Path | None = None,
 ) -> dict[str, Any]:
     """Every system on the same workload per seed; rows hold means and 95% intervals over seeds."""
-    per: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    chosen = variants(systems)
+    per: dict[str, list[dict[str, Any]]] = {v.name: [] for v in chosen}
     for seed in seeds:
         workload = seeded_workload(workload_spec, seed, fmt)
-        for system in systems:
-            cfg = base.with_overrides(system=system, seed=seed)
-            label = f"{system} seed {seed}"
+        for v in chosen:
+            cfg = base.with_overrides(system=v.preset, seed=seed, policies=v.policies)
+            label = f"{v.name} seed {seed}"
             result = run_one(workload, cfg, (lambda f, label=label: progress(label, f)) if progress else None)
             summary = sim_summary(result, seed)
-            per[system].append(summary)
+            summary["system"] = v.name
+            per[v.name].append(summary)
             if out is not None:
-                write_outputs(out / system / f"seed{seed}", result, summary)
+                write_outputs(out / v.name / f"seed{seed}", result, summary)
     rows = []
-    for system in systems:
+    for system in per:
         runs = per[system]
         row: dict[str, Any] = {"system": system}
         for key in SUMMARY_METRICS:
@@ -103,9 +143,11 @@ def compare(
         row["seeds"] = list(seeds)
         row["config"] = runs[0]["config"]
         rows.append(row)
-    base_name = baseline or systems[0]
+    base_name = baseline or chosen[0].name
+    if base_name not in per:
+        raise CodaError(f"--baseline {base_name}: not one of the systems compared ({', '.join(per)})")
     gains = {system: {key: ratio_ci([r[key] for r in per[system]], [r[key] for r in per[base_name]]) for key in RATIO_METRICS}
-             for system in systems}
+             for system in per}
     ratios = {system: {key: g.ratio for key, g in by_key.items()} for system, by_key in gains.items()}
     intervals = {system: {key: None if g.lo is None else [g.lo, g.hi] for key, g in by_key.items()} for system, by_key in gains.items()}
     return {

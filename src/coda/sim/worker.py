@@ -63,7 +63,8 @@ class Worker:
         decode_run_max: int,
         cpu_shadow: bool,
         observers: Sequence[SimObserver] = (),
-        shadow: StatePolicy | None = None,
+        on_first_token: Callable[[SimRequest], None] | None = None,
+        on_admit: Callable[[SimRequest], None] | None = None,
     ) -> None:
         self.id = wid
         self.loop = loop
@@ -83,16 +84,15 @@ class Worker:
         self.run_max = decode_run_max
         self.cpu_shadow = cpu_shadow
         self.observers = tuple(observers)
-        self.shadow = shadow
-        self.shadow_decisions = 0
-        self.shadow_differs = 0
-        self.window = recorder.window
-        self.frontier = max(state_policy.frontier, shadow.frontier if shadow is not None else 1)
+        self.on_first_token = on_first_token
+        self.on_admit = on_admit
+        self.frontier = state_policy.frontier
         self.chunk_bytes = cost.kv_bytes(chunk_tokens)
 
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.n_restoring = 0
+        self.active_tokens = 0  # prompt + generated tokens of the active requests (running, restoring, waiting)
         self.h2d_busy = 0.0
         self.d2h_busy = 0.0
         self._admit_seq = 0
@@ -116,12 +116,16 @@ class Worker:
         return len(self.running) + self.n_restoring + len(self.waiting)
 
     def decode_contexts(self) -> tuple[int, ...]:
+        """Contexts of the requests decoding now: prompt and generated tokens (the KV they attend to)."""
         return tuple(r.computed + 1 for r in self.running if r.computed >= r.prompt_tokens)
 
     # --- arrivals --------------------------------------------------------------------------
     def enqueue(self, req: SimRequest) -> None:
         req.worker = self.id
         req.state = WAITING
+        if req.arrived_s < 0:
+            req.arrived_s = self.loop.now
+        self.active_tokens += req.orig_prompt_tokens + req.emitted
         self.waiting.append(req)
         self.kick()
 
@@ -130,6 +134,7 @@ class Worker:
         True); a running or restoring one ends after its current step, freeing its KV then."""
         if req.state == WAITING and req in self.waiting:
             self.waiting.remove(req)
+            self.active_tokens -= req.orig_prompt_tokens + req.emitted
             return True
         req.output_tokens = min(req.output_tokens, req.emitted + 1)
         return False
@@ -184,7 +189,7 @@ class Worker:
     def _row(self, req: SimRequest) -> tuple[int, float, int, int, int, int, int, bool]:
         h, idle, d, s, extra = self._plan_hits(req)
         C = self.C
-        return (req.rid, req.ready_s, req.prompt_tokens, h * C, d * C, s * C, extra, extra <= self.hbm.reclaimable - idle)
+        return (req.rid, req.arrived_s, req.prompt_tokens, h * C, d * C, s * C, extra, extra <= self.hbm.reclaimable - idle)
 
     def snapshot(self) -> AdmissionSnapshot:
         """What the state-admission policy (and its shadow) may see: the oldest-ready frontier."""
@@ -192,20 +197,13 @@ class Worker:
         return AdmissionSnapshot.from_rows(
             now,
             [self._row(r) for r in self.waiting[: self.frontier]],
-            free_blocks=self.hbm.free,
+            free_blocks=self.hbm.reclaimable,
             h2d_outstanding_s=max(0.0, self.h2d_busy - now),
             ssd_outstanding_s=max(0.0, self.links.ssd_busy - now),
         )
 
     def _decide(self) -> int | None:
-        snap = self.snapshot()
-        idx = self.state_policy.choose(snap)
-        if self.shadow is not None and idx is not None and self.window.start_s <= snap.now_s <= self.window.end_s:
-            # an admission choice in the measurement window; would the shadow have admitted another (or none)?
-            sidx = self.shadow.choose(snap)
-            self.shadow_decisions += 1
-            self.shadow_differs += sidx is None or int(snap.request_ids[sidx]) != int(snap.request_ids[idx])
-        return idx
+        return self.state_policy.choose(self.snapshot())
 
     def _admit(self, req: SimRequest) -> None:
         now = self.loop.now
@@ -266,6 +264,8 @@ class Worker:
         else:
             req.state = RUNNING
             self.running.append(req)
+        if self.on_admit is not None:
+            self.on_admit(req)
 
     def _restored(self, req: SimRequest) -> None:
         self.n_restoring -= 1
@@ -418,20 +418,25 @@ class Worker:
             if r.computed >= r.prompt_tokens:
                 if self.cpu_shadow and self.dram is not None:
                     self.dram.put(r.chain[: r.held])
-                if r.emitted == 0:
+                first = r.emitted == 0
+                if first:
                     r.first_token_s = now
                 else:
                     gap = now - r.last_token_s
                     r.tbt_max = max(r.tbt_max, gap)
                     self.recorder.gap(r, gap)
                 r.emitted += 1
+                self.active_tokens += 1
                 r.last_token_s = now
+                if first and self.on_first_token is not None:
+                    self.on_first_token(r)
                 if r.emitted >= r.output_tokens:
                     finished.append(r)
         decoders = self._decoders
         if decoders:
             self.decode_steps += k if not self._prefills else 0
             dmax = float(durs.max())
+            self.active_tokens += k * len(decoders)
             for r in decoders:
                 r.computed += k
                 r.emitted += k
@@ -452,6 +457,7 @@ class Worker:
     def _finish(self, req: SimRequest, C: int) -> None:
         now = self.loop.now
         self.running.remove(req)
+        self.active_tokens -= req.orig_prompt_tokens + req.emitted
         req.finish_s = now
         # The KV of prompt + output (all but the last sampled token) becomes cached content.
         full = req.computed // C

@@ -46,7 +46,7 @@ def stack(tmp_path_factory):
                           "kv_events_replay": f"tcp://127.0.0.1:{ports[i][1]}"} for i, u in enumerate(urls)],
             "auth": {"admin_key": "admin"},
             "indexer": {"tokenizer": "engine", "block_tokens": BLOCK},
-            "routing": {"router": "dynamo_kv"},
+            "policies": {"router": "dynamo_kv"},
             "telemetry": {"startup_timeout_s": 60},
         }
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))

@@ -40,7 +40,8 @@ def engines(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sched")
     model = build_tiny_model(tmp / "model")
     trace = tmp / "trace.jsonl"
-    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "w_max_s": 60.0})}  # read by CodaScheduler only
+    # read by CodaScheduler only: the policies block every shell reads, FCFS in shadow
+    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": {"state": {"params": {"w_max_s": 60.0}, "shadow": "fifo"}}})}
     args = [list(ARGS), [*ARGS, "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler"]]
     with vllm_servers(model, args, env=env, logs=[tmp / "fcfs.log", tmp / "coda.log"]) as (fcfs, coda):
         yield fcfs, coda, trace
@@ -98,10 +99,13 @@ def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_reques
     assert max(coda["ends"][f"C{i}"] for i in range(3)) < coda["ends"]["A"]
     assert [cached_tokens(coda["results"][f"C{i}"]) for i in range(3)] == [320, 320, 320]
 
-    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    header, *steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert header["policies"]["state"] == {"name": "tiered_aging", "params": {"w_max_s": 60.0}, "shadow": {"name": "fifo", "params": {}}}
     admitted = {rid: cached for s in steps for rid, cached in s["scheduled_new"]}
     # the scheduler chose requests other than the FCFS head (B, blocked) ...
-    bypass = [(chosen, head) for s in steps for chosen, head in s["decisions"] if chosen != head]
+    bypass = [(chosen, head) for s in steps for chosen, head, _ in s["decisions"] if chosen != head]
+    # FCFS in shadow, on the same snapshots, would have admitted nothing while the blocked head did not fit
+    assert {shadow for s in steps for chosen, head, shadow in s["decisions"] if chosen != head} == {None}
     assert len({chosen for chosen, _ in bypass}) == 3 and len({head for _, head in bypass}) == 1
     # ... and ran them with their 320-token prefixes from cache (10 blocks of 32)
     assert [admitted[chosen] for chosen, _ in bypass[:3]] == [320, 320, 320]

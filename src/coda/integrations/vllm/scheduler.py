@@ -1,43 +1,37 @@
-"""Tiered-Aging inside vLLM: a scheduler class for ``--scheduler-cls``.
+"""Coda's state admission inside vLLM: a scheduler class for ``--scheduler-cls``.
 
     pip install 'coda[scheduler]'      # into vLLM's environment; changes none of its packages
     vllm serve M --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler
 
 vLLM's scheduler admits waiting requests by peeking at the head of its waiting queue until an
-allocation fails. ``CodaScheduler`` replaces that queue with ``TieredAgingQueue``, whose head is
-the request the ``tiered_aging`` policy of ``coda.policy`` (the same code the simulator runs)
-chooses among the oldest ``frontier`` waiting requests: state cost from the engine's real view
-(GPU prefix-cache hit of each candidate, missing and new tokens through the cost profile),
-ready time from the request's arrival, W_max and the starvation guard. When the policy admits
-nothing (nothing fits, or the guard holds the queue for the oldest request), the head is the
-oldest request, whose allocation then fails and ends admission for this step, as vLLM's FCFS does.
+allocation fails. ``CodaScheduler`` replaces that queue with ``PolicyQueue``, whose head is the
+request the state-admission policy of ``coda.policy`` (the same code the simulator runs: by
+default ``tiered_aging``; any registered one through ``CODA_SCHEDULER_CONFIG``, see
+``coda.integrations.vllm.settings``) chooses among the oldest ``frontier`` waiting requests, from
+the engine's real view (``coda.integrations.vllm.snapshot``). When the policy admits nothing
+(nothing fits, or a guard holds the queue for the oldest request), the head is the oldest request,
+whose allocation then fails and ends admission for this step, as vLLM's FCFS does.
 
 Probing has no side effects: candidates are matched with the cache coordinator's
 ``find_longest_cache_hit`` (not ``get_computed_blocks``, which feeds the prefix-cache metrics),
 and a candidate's hit is cached between steps and revalidated with two block lookups.
-
-Configuration: ``CODA_SCHEDULER_CONFIG`` (a JSON object, or a path to a JSON/YAML file) with
-``tau_s``, ``w_max_s``, ``frontier``, ``starvation_guard``, ``profile`` and ``trace`` (a JSONL
-path where every step's admitted requests, their cached tokens and what FCFS would have chosen
-are written — the shadow log).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.integrations.vllm.compat import RANGE, check_version
-from coda.policy.state import TieredAging
-from coda.types import AdmissionSnapshot
-
-CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
+from coda.integrations.vllm.settings import load_settings
+from coda.integrations.vllm.snapshot import admission_snapshot
+from coda.policy.build import build_policies
+from coda.policy.presets import resolve_policies
+from coda.policy.shadow import Shadowed
 
 try:  # only importable inside a vLLM process
     import vllm
@@ -47,40 +41,16 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
     raise ImportError(f"coda.integrations.vllm.scheduler needs vLLM {RANGE} installed: {err}") from None
 
 
-def load_settings() -> dict[str, Any]:
-    """Settings from ``CODA_SCHEDULER_CONFIG`` (inline JSON or a file path); empty when unset."""
-    raw = os.environ.get(CONFIG_ENV, "").strip()
-    if not raw:
-        return {}
-    if raw.startswith("{"):
-        data = json.loads(raw)
-    else:
-        path = Path(raw)
-        if not path.exists():
-            raise RuntimeError(f"{CONFIG_ENV}={raw}: no such file; pass inline JSON or a path to a JSON/YAML file")
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+class PolicyQueue(RequestQueue):
+    """vLLM's waiting queue, ordered at each peek by a state-admission policy."""
 
-            data = yaml.safe_load(path.read_text()) or {}
-        else:
-            data = json.loads(path.read_text())
-    known = {"tau_s", "w_max_s", "frontier", "starvation_guard", "profile", "trace"}
-    unknown = set(data) - known
-    if unknown:
-        raise RuntimeError(f"{CONFIG_ENV}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
-    return data
-
-
-class TieredAgingQueue(RequestQueue):
-    """vLLM's waiting queue, ordered at each peek by the Tiered-Aging policy."""
-
-    def __init__(self, scheduler: Scheduler, policy: TieredAging) -> None:
+    def __init__(self, scheduler: Scheduler, policy: Any) -> None:
         self._s = scheduler
         self.policy = policy
         self._items: list[Any] = []  # arrival order (preempted requests return to the front)
         self._head: Any = None
         self._hits: dict[str, tuple[int, int, int]] = {}  # request_id -> (num_tokens, hit_tokens, idle_hit_blocks)
-        self.decisions: list[tuple[str, str]] = []  # (chosen, fcfs head) of this step
+        self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice]
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
 
     # --- the policy --------------------------------------------------------------------------
@@ -102,18 +72,13 @@ class TieredAgingQueue(RequestQueue):
         return hit, idle
 
     def _choose(self) -> Any:
-        items = self._items
-        front = items[: self.policy.frontier]
+        front = self._items[: self.policy.frontier]
         bs = self._s.block_size
         free = self._s.kv_cache_manager.block_pool.get_num_free_blocks()
-        rows = []
-        for i, req in enumerate(front):
-            hit, idle = self._hit(req, bs)
-            extra = -(-(req.num_tokens + 1) // bs) - hit // bs
-            rows.append((i, req.arrival_time, req.num_tokens, hit, 0, 0, extra, extra + idle <= free))
-        idx = self.policy.choose(AdmissionSnapshot.from_rows(time.time(), rows, free_blocks=free))
+        idx = self.policy.choose(admission_snapshot(time.time(), front, lambda r: self._hit(r, bs), bs, free))
         chosen = front[0] if idx is None else front[idx]
-        self.decisions.append((chosen.request_id, front[0].request_id))
+        shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
+        self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None])
         return chosen
 
     # --- RequestQueue ------------------------------------------------------------------------
@@ -174,23 +139,19 @@ class TieredAgingQueue(RequestQueue):
 
 
 class CodaScheduler(Scheduler):
-    """vLLM's scheduler with Coda's Tiered-Aging order of KV-state preparation."""
+    """vLLM's scheduler with a Coda state-admission order of KV-state preparation."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_version(vllm.__version__)
         super().__init__(*args, **kwargs)
         settings = load_settings()
-        profile = load_profile(settings.get("profile", "a100-qwen3coder30b-fp8"))
-        policy = TieredAging(
-            build_cost_model(profile),
-            tau_s=float(settings.get("tau_s", 5.0)),
-            w_max_s=float(settings.get("w_max_s", 20.0)),
-            frontier=int(settings.get("frontier", 64)),
-            starvation_guard=bool(settings.get("starvation_guard", True)),
-        )
-        trace_path = settings.get("trace")
+        spec = resolve_policies(settings.system, settings.policies)
+        self.coda_policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state",))
+        trace_path = settings.trace
         self._coda_trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the engine
-        queue = TieredAgingQueue(self, policy)
+        if self._coda_trace is not None:
+            self._coda_trace.write(json.dumps({"policies": spec.describe(), "profile": settings.profile}) + "\n")
+        queue = PolicyQueue(self, self.coda_policies.state)
         for req in self.waiting:
             queue.add_request(req)
         self.waiting = queue

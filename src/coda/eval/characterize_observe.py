@@ -147,7 +147,7 @@ class RoutingOpportunity:
         if any(not w.decode_contexts for w in eligible):
             return  # Coda's rule acts only when every candidate reports its decoders
         counts["comparable"] += 1
-        arrival = snap.request.reusable_tokens + snap.request.new_tokens
+        arrival = snap.request.prompt_tokens
         dist = {w.worker_id: context_distance(w.decode_contexts, arrival) for w in eligible}
         best = min(eligible, key=lambda w: (dist[w.worker_id], w.active_requests, w.worker_id))
         if best.worker_id != chosen:
@@ -158,8 +158,7 @@ class RoutingOpportunity:
         """Workers as good as the chosen one under SMetric: same best HBM match within the load
         bound when affinity decides, else every worker within the load bound."""
         ws = candidates(snap)
-        lo = min(w.active_requests for w in ws)
-        bound = lo + max(self.smetric.slack, self.smetric.ratio * lo)
+        bound = self.smetric.load_bound(ws)
         holder = self.smetric.affinity(snap)
         if holder is not None:
             return [w for w in ws if w.match.hbm_blocks == holder.match.hbm_blocks and w.active_requests <= bound], "affinity"

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from coda.policy.registry import make_router
+from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
+from coda.policy.build import build_policy
+from coda.policy.presets import resolve_policies
 from coda.policy.routing import SMetric
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
-from coda.workload.characterize_observe import DecodeMix, RoutingOpportunity
 from coda.workload.schema import Workload, session_prompts
 from coda.workload.stats import workload_stats
 
@@ -253,7 +254,7 @@ def characterize(workload: Workload, base: SimConfig, *, workload_info: dict[str
     if base.workers >= 2:
         t1 = time.perf_counter()
         routed_cfg = base.with_overrides(system="smetric", ssd=True)
-        smetric = make_router("smetric", routed_cfg.policy_params.get("smetric"))
+        smetric = build_policy("router", resolve_policies(routed_cfg.system, routed_cfg.policies).router)  # the run's router
         assert isinstance(smetric, SMetric)
         opp = RoutingOpportunity(smetric)
         routed = _replay(workload, routed_cfg, opp, "replay smetric (F8)", progress)

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from coda import strict_json
-from coda.metrics import Window, mean_ci, summarize
-from coda.policy.routing import SMetric, context_distance
+from coda.metrics import mean_ci, summarize
+from coda.policy.routing import context_distance
+from coda.policy.shadow import Shadowed
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.sim.run import versions
@@ -68,13 +69,22 @@ class PaperPreset:
     shadow_router: str | None = None
     calibrate_on: tuple[str, str] | None = None  # (system, workload label)
 
+    def shadows(self) -> dict[str, Any]:
+        """The preset's shadow policies as a ``policies`` override."""
+        out: dict[str, Any] = {}
+        if self.shadow_state:
+            out["state"] = {"shadow": self.shadow_state}
+        if self.shadow_router:
+            out["router"] = {"shadow": self.shadow_router}
+        return out
+
 
 PRESETS = {
     "paper-single": PaperPreset(
         name="paper-single",
         workers=1,
         workloads=(PaperWorkload("M1", 3, 0.25), PaperWorkload("M2", 5, 0.25), PaperWorkload("M3", 7, 0.25)),
-        systems=("vllm", "cachewise", "cachewise+ta", "coda-single"),
+        systems=("vllm", "cachewise", "cachewise+ta", "coda"),
         shadow_state="fewest_blocks",
         calibrate_on=("cachewise", "M2"),
     ),
@@ -89,34 +99,31 @@ PRESETS = {
 
 
 class RouteDistance:
-    """Observer: on every routing decision in the measurement window, the context distance of the
-    chosen worker and of the worker SMetric would have chosen on the same snapshot (both must
-    have active decoders)."""
-
-    needs = frozenset({"match", "decode_contexts"})
+    """On every routing decision in the measurement window where the router and its shadow
+    (``smetric``) disagree: the context distance of both choices (both must have active decoders).
+    A listener of the shadowed router (``Shadowed.listeners``), so it reads the decisions the run
+    made, not decisions taken again."""
 
     def __init__(self) -> None:
-        self.window = Window(-math.inf, math.inf)  # set to the simulation's window before it runs
-        self.shadow = SMetric()
         self.decisions = 0
         self.differs = 0
         self.chosen_d: list[float] = []
         self.shadow_d: list[float] = []
 
-    def on_step(self, *args: Any) -> None:
-        pass
+    def attach(self, sim: Simulation) -> None:
+        router = sim.router
+        if not isinstance(router, Shadowed):
+            raise ValueError("RouteDistance needs a shadowed router (policies.router.shadow)")
+        router.listeners.append(self.on_compare)
 
-    def on_route(self, snap: RoutingSnapshot, chosen: int) -> None:
-        if not self.window.start_s <= snap.now_s <= self.window.end_s:
-            return
+    def on_compare(self, snap: RoutingSnapshot, chosen: int, other: int) -> None:
         self.decisions += 1
-        other = self.shadow.route(snap)
         if other == chosen:
             return
         self.differs += 1
-        L = snap.request.reusable_tokens + snap.request.new_tokens
-        a = snap.workers[chosen].decode_contexts
-        b = snap.workers[other].decode_contexts
+        L = snap.request.prompt_tokens
+        by_id = {w.worker_id: w for w in snap.workers}
+        a, b = by_id[chosen].decode_contexts, by_id[other].decode_contexts
         if a and b:
             self.chosen_d.append(context_distance(a, L))
             self.shadow_d.append(context_distance(b, L))
@@ -167,14 +174,11 @@ def run_preset(preset: PaperPreset, seeds: list[int], base: SimConfig, progress:
         for seed in seeds:
             wl = wl_def.build(seed, preset.duration_s)
             for system in preset.systems:
-                cfg = base.with_overrides(
-                    system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s,
-                    shadow_state=preset.shadow_state, shadow_router=preset.shadow_router,
-                )
+                cfg = base.with_overrides(system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s, policies=preset.shadows())
+                sim = Simulation(wl, cfg)
                 obs = RouteDistance() if preset.shadow_router and system == "coda" else None
-                sim = Simulation(wl, cfg, observers=[obs] if obs else ())
                 if obs is not None:
-                    obs.window = sim.window
+                    obs.attach(sim)
                 result = sim.run()
                 summary = result.summary()
                 runs.append(Run(system, wl_def.label, seed, result, summary, obs))

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from coda.workload.characterize import PATHS, Characterization  # noqa: E402
+from coda.eval.characterize import PATHS, Characterization  # noqa: E402
 
 TIER_COLORS = {"hbm": "#2b8cbe", "dram": "#fdae61", "ssd": "#d7191c", "not_resident": "#969696", "recompute": "#969696"}
 LABELS = {"hbm": "HBM", "dram": "DRAM", "ssd": "SSD", "not_resident": "in no tier", "recompute": "recompute"}

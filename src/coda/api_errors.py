@@ -1,9 +1,11 @@
-"""Errors the gateway answers itself, in the caller's API format (OpenAI, or Anthropic on
-``/v1/messages``), each with a message that names the fix. A client mistake is a 4xx, never a 500."""
+"""Errors answered in the caller's API format (OpenAI, or Anthropic on ``/v1/messages``), each
+with a message that names the fix: the gateway's and the fake engine's. A client mistake is a 4xx,
+never a 500."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 from starlette.responses import Response
@@ -18,21 +20,29 @@ _encode = msgspec.json.Encoder().encode
 
 
 class ApiError(Exception):
-    """``code``: a short machine-readable reason (``model_not_found``, ``tenant_over_share`` ...)."""
+    """``code``: a short machine-readable reason (``model_not_found``, ``tenant_over_share`` ...);
+    without one the body carries the status, as vLLM's errors do. ``kind``: the error type, when
+    not the API's usual one for the status."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None, retry_after_s: float = 0.0) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None, retry_after_s: float = 0.0,
+                 kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.retry_after_s = retry_after_s
+        self.kind = kind
+
+    def openai_body(self) -> dict[str, Any]:
+        kind = self.kind or OPENAI_TYPES.get(self.status, "api_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code if self.code is not None else self.status}}
+
+    def anthropic_body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.kind or ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}
 
     def body(self, path: str) -> bytes:
-        if path in ANTHROPIC_PATHS:
-            return _encode({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}})
-        kind = OPENAI_TYPES.get(self.status, "api_error")
-        return _encode({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
+        return _encode(self.anthropic_body() if path in ANTHROPIC_PATHS else self.openai_body())
 
     def sse_event(self, path: str) -> bytes:
         """The error as a final server-sent event, for a stream that already started."""

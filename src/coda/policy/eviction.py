@@ -1,0 +1,87 @@
+"""HBM reclaim: which idle (cached, unreferenced) KV chunks a worker evicts when it needs room.
+
+A policy's ``victims(lru, n, out)`` picks ``n`` chunks of ``lru`` (idle chunks, least recently
+used first; a chunk id's high bits name its owner, a session or a shared prefix). ``out(owner)``
+is what the shell observes of the owner's session: ``(tools, elapsed_s)`` while it waits on its
+tool calls (``()``: on its user), ``None`` while it is not out. Shells report every ended tool
+call to ``observe`` (its duration became observable when the session's next request arrived).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Literal, Protocol
+
+import numpy as np
+
+from coda.policy.tools import ToolPredictor
+
+#: a KV chunk id's bits above this name its owner (a session, a prefix group, a trace's shared blocks)
+OWNER_SHIFT = 32
+OutStatus = Callable[[int], "tuple[tuple[str, ...], float] | None"]
+
+
+class EvictionPolicy(Protocol):
+    name: str
+    #: whether the policy reads ``out`` (a shell that sees requests, not sessions, cannot supply it)
+    needs_sessions: bool
+
+    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]: ...
+
+    def observe(self, tools: Sequence[str], duration_s: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lru:
+    """The least recently used idle chunks (a released request's tail goes first, its prefix last)."""
+
+    name: str = "lru"
+    needs_sessions = False
+
+    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]:
+        return list(islice(lru, n))
+
+    def observe(self, tools: Sequence[str], duration_s: float) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class ToolAware:
+    """CacheWise-style reclaim: within the first ``window_chunks`` idle chunks in LRU order, evict
+    first the chunks of sessions whose current tool call is predicted to stay out longest; the rest
+    (shared chunks, sessions not out) in LRU order. Within a session LRU order keeps its tail going
+    first, so its prefix survives longest. The prediction is the residual tool time learned online
+    from ended calls of the same tools (``statistic``: its mean or its median; see ``ToolPredictor``)."""
+
+    window_chunks: int = 2048
+    min_samples: int = 5
+    statistic: Literal["mean", "median"] = "mean"
+    name: str = "tool_aware"
+    needs_sessions = True
+    predictor: ToolPredictor = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.window_chunks < 1 or self.min_samples < 1:
+            raise ValueError("tool_aware needs window_chunks >= 1 and min_samples >= 1")
+        self.predictor = ToolPredictor(self.min_samples, self.statistic)
+
+    def observe(self, tools: Sequence[str], duration_s: float) -> None:
+        self.predictor.observe(tools, duration_s)
+
+    def score(self, owner: int, out: OutStatus) -> float:
+        """Predicted seconds until the owner's session sends its next request; 0 when it is not out."""
+        status = out(owner)
+        return 0.0 if status is None else self.predictor.remaining(*status)
+
+    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]:
+        w = min(max(self.window_chunks, n), len(lru))
+        chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
+        owners, inverse = np.unique(chunks >> OWNER_SHIFT, return_inverse=True)
+        score = np.array([self.score(int(o), out) for o in owners])
+        if not (score > 0).any():
+            return chunks[:n].tolist()
+        order = np.lexsort((np.arange(w), -score[inverse]))
+        return chunks[order[:n]].tolist()

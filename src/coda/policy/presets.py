@@ -1,0 +1,66 @@
+"""System presets: a named ``policies`` block plus the KV tiers the system runs with.
+
+Any router combines with any admission policy from config (``policies: {router: ...}`` over a
+preset), so a mix needs no new preset; these name the systems the evaluation compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coda.errors import CodaError
+from coda.policy.spec import BASELINE, PoliciesOverride, PoliciesSpec, PolicySpec
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPreset:
+    name: str
+    description: str
+    policies: PoliciesSpec
+    # the paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
+    dram: bool = True
+    ssd: bool = False
+    cpu_shadow: bool = True
+
+    def tiers_text(self) -> str:
+        parts = ["HBM", "DRAM" if self.dram else None, "SSD" if self.ssd else None]
+        return f"{' + '.join(p for p in parts if p)}; CPU-shadow {'on' if self.cpu_shadow else 'off'}"
+
+
+def _preset(name: str, router: str, state: str, execution: str, eviction: str, description: str) -> SystemPreset:
+    block = BASELINE.model_copy(update={"router": PolicySpec(name=router), "state": PolicySpec(name=state),
+                                        "execution": PolicySpec(name=execution), "eviction": PolicySpec(name=eviction)})
+    return SystemPreset(name, description, block)
+
+
+SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
+    _preset("vllm", "round_robin", "fifo", "full", "lru",
+            "vLLM with prefix caching and a CPU KV store written as blocks complete (as vLLM's offloading connector or LMCache do): "
+            "round-robin routing, FCFS admission, one attention launch"),
+    _preset("vllm+ta", "round_robin", "tiered_aging", "full", "lru",
+            "vLLM with Coda's Tiered-Aging order of its waiting queue and nothing else changed "
+            "(what --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler runs)"),
+    _preset("smetric", "smetric", "fifo", "full", "lru", "session affinity with a load guard (SMetric) in front of vLLM-like workers"),
+    _preset("dynamo", "dynamo_kv", "fifo", "full", "lru",
+            "NVIDIA Dynamo's KV-aware router (w * prefill_blocks + decode_blocks, host/disk hit credits) in front of vLLM-like workers"),
+    _preset("cachewise", "least_loaded", "fewest_blocks", "full", "tool_aware",
+            "CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow"),
+    _preset("cachewise+ta", "least_loaded", "tiered_aging", "full", "tool_aware",
+            "CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks"),
+    _preset("coda", "coda", "tiered_aging", "cohort", "tool_aware",
+            "Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim"),
+    _preset("coda-route-only", "coda", "fifo", "full", "lru", "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
+    _preset("coda-admit-only", "smetric", "tiered_aging", "cohort", "tool_aware", "ablation: Coda's engine admission behind the SMetric router"),
+)}
+
+
+def system_preset(name: str) -> SystemPreset:
+    preset = SYSTEMS.get(name)
+    if preset is None:
+        raise CodaError(f"unknown system {name!r}; valid: {', '.join(sorted(SYSTEMS))}")
+    return preset
+
+
+def resolve_policies(system: str, over: PoliciesOverride | None = None) -> PoliciesSpec:
+    """The system's block with the user's ``policies`` laid over it."""
+    return system_preset(system).policies.merged(over)
