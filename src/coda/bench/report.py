@@ -146,7 +146,8 @@ def plot_timeline(path: Path, records: Sequence[dict[str, Any]], window: Window,
     ax.scatter([r["ready_s"] for r in done], [r["ttft_s"] for r in done], s=6, label="TTFT")
     itl = [r for r in done if r["tbt_mean_s"] is not None]
     ax.scatter([r["ready_s"] for r in itl], [r["tbt_mean_s"] for r in itl], s=6, label="ITL (per request)")
-    ax.set_yscale("log")
+    if any(r["ttft_s"] > 0 for r in done):  # a run in which nothing completed has nothing to put on a log axis
+        ax.set_yscale("log")
     ax.set_ylabel("latency (s)")
     ax.legend(loc="upper left", fontsize=8)
     for engine in server or ():
