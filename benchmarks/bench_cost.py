@@ -72,7 +72,7 @@ def main() -> None:
         rows = [
             ("gain bounds, 77 admissible cuts", lambda c, srt=srt: c.cohort_gain_bounds(srt, admissible, 3e-4), f"<= {GOAL_US:.0f}"),
             ("gain bounds, all 255 cuts", lambda c, srt=srt: c.cohort_gain_bounds(srt), ""),
-            ("predict_decode", lambda c, ctx=ctx: c.predict_decode(ctx), ""),
+            ("decode_attention_s", lambda c, ctx=ctx: c.decode_attention_s(ctx), ""),
             ("step_s with a cohort plan", lambda c, ctx=ctx: c.step_s((), ctx, CohortPlan(128)), ""),
         ]
         for name, fn, goal in rows:

@@ -104,7 +104,7 @@ def test_cost_model_charges_the_step_formula(profile):
     run = cost.decode_steps_s(ctx, 40)
     assert run[0] == pytest.approx(cost.step_s((), ctx)) and run[39] == pytest.approx(cost.step_s((), ctx + 39))
     assert cost.prefill_only_s(2048, 0) == pytest.approx(cost.step_s([(2048, 0)], ()))
-    assert cost.api_s(1000) == pytest.approx(t["api_latency_s"] + 1000 * t["api_text_token_s"], rel=1e-6)
+    assert cost.request_s(1000) == pytest.approx(t["api_latency_s"] + 1000 * t["api_text_token_s"], rel=1e-6)
     assert cost.kv_bytes(10) == 20480 and cost.step_s((), []) == 0.0
     bounds = cost.cohort_gain_bounds(ctx)
     assert not bounds.in_domain and (bounds.predicted == 0).all() and (bounds.conservative < 0).all()

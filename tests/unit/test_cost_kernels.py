@@ -9,7 +9,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coda.cost import kernels
-from coda.cost.model import AnalyticCost, CohortPlan, KernelCost, build_cost_model
+from coda.cost.attention import KernelAttention
+from coda.cost.model import AnalyticCost, CohortPlan, build_cost_model
+from coda.cost.operators import OperatorCost
 from coda.cost.profile import load_profile
 
 P4090 = "rtx4090-llama31-8b"
@@ -54,10 +56,15 @@ def list_schedule_s(units: list[float], slots: int, bw: float, rate: float) -> f
 
 
 @pytest.fixture(scope="module")
-def cost4090() -> KernelCost:
+def cost4090() -> OperatorCost:
     cost = build_cost_model(load_profile(P4090))
-    assert isinstance(cost, KernelCost)
+    assert isinstance(cost, OperatorCost)
     return cost
+
+
+@pytest.fixture(scope="module")
+def k4090(cost4090) -> KernelAttention:
+    return cost4090.kernel
 
 
 @given(st.integers(1, 600), st.sampled_from([216, 256, 264, 376]), st.integers(1, 4000))
@@ -84,42 +91,42 @@ def test_drain_model_tracks_exact_list_scheduling():
         assert model == pytest.approx(exact, rel=0.08), (n, nb)
 
 
-def test_skewed_batch_costs_more_than_uniform_of_same_total(cost4090):
+def test_skewed_batch_costs_more_than_uniform_of_same_total(k4090):
     skew = np.array([16384] + [4096] * 31)
     uniform = np.full(32, int(skew.mean()))
-    ratio = cost4090.predict_decode(skew) / cost4090.predict_decode(uniform)
+    ratio = k4090.decode_s(skew) / k4090.decode_s(uniform)
     assert 1.3 < ratio < 1.7  # measured on the RTX 4090: 1.47
 
 
-def test_per_sm_cap_is_what_makes_skew_cost(cost4090):
+def test_per_sm_cap_is_what_makes_skew_cost(k4090):
     skew = np.array([16384] + [4096] * 31, dtype=np.int64)
     uniform = np.full(32, int(skew.mean()), dtype=np.int64)
-    fp = cost4090._fp.copy()
-    capped = kernels.decode_layer_s(skew, fp, cost4090._ip) / kernels.decode_layer_s(uniform, fp, cost4090._ip)
+    fp = k4090.fp.copy()
+    capped = kernels.decode_layer_s(skew, fp, k4090.ip) / kernels.decode_layer_s(uniform, fp, k4090.ip)
     fp[kernels.F_RATE] = fp[kernels.F_BW]  # one CTA may use the whole bandwidth
-    free = kernels.decode_layer_s(skew, fp, cost4090._ip) / kernels.decode_layer_s(uniform, fp, cost4090._ip)
+    free = kernels.decode_layer_s(skew, fp, k4090.ip) / kernels.decode_layer_s(uniform, fp, k4090.ip)
     assert capped > 1.3
     assert free < 1.02
 
 
-def test_single_split_rule_changes_small_batches_only(cost4090):
-    ip_no_split = cost4090._ip.copy()
+def test_single_split_rule_changes_small_batches_only(k4090):
+    ip_no_split = k4090.ip.copy()
     ip_no_split[kernels.I_SMS2] = 1  # every batch "fills the SMs": one split
     small = np.full(2, 16384, dtype=np.int64)
-    split = kernels.decode_layer_s(small, cost4090._fp, cost4090._ip)
-    whole = kernels.decode_layer_s(small, cost4090._fp, ip_no_split)
-    assert split == pytest.approx(491e-6, rel=0.1)  # measured on the RTX 4090 (skew file, t_max of n=2)
+    split = kernels.decode_layer_s(small, k4090.fp, k4090.ip)
+    whole = kernels.decode_layer_s(small, k4090.fp, ip_no_split)
+    assert split == pytest.approx(162e-6, rel=0.1)  # measured on the RTX 4090 (attention grid: 2 decodes of 16,384)
     assert whole > 3 * split  # 16 CTAs of 16K tokens at the per-CTA rate vs 240 short splits
     large = np.full(64, 16384, dtype=np.int64)  # 64 x 8 heads >= 0.8 x 256: one split either way
-    assert kernels.decode_layer_s(large, cost4090._fp, cost4090._ip) == kernels.decode_layer_s(large, cost4090._fp, ip_no_split)
+    assert kernels.decode_layer_s(large, k4090.fp, k4090.ip) == kernels.decode_layer_s(large, k4090.fp, ip_no_split)
 
 
-def test_balanced_family_barely_notices_skew(cost4090):
-    ip = cost4090._ip.copy()
+def test_balanced_family_barely_notices_skew(k4090):
+    ip = k4090.ip.copy()
     ip[kernels.I_FAMILY] = kernels.FAMILY_BALANCED
     skew = np.array([16384] + [4096] * 31, dtype=np.int64)
     uniform = np.full(32, int(skew.mean()), dtype=np.int64)
-    ratio = kernels.decode_layer_s(skew, cost4090._fp, ip) / kernels.decode_layer_s(uniform, cost4090._fp, ip)
+    ratio = kernels.decode_layer_s(skew, k4090.fp, ip) / kernels.decode_layer_s(uniform, k4090.fp, ip)
     assert 0.97 < ratio < 1.05
 
 
@@ -127,15 +134,15 @@ contexts = st.lists(st.integers(1, 120_000), min_size=2, max_size=300)
 
 
 @settings(max_examples=60)
-@given(contexts, st.sampled_from([P4090, "a100-qwen3coder30b-fp8-fa2", "rtxpro6000-llama31-8b"]))
+@given(contexts, st.sampled_from([P4090, "a100-qwen3coder30b-fp8-fa2", "rtxpro6000-qwen3-30b-a3b-tp2"]))
 def test_gain_sweep_equals_cohort_predictions(ctx, name):
     cost = build_cost_model(load_profile(name))
     c = np.array(ctx)
     gb = cost.cohort_gain_bounds(c)
     assert list(gb.cuts) == list(range(1, len(c)))
-    full = cost.predict_decode(c)
+    full = cost.kernel.decode_s(c)
     for cut in {1, len(c) // 2, len(c) - 1}:
-        expect = (full - cost.predict_cohorts(c, cut)) / full
+        expect = (full - cost.kernel.cohorts_s(c, cut)) / full
         assert gb.predicted[cut - 1] == pytest.approx(expect, abs=1e-12)
     assert np.all(gb.conservative <= gb.predicted)
 
@@ -147,7 +154,7 @@ def test_plan_charges_exactly_the_two_cohorts(ctx, frac):
     c = np.array(ctx)
     cut = 1 + int(frac * (len(c) - 2))
     plan = CohortPlan(cut)
-    assert cost.step_s((), c, plan) - cost.step_s((), c) == pytest.approx(cost.predict_cohorts(c, cut) - cost.predict_decode(c), abs=1e-12)
+    assert cost.step_s((), c, plan) - cost.step_s((), c) == pytest.approx(cost.kernel.cohorts_s(c, cut) - cost.kernel.decode_s(c), abs=1e-12)
 
 
 @settings(max_examples=80)
@@ -163,8 +170,8 @@ def test_more_tokens_never_cheaper_for_the_same_launch(ctx, i, extra, name):
     12th block), hence a 5% tolerance, still far below what a wrong sign or a dropped term would
     produce.
     """
-    cost = build_cost_model(load_profile(name))
-    ip = cost._ip
+    kernel = build_cost_model(load_profile(name)).kernel
+    ip = kernel.ip
     c = np.array(ctx, dtype=np.int64)
 
     def splits(x):
@@ -173,10 +180,10 @@ def test_more_tokens_never_cheaper_for_the_same_launch(ctx, i, extra, name):
     more = c.copy()
     more[i % len(c)] += extra
     longer = np.append(c, extra)
-    base = cost.predict_decode(c)
+    base = kernel.decode_s(c)
     for bigger in (more, longer):
         if splits(bigger) == splits(c):
-            assert cost.predict_decode(bigger) >= base * (1 - 5e-2)
+            assert kernel.decode_s(bigger) >= base * (1 - 5e-2)
 
 
 def test_out_of_domain_and_analytic_models_never_split():
@@ -193,11 +200,13 @@ def test_prefill_is_quadratic_with_positive_slope_past_the_domain():
     cost = build_cost_model(load_profile("rtxpro6000-llama31-8b"))
     times = [cost.prefill_only_s(n, 0) for n in (1000, 8000, 32000, 64000, 128000)]
     assert all(b > a for a, b in zip(times, times[1:]))
-    assert cost.prefill_attention_s(8000, 0) / cost.prefill_attention_s(1000, 0) > 30
+    none = np.empty(0, dtype=np.int64)
+    assert cost.kernel.varlen_s([(8000, 0)], none) / cost.kernel.varlen_s([(1000, 0)], none) > 30
     assert cost.prefill_only_s(1000, 200_000) > cost.prefill_only_s(1000, 100_000) > cost.prefill_only_s(1000, 0)
 
 
 def test_mixed_step_runs_one_varlen_launch(cost4090):
     with_prefill = cost4090.step_s([(512, 1024)], [4096] * 8)
-    attn = cost4090.varlen_attention_s([(512, 1024)], np.full(8, 4096))
-    assert with_prefill == pytest.approx(cost4090.profile.overheads.step_s + cost4090.dense_s(520) + attn)
+    attn = cost4090.prefill_attention_s([(512, 1024)], np.full(8, 4096))
+    assert attn == pytest.approx(cost4090.kernel.varlen_s([(512, 1024)], np.full(8, 4096)) * cost4090.corrections["mixed"](512, 8, 4096))
+    assert with_prefill == pytest.approx(cost4090.profile.engine.step_s + cost4090.dense_s(520, 9) + attn)

@@ -71,6 +71,14 @@ def profile_show(
 @profile_app.command("fit")
 def profile_fit(
     out: Annotated[Path, typer.Option("--out", help="profile JSON to write")],
+    operators: Annotated[
+        Path | None, typer.Option("--operators", help="folder of measured operator CSVs and meta.yaml files (with --setup and --tp)")
+    ] = None,
+    setup: Annotated[str | None, typer.Option("--setup", help="--operators: the setup, GPU_Model (e.g. RTXPRO6000_Llama-3.1-8B)")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="--operators: the tensor-parallel degree measured")] = 1,
+    model_config: Annotated[
+        Path | None, typer.Option("--model-config", help="--operators: the model's config.json (default: the one shipped for the setup's model)")
+    ] = None,
     attention: Annotated[
         Path | None, typer.Option("--attention", help="base-grid CSV (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us)")
     ] = None,
@@ -78,7 +86,7 @@ def profile_fit(
     gpu: Annotated[str | None, typer.Option("--gpu", help="GPU of the measurement (default: from the CSV name)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model of the measurement (default: from the CSV name)")] = None,
     family: Annotated[str, typer.Option("--family", help="kernel family: fa2-split or balanced")] = "fa2-split",
-    base: Annotated[str, typer.Option("--base", help="profile whose tiers, links and step overhead are copied")] = "a100-qwen3coder30b-fp8",
+    base: Annotated[str, typer.Option("--base", help="profile whose tiers and host links are copied")] = "a100-qwen3coder30b-fp8",
     holdout_batch: Annotated[list[int] | None, typer.Option("--holdout-batch", help="batch size kept out of the fit (repeatable)")] = None,
     holdout_context: Annotated[
         int | None, typer.Option("--holdout-context", help="keep out every batch reaching this context (default: the largest measured)")
@@ -86,15 +94,30 @@ def profile_fit(
     name: Annotated[str | None, typer.Option("--name", help="profile name")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fit a profile's attention constants to measured CSVs, with held-out residual bounds."""
-    import json
-
+    """Fit an operators profile to a measured setup (--operators), or a profile's attention
+    constants to measured CSVs (--attention/--skew); held-out errors are printed."""
     from coda.cost.profile import load_profile
     from coda.errors import CodaError
-    from coda.profiling.fit import fit_profile
 
+    if operators is not None:
+        if setup is None:
+            raise CodaError("--operators needs --setup GPU_Model (the prefix of its CSV and meta.yaml files)")
+        if tp < 1:
+            raise CodaError(f"--tp {tp}: must be at least 1")
+        from coda.profiling.operator_fit import fit_operators
+
+        data, held = fit_operators(operators, setup, tp, load_profile(base), model_config=model_config, name=name)
+        _write(out, data)
+        if as_json:
+            print_json({"out": str(out), "name": data["name"], "held_out": held})
+            return
+        out_console.print(f"wrote {out}: {data['name']} ({setup}, TP {tp})")
+        _print_errors("held-out error per operator |predicted / measured - 1|", held)
+        return
     if family not in ("fa2-split", "balanced"):
         raise CodaError(f"--family {family!r}: use fa2-split or balanced")
+    from coda.profiling.fit import fit_profile
+
     data = fit_profile(
         attention,
         skew,
@@ -106,8 +129,7 @@ def profile_fit(
         holdout_context_from=holdout_context,
         name=name,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    _write(out, data)
     att = data["attention"]
     if as_json:
         print_json({"out": str(out), "attention": att})
@@ -118,6 +140,57 @@ def profile_fit(
     out_console.print(
         f"  held-out bounds: -{att['bounds']['lower']:.3f} / +{att['bounds']['upper']:.3f} over {att['bounds']['held_out_rows']} batches"
     )
+
+
+def _write(out: Path, data: dict) -> None:
+    from coda import strict_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(strict_json.dumps(data, indent=2) + "\n")
+
+
+def _print_errors(title: str, errors: dict[str, dict]) -> None:
+    table = Table(show_header=True, title=title)
+    for col in ("operator", "rows", "median", "p90"):
+        table.add_column(col, justify="right" if col != "operator" else "left")
+    for k, v in errors.items():
+        table.add_row(k, str(v["rows"]), f"{v['median']:.1%}", f"{v['p90']:.1%}")
+    out_console.print(table)
+
+
+@profile_app.command("derive")
+def profile_derive(
+    gpu: Annotated[str, typer.Option("--gpu", help="operators profile of the measured GPU (name or JSON path)")],
+    model_config: Annotated[Path, typer.Option("--model-config", help="config.json of the model to predict")],
+    out: Annotated[Path, typer.Option("--out", help="profile JSON to write")],
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel degree to predict")] = 1,
+    name: Annotated[str | None, typer.Option("--name", help="profile name")] = None,
+    check_operators: Annotated[
+        Path | None, typer.Option("--check-operators", help="folder of measured operator CSVs to check the prediction against (with --check-setup)")
+    ] = None,
+    check_setup: Annotated[str | None, typer.Option("--check-setup", help="the measured setup of the predicted model, GPU_Model")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict a model that was not measured, on a GPU that was, by scaling each measured operator
+    with its FLOPs and bytes; optionally check it against a measured setup."""
+    from coda.cost.profile import Profile, load_profile
+    from coda.errors import CodaError
+    from coda.profiling.derive import derive, validate
+    from coda.profiling.hf_config import read_config
+
+    if tp < 1:
+        raise CodaError(f"--tp {tp}: must be at least 1")
+    if (check_operators is None) != (check_setup is None):
+        raise CodaError("--check-operators and --check-setup go together (the folder and the setup to compare with)")
+    data = derive(load_profile(gpu), read_config(model_config), tp, name=name)
+    _write(out, data)
+    errors = validate(Profile.model_validate(data), check_operators, check_setup, tp) if check_operators and check_setup else None
+    if as_json:
+        print_json({"out": str(out), "name": data["name"], "errors": errors})
+        return
+    out_console.print(f"wrote {out}: {data['name']}: {data['description']}", soft_wrap=True)
+    if errors:
+        _print_errors(f"predicted vs measured {check_setup} TP {tp}, per operator family", errors)
 
 
 @profile_app.command("check")
@@ -280,3 +353,34 @@ def _machine() -> str:
     lines = info.read_text().splitlines() if info.exists() else []
     cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
     return f"{platform.node()}, {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+
+
+@profile_app.command("roofline")
+def profile_roofline(
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="workload spec or trace file")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="profile name or JSON path")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="workers (default 1)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML/TOML config file (engine settings: max_num_seqs, KV sizing)")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="trace format (default: detected)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The physical bound on output tok/s: every decode step at peak HBM bandwidth with the largest
+    batch the KV holds at the workload's contexts, no recompute, no idle."""
+    from coda.cli.sim import _settings
+    from coda.sim.roofline import config_roofline
+    from coda.workload.spec import load_workload
+
+    extra, cfg = _settings(config, {"workload": workload, "format": fmt, "profile": profile, "workers": workers})
+    spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
+    bound = config_roofline(load_workload(spec, extra.get("format")), cfg) | {"workload": spec, "max_num_seqs": cfg.max_num_seqs}
+    if as_json:
+        print_json(bound)
+        return
+    out_console.print(f"[bold]roofline[/bold] workload={spec} profile={bound['profile']} workers={bound['workers']} "
+                      f"max_num_seqs={cfg.max_num_seqs}", highlight=False)
+    table = Table(show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for k in ("output_tps_bound", "bound_by", "hardware_tps", "offered_tps", "batch", "mean_decode_context", "step_s", "hbm_bw_bytes_s"):
+        table.add_row(k, fmt_value(bound[k]))
+    out_console.print(table)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coda.cost.model import CohortPlan, GainBounds, _cuts
+from coda.cost.cohorts import CohortPlan, GainBounds, no_split_gains
 from coda.cost.profile import Profile
 from coda.errors import CodaError
 
@@ -54,8 +54,9 @@ class EmpiricalCost:
         self._kv_tok = sm.kv_bytes_per_token
         self._api = (sm.api_latency_s, sm.api_text_token_s)
 
-    def api_s(self, prompt_tokens: int) -> float:
-        """What a client waits beyond the engine's steps for a text prompt (not charged by the simulator)."""
+    def request_s(self, prompt_tokens: int) -> float:
+        """What a client of text prompts waits beyond the engine's steps (the API server's work),
+        charged by the simulator before the request reaches the scheduler."""
         return self._api[0] + self._api[1] * prompt_tokens
 
     def step_s(
@@ -73,21 +74,12 @@ class EmpiricalCost:
     def decode_attention_s(self, contexts: np.ndarray) -> float:
         return float(np.sum(contexts)) * self._ctx_s
 
-    def predict_decode(self, contexts: Sequence[int] | np.ndarray) -> float:
-        return self.decode_attention_s(np.asarray(contexts))
-
-    def predict_cohorts(self, contexts: Sequence[int] | np.ndarray, cut: int) -> float:
-        return self.decode_attention_s(np.asarray(contexts))
-
     def cohort_gain_bounds(
         self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
     ) -> GainBounds:
         """Linear attention: a split gains nothing, and nothing about splits was measured (never in domain)."""
         c = np.asarray(contexts, dtype=np.int64)
-        k = _cuts(len(c), cuts)
-        full = self.decode_attention_s(c)
-        pred = np.zeros(len(k))
-        return GainBounds(k, pred, pred - (launch_allowance_s / full if full > 0 else 0.0), False)
+        return no_split_gains(len(c), cuts, self.decode_attention_s(c), 0.0, launch_allowance_s)
 
     def prefill_only_s(self, new: int, cached: int) -> float:
         return self.step_s([(new, cached)], ()) if new > 0 else 0.0

@@ -1,46 +1,30 @@
-"""Cost model protocol, the analytic roofline model (v0) and the kernel-level model.
+"""The cost model protocol every shell calls, the analytic roofline model (v0) and the kernel-level
+model; ``build_cost_model`` picks a profile's model.
 
 One engine step reads the dense/MoE weights once whatever its mix of prefill and decode, then
-runs attention per request. ``step_s`` is what the simulator charges per iteration; ``h2d_s``,
-``ssd_read_s`` and ``prefill_only_s`` are what state admission uses to rank requests;
-``predict_decode``, ``predict_cohorts`` and ``cohort_gain_bounds`` are what execution admission
-asks before splitting a decode batch. Nothing here reads a clock.
+runs attention per request. The protocol is what the shells ask: ``step_s`` and
+``decode_steps_s`` (the simulator's worker and the fake engine charge them per iteration),
+``request_s`` (the engine's time before a request reaches its scheduler), ``prefill_only_s``,
+``h2d_s`` and ``ssd_read_s`` (state admission ranks requests by them), ``d2h_s`` (eviction),
+``kv_bytes`` (KV sizing), ``cohort_gain_bounds`` (execution admission). Nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from types import ModuleType
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from coda.cost.attention import KernelAttention
+from coda.cost.cohorts import CohortPlan, GainBounds, no_split_gains
+from coda.cost.empirical import EmpiricalCost
+from coda.cost.geometry import expected_experts
+from coda.cost.operators import OperatorCost
+from coda.cost.parallel import allreduce_s
 from coda.cost.profile import Profile
-from coda.errors import CodaError
 
-
-@dataclass(frozen=True, slots=True)
-class CohortPlan:
-    """Split of a pure-decode batch's attention: the ``cut`` shortest contexts form one cohort."""
-
-    cut: int
-    gain_lower_bound: float = 0.0
-
-
-class GainBounds(NamedTuple):
-    """Relative attention gain of each cut (the ``cut`` shortest contexts form the short cohort).
-
-    ``predicted`` = (T_full - T_short - T_long) / T_full; ``conservative`` uses the lower
-    residual bound of the full batch, the upper bounds of the cohorts and a launch allowance.
-    ``in_domain`` is False when the profile has no validated bounds or the batch lies outside
-    its measured domain: callers must not split then.
-    """
-
-    cuts: np.ndarray
-    predicted: np.ndarray
-    conservative: np.ndarray
-    in_domain: bool
+__all__ = ["AnalyticCost", "CohortPlan", "CostModel", "GainBounds", "KernelCost", "build_cost_model"]
 
 
 @runtime_checkable
@@ -57,8 +41,12 @@ class CostModel(Protocol):
         """Durations of ``k`` consecutive pure-decode steps whose contexts grow by one token each."""
         ...
 
-    def decode_attention_s(self, contexts: np.ndarray) -> float:
-        """Attention time of one pure-decode batch, all layers."""
+    def request_s(self, prompt_tokens: int) -> float:
+        """The engine's time for a request before its scheduler sees it (0 where none was measured)."""
+        ...
+
+    def prefill_only_s(self, new: int, cached: int) -> float:
+        """Time to prefill ``new`` tokens over ``cached`` ones in a step of their own."""
         ...
 
     def h2d_s(self, nbytes: float, outstanding_s: float = 0.0) -> float: ...
@@ -67,18 +55,8 @@ class CostModel(Protocol):
 
     def ssd_read_s(self, nbytes: float) -> float: ...
 
-    def prefill_only_s(self, new: int, cached: int) -> float:
-        """Time to prefill ``new`` tokens over ``cached`` ones in a step of their own."""
-        ...
-
-    def kv_bytes(self, tokens: int) -> int: ...
-
-    def predict_decode(self, contexts: Sequence[int] | np.ndarray) -> float:
-        """Decode attention seconds of one launch over ``contexts``, all layers."""
-        ...
-
-    def predict_cohorts(self, contexts: Sequence[int] | np.ndarray, cut: int) -> float:
-        """Decode attention seconds when the ``cut`` shortest contexts and the rest launch apart."""
+    def kv_bytes(self, tokens: int) -> int:
+        """KV bytes of ``tokens`` tokens on one rank."""
         ...
 
     def cohort_gain_bounds(
@@ -86,15 +64,6 @@ class CostModel(Protocol):
     ) -> GainBounds:
         """Predicted and conservative gains of every cut (``None``: 1..n-1)."""
         ...
-
-
-def _cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarray:
-    if cuts is None:
-        return np.arange(1, n, dtype=np.int64)
-    arr = np.asarray(cuts, dtype=np.int64)
-    if len(arr) and (arr.min() < 1 or arr.max() > n - 1):
-        raise ValueError(f"cuts must lie in 1..{n - 1} for {n} contexts")
-    return arr
 
 
 class AnalyticCost:
@@ -105,18 +74,22 @@ class AnalyticCost:
     top-k routing). Decode attention: KV bytes read / bandwidth plus per-request and per-layer
     launch costs; linear in the batch's total context, so v0 predicts no gain from cohort splits
     (a split only adds launches). Prefill attention: causal FLOPs over new and cached tokens.
+    Under tensor parallelism (``profile.tp``) weights, FLOPs and KV are split across the ranks
+    and every layer adds two all-reduces of the step's activations.
     """
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         g, m = profile.gpu, profile.model
+        tp = self._tp = profile.tp
         self._bw = g.hbm_bw_bytes_s * g.mem_efficiency
         self._flops = g.peak_flops * g.compute_efficiency
         self._attn_flops = g.peak_flops * g.attn_compute_efficiency
-        self._kv_tok = m.kv_bytes_per_token
+        self._kv_tok = m.kv_bytes_per_token // min(tp, m.num_kv_heads)
         # causal attention FLOPs per (query token x key token), all layers: QK^T and PV.
-        self._attn_pair_flops = 4.0 * m.num_q_heads * m.head_dim * m.num_layers
+        self._attn_pair_flops = 4.0 * m.num_q_heads / tp * m.head_dim * m.num_layers
         self._launch = profile.overheads.attn_launch_per_layer_s * m.num_layers
+        self._activation_bytes = 2 * (m.hidden_size or 0)  # bf16 activations per token
 
     # --- weights ---------------------------------------------------------------------------
     def dense_s(self, tokens: int) -> float:
@@ -125,9 +98,11 @@ class AnalyticCost:
         m = self.profile.model
         nbytes = m.dense_weight_bytes
         if m.num_experts:
-            touched = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
-            nbytes += touched * m.expert_bytes * m.num_layers
-        return max(nbytes / self._bw, 2.0 * m.active_params * tokens / self._flops)
+            nbytes += expected_experts(tokens, m.num_experts, m.experts_per_token) * m.expert_bytes * m.num_layers
+        compute = max(nbytes / self._bw, 2.0 * m.active_params * tokens / self._flops) / self._tp
+        if self._tp == 1:
+            return compute
+        return compute + 2 * m.num_layers * allreduce_s(tokens * self._activation_bytes, self._tp, self.profile.gpu.link)
 
     # --- attention -------------------------------------------------------------------------
     def decode_attention_s(self, contexts: np.ndarray) -> float:
@@ -141,21 +116,12 @@ class AnalyticCost:
         ordered = np.sort(contexts)
         return self.decode_attention_s(ordered[: plan.cut]) + self.decode_attention_s(ordered[plan.cut :])
 
-    def predict_decode(self, contexts: Sequence[int] | np.ndarray) -> float:
-        return self.decode_attention_s(np.asarray(contexts))
-
-    def predict_cohorts(self, contexts: Sequence[int] | np.ndarray, cut: int) -> float:
-        return self.cohort_attention_s(np.asarray(contexts), CohortPlan(cut))
-
     def cohort_gain_bounds(
         self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
     ) -> GainBounds:
         """Linear in total context: a split only adds a launch; no validated bounds, so never in domain."""
-        srt = np.sort(np.asarray(contexts, dtype=np.int64))
-        k = _cuts(len(srt), cuts)
-        full = self.decode_attention_s(srt)
-        pred = -np.full(len(k), self._launch) / full if full > 0 else np.zeros(len(k))
-        return GainBounds(k, pred, pred - launch_allowance_s / full if full > 0 else pred, False)
+        c = np.asarray(contexts, dtype=np.int64)
+        return no_split_gains(len(c), cuts, self.decode_attention_s(c), self._launch, launch_allowance_s)
 
     def prefill_attention_s(self, new: int, cached: int) -> float:
         if new <= 0:
@@ -190,6 +156,9 @@ class AnalyticCost:
             return 0.0
         return self.profile.overheads.step_s + self.dense_s(new) + self.prefill_attention_s(new, cached)
 
+    def request_s(self, prompt_tokens: int) -> float:
+        return 0.0  # an analytic profile describes kernels, not an engine's API
+
     # --- links -----------------------------------------------------------------------------
     def h2d_s(self, nbytes: float, outstanding_s: float = 0.0) -> float:
         return self.profile.h2d.seconds(nbytes) + max(0.0, outstanding_s)
@@ -204,20 +173,8 @@ class AnalyticCost:
         return tokens * self._kv_tok
 
 
-def _load_kernels(profile: Profile) -> ModuleType:
-    """``coda.cost.kernels``, imported when a profile first needs it: its numba kernels are not part
-    of the base install (what vLLM's scheduler plugin needs), only of ``coda[sim]``."""
-    try:
-        from coda.cost import kernels
-    except ModuleNotFoundError as err:
-        if err.name != "numba":
-            raise
-        raise CodaError(f"profile {profile.name} has an attention section, whose kernel model needs numba: pip install 'coda[sim]'") from None
-    return kernels
-
-
 class KernelCost(AnalyticCost):
-    """The analytic dense/MoE part with kernel-level attention (``coda.cost.kernels``).
+    """The analytic dense/MoE part with kernel-level attention (``coda.cost.attention``).
 
     Decode batches run FA2 split-KV (or the ``balanced`` family) laid out longest first; steps
     with prefill chunks run FA2's varlen kernel over all their tokens, which is also what
@@ -227,43 +184,24 @@ class KernelCost(AnalyticCost):
 
     def __init__(self, profile: Profile) -> None:
         super().__init__(profile)
-        att = profile.attention
+        att, m = profile.attention, profile.model
         if att is None:
             raise ValueError(f"profile {profile.name} has no attention section")
-        kernels = self._k = _load_kernels(profile)
-        g, m = profile.gpu, profile.model
-        tok = 2.0 * m.head_dim * m.kv_dtype_bytes  # bytes of one token-head (K and V)
-        rate = att.cta_bw_bytes_s / tok
-        self._fp = np.array(
-            [g.hbm_bw_bytes_s * att.mem_efficiency / tok, rate, att.cta_overhead_s * rate, att.launch_s, att.per_request_s, att.combine_s]
-        )
-        family = kernels.FAMILY_BALANCED if att.family == "balanced" else kernels.FAMILY_FA2
-        self._ip = np.array(
-            [g.num_sms * att.ctas_per_sm, 2 * g.num_sms, m.num_kv_heads, m.num_q_heads, att.block_n, family], dtype=np.int64
-        )
-        self._layers = m.num_layers
-        self._lo, self._hi = att.bounds.lower, att.bounds.upper
-        self._domain = att.domain
+        self.kernel = KernelAttention(profile.name, profile.gpu, att, layers=m.num_layers, q_heads=max(1, m.num_q_heads // self._tp),
+                                      kv_heads=max(1, m.num_kv_heads // self._tp), head_dim=m.head_dim, kv_dtype_bytes=m.kv_dtype_bytes)
 
     def in_domain(self, contexts: Sequence[int] | np.ndarray) -> bool:
         """Whether a decode batch lies inside the measured domain (else predictions extrapolate)."""
-        c = np.asarray(contexts)
-        return len(c) > 0 and self._domain.contains(len(c), int(c.min()), int(c.max()))
+        return self.kernel.in_domain(contexts)
 
     def decode_attention_s(self, contexts: np.ndarray) -> float:
-        c = np.asarray(contexts, dtype=np.int64)
-        if len(c) == 0:
-            return 0.0
-        return self._layers * self._k.decode_layer_s(c, self._fp, self._ip)
+        return self.kernel.decode_s(contexts)
 
     def cohort_attention_s(self, contexts: np.ndarray, plan: CohortPlan) -> float:
-        c = np.sort(np.asarray(contexts, dtype=np.int64))
-        return self.decode_attention_s(c[: plan.cut]) + self.decode_attention_s(c[plan.cut :])
+        return self.kernel.cohorts_s(contexts, plan.cut)
 
     def varlen_attention_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: np.ndarray) -> float:
-        new = np.array([p for p, _ in prefill_chunks], dtype=np.int64)
-        cached = np.array([c for _, c in prefill_chunks], dtype=np.int64)
-        return self._layers * self._k.varlen_layer_s(np.asarray(decode_contexts, dtype=np.int64), new, cached, self._fp, self._ip)
+        return self.kernel.varlen_s(prefill_chunks, decode_contexts)
 
     def prefill_attention_s(self, new: int, cached: int) -> float:
         if new <= 0:
@@ -289,19 +227,15 @@ class KernelCost(AnalyticCost):
     def cohort_gain_bounds(
         self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
     ) -> GainBounds:
-        c = np.asarray(contexts, dtype=np.int64)
-        k = _cuts(len(c), cuts)
-        pred, cons = self._k.gain_sweep(c, k, self._fp, self._ip, self._lo, self._hi, launch_allowance_s / self._layers)
-        n, lo, hi = len(c), int(c.min()), int(c.max())
-        return GainBounds(k, pred, cons, self._domain.contains(n, lo, hi))
+        return self.kernel.gain_bounds(contexts, cuts, launch_allowance_s)
 
 
 def build_cost_model(profile: Profile) -> CostModel:
-    """The empirical step model of a measured profile, the kernel-level model when the profile has
-    an attention section, else the analytic roofline."""
+    """The operator model of an operators profile, the empirical step model of a measured one, the
+    kernel-level model when a profile has an attention section, else the analytic roofline."""
+    if profile.kind == "operators":
+        return OperatorCost(profile)
     if profile.kind == "measured":
-        from coda.cost.empirical import EmpiricalCost  # it builds on this module's types
-
         return EmpiricalCost(profile)
     if profile.attention is not None:
         return KernelCost(profile)

@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
+from coda.cost.geometry import Geometry
 from coda.errors import CodaError, invalid
 
 GiB = 1024**3
@@ -25,14 +26,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LinkSpec(_Strict):
+    """The GPU-to-GPU link that tensor parallelism all-reduces over (``coda.cost.parallel``)."""
+
+    kind: Literal["nvlink", "pcie"]
+    bus_bw_bytes_s: PositiveFloat = Field(description="per GPU and direction")
+
+
 class GpuSpec(_Strict):
     name: str
     hbm_bw_bytes_s: PositiveFloat
     peak_flops: PositiveFloat = Field(description="dense bf16 tensor FLOP/s")
     num_sms: PositiveInt
-    mem_efficiency: float = Field(gt=0, le=1, description="achievable share of HBM bandwidth for streaming reads")
-    compute_efficiency: float = Field(gt=0, le=1, description="achieved share of peak FLOP/s in dense/MoE GEMMs")
-    attn_compute_efficiency: float = Field(gt=0, le=1, description="achieved share of peak FLOP/s in prefill attention")
+    memory_bytes: PositiveFloat | None = Field(None, description="device memory (KV capacity from gpu_memory_utilization)")
+    link: LinkSpec | None = Field(None, description="GPU-to-GPU link (tensor parallelism)")
+    # Assumed shares of the peaks: only the analytic roofline uses them; measured profiles carry none.
+    mem_efficiency: float | None = Field(None, gt=0, le=1, description="achievable share of HBM bandwidth for streaming reads")
+    compute_efficiency: float | None = Field(None, gt=0, le=1, description="achieved share of peak FLOP/s in dense/MoE GEMMs")
+    attn_compute_efficiency: float | None = Field(None, gt=0, le=1, description="achieved share of peak FLOP/s in prefill attention")
 
 
 class ModelSpec(_Strict):
@@ -47,6 +58,7 @@ class ModelSpec(_Strict):
     num_experts: int = Field(ge=0, description="routed experts per MoE layer (0 = dense model)")
     experts_per_token: int = Field(ge=0)
     expert_bytes: float = Field(ge=0, description="bytes of one expert in one layer")
+    hidden_size: PositiveInt | None = Field(None, description="needed under tensor parallelism (all-reduce bytes)")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -188,16 +200,99 @@ class StepModel(_Strict):
     fit: StepFit
 
 
+class Curve(_Strict):
+    """Seconds of one operator as a piecewise-linear function of its count (tokens or sequences),
+    fitted at ``knots``; past the last knot it goes on with the last slope (extrapolated)."""
+
+    knots: list[float] = Field(min_length=2)
+    seconds: list[float] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Curve:
+        if len(self.knots) != len(self.seconds) or any(b <= a for a, b in zip(self.knots, self.knots[1:])):
+            raise ValueError("knots must increase and match seconds one for one")
+        return self
+
+
+class HeldOutError(_Strict):
+    """|predicted / measured - 1| over the measured rows a fit did not see."""
+
+    rows: PositiveInt
+    median: float = Field(ge=0)
+    p90: float = Field(ge=0)
+
+
+class MoeSpec(_Strict):
+    """One MoE block on one rank: fixed_s + expert_s x distinct experts touched + pair_s x routed
+    (token, expert) pairs. The expert term reads weights, the pair term computes."""
+
+    fixed_s: float = Field(ge=0)
+    expert_s: float = Field(ge=0)
+    pair_s: float = Field(ge=0)
+    tokens_max: PositiveInt = Field(description="largest step measured (beyond: extrapolated)")
+
+
+class Residual(_Strict):
+    """log(measured / kernel model) of attention, multilinear in the log2 of its axes between the
+    knots and held at the edge value beyond them; ``values`` in C order over ``axes``."""
+
+    axes: list[list[float]] = Field(min_length=1)
+    values: list[float]
+
+    @model_validator(mode="after")
+    def _shape(self) -> Residual:
+        if any(len(a) < 2 for a in self.axes) or len(self.values) != int(np.prod([len(a) for a in self.axes])):
+            raise ValueError("each axis needs two knots and values one per grid point")
+        return self
+
+
+class OperatorAttention(_Strict):
+    """Attention: the kernel model (skew, split rule, any context) times a fitted correction per
+    regime toward the measured grid: decode (batch, mean context), prefill (new tokens, new +
+    cached), mixed (new tokens, decode batch, mean decode context)."""
+
+    kernel: AttentionSpec
+    decode: Residual
+    prefill: Residual
+    mixed: Residual
+
+
+class OperatorsSpec(_Strict):
+    """The measured operators of one layer on one rank, fitted (``coda profile fit --operators``)."""
+
+    layer: dict[str, Curve] = Field(description="dense operators of one layer, by the step's tokens")
+    layer_counts: dict[str, PositiveInt] = Field(description="how many times each runs per layer")
+    step: dict[str, Curve] = Field(description="operators run once per step, by the step's tokens")
+    per_sequence: dict[str, Curve] = Field(description="lm_head and sampler, by the step's sequences")
+    moe: MoeSpec | None = None
+    attention: OperatorAttention
+    tokens_max: PositiveInt = Field(description="largest step measured (beyond: extrapolated)")
+    sequences_max: PositiveInt
+    held_out: dict[str, HeldOutError] = Field(description="per operator, rows kept out of the fit")
+
+
+class EngineTime(_Strict):
+    """The engine's own time around the kernels: per step (scheduling, input preparation) and per
+    request before it reaches the scheduler (the API server's work). Measured through an API
+    (``coda profile measure --endpoint``), or zero where nothing was measured (its provenance says)."""
+
+    step_s: float = Field(ge=0)
+    request_s: float = Field(ge=0)
+
+
 MEASURED_SECTIONS = ("step_model",)
 MODEL_SECTIONS = ("gpu", "model", "overheads", "h2d", "d2h", "ssd_read")
+OPERATOR_SECTIONS = ("gpu", "geometry", "operators", "engine", "h2d", "d2h", "ssd_read")
 
 
 class Profile(_Strict):
     name: str
     description: str
-    kind: Literal["analytic", "fitted", "measured"]
+    kind: Literal["analytic", "fitted", "measured", "operators"]
+    tp: PositiveInt = Field(1, description="tensor-parallel degree of a worker: operators and KV are per rank")
     gpu: GpuSpec | None = None
     model: ModelSpec | None = None
+    geometry: Geometry | None = None
     tiers: TierSpec
     h2d: LinkCurve | None = None
     d2h: LinkCurve | None = None
@@ -205,6 +300,8 @@ class Profile(_Strict):
     overheads: Overheads | None = None
     attention: AttentionSpec | None = None
     step_model: StepModel | None = None
+    operators: OperatorsSpec | None = None
+    engine: EngineTime | None = None
     provenance: dict[str, str]
 
     @model_validator(mode="after")
@@ -214,9 +311,21 @@ class Profile(_Strict):
             if self.step_model is None or self.attention is not None:
                 raise ValueError("a measured profile needs a step_model section and no attention section")
             return self
+        if self.kind == "operators":
+            missing = [s for s in OPERATOR_SECTIONS if getattr(self, s) is None]
+            if missing or self.step_model is not None or self.model is not None:
+                raise ValueError(f"an operators profile needs {', '.join(missing) or 'no step_model and no model section'}")
+            if self.tp > 1 and self.gpu.link is None:  # type: ignore[union-attr]
+                raise ValueError(f"tp={self.tp} needs gpu.link (the link the all-reduces cross)")
+            return self
         missing = [s for s in MODEL_SECTIONS if getattr(self, s) is None]
         if missing or self.step_model is not None:
             raise ValueError(f"{self.kind} profiles need {', '.join(missing) or 'no step_model section'}")
+        g = self.gpu
+        if None in (g.mem_efficiency, g.compute_efficiency, g.attn_compute_efficiency):  # type: ignore[union-attr]
+            raise ValueError("the analytic model needs gpu.mem_efficiency, compute_efficiency and attn_compute_efficiency")
+        if self.tp > 1 and (g.link is None or self.model.hidden_size is None):  # type: ignore[union-attr]
+            raise ValueError(f"tp={self.tp} needs gpu.link and model.hidden_size (the all-reduces)")
         return self
 
     @model_validator(mode="after")
@@ -229,22 +338,49 @@ class Profile(_Strict):
     def provenance_of(self, field: str) -> str:
         return self.provenance[field]
 
+    def engine_time_note(self) -> str:
+        """Where the engine's own time per step and per request comes from (printed with results)."""
+        if self.engine is not None:
+            return f"per step {self.engine.step_s:g} s, per request {self.engine.request_s:g} s: {self.provenance['engine.step_s']}"
+        if self.step_model is not None:
+            return "measured through the engine's API: step_model.fixed_s per step, api_latency_s + api_text_token_s x prompt per request"
+        return f"per step overheads.step_s ({self.provenance.get('overheads.step_s', '')}); none per request"
+
+    def device_memory_bytes(self) -> float | None:
+        return self.gpu.memory_bytes if self.gpu is not None else None
+
+    def weight_bytes_per_rank(self) -> float | None:
+        """Weights one rank holds (what vLLM subtracts from its memory before sizing the KV)."""
+        if self.geometry is not None:
+            return self.geometry.params()[0] * self.geometry.weight_bytes / self.tp
+        if self.model is not None:
+            m = self.model
+            return (m.dense_weight_bytes + m.num_experts * m.expert_bytes * m.num_layers) / self.tp
+        return None
+
 
 def _numeric_fields(profile: Profile) -> list[str]:
-    out: list[str] = []
+    """Dotted names of every number a profile states; an operator's fitted table (a curve, a
+    residual grid) is one entry, named by the table."""
+    out: list[str] = ["tp"] if profile.tp > 1 else []  # one rank per worker needs no source
 
     def walk(prefix: str, data: dict) -> None:
         for key, value in data.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}.{key}", value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                out.append(f"{prefix}.{key}")
+            name = f"{prefix}.{key}"
+            if isinstance(value, dict) and not _is_table(value):
+                walk(name, value)
+            elif isinstance(value, dict) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                out.append(name)
 
-    for section in ("gpu", "model", "tiers", "overheads", "attention", "step_model"):
+    for section in ("gpu", "model", "geometry", "tiers", "overheads", "attention", "step_model", "operators", "engine"):
         if getattr(profile, section) is not None:
             walk(section, getattr(profile, section).model_dump())
     out += [link for link in ("h2d", "d2h", "ssd_read") if getattr(profile, link) is not None]
     return out
+
+
+def _is_table(value: dict) -> bool:
+    return {"knots", "seconds"} <= value.keys() or {"axes", "values"} <= value.keys()
 
 
 BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8"

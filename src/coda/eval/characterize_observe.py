@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from coda.cost.model import CohortPlan, CostModel
+from coda.cost.model import CohortPlan
 from coda.metrics import Window
 from coda.policy.routing import SMetric, candidates, context_distance
 from coda.types import RoutingSnapshot, WorkerView
@@ -36,13 +36,19 @@ class _Batch:
     contexts: np.ndarray
 
 
+class DecodeAttention(Protocol):
+    """What the observers ask of a simulation's cost model (every model of ``coda.cost`` has it)."""
+
+    def decode_attention_s(self, contexts: np.ndarray) -> float: ...
+
+
 @dataclass
 class DecodeMix:
     """Per executed step in the window: its kind and time; for multi-request decode steps, the
     max/min context ratio and the within-batch CV; for multi-request pure-decode steps, the
     attention time of the observed contexts and of a near-uniform batch (same count and total)."""
 
-    cost: CostModel | None = None
+    cost: DecodeAttention | None = None
     window: Window = Window(0.0, 0.0)
     needs: frozenset[str] = frozenset()
     steps: int = 0
@@ -64,7 +70,7 @@ class DecodeMix:
     def on_route(self, snap: RoutingSnapshot, chosen: int) -> None:
         pass
 
-    def bind(self, cost: CostModel, window: Window) -> None:
+    def bind(self, cost: DecodeAttention, window: Window) -> None:
         self.cost, self.window = cost, window
 
     def _account(self, b: _Batch) -> None:
@@ -131,7 +137,7 @@ class RoutingOpportunity:
     def on_step(self, *args: Any) -> None:
         pass
 
-    def bind(self, cost: CostModel, window: Window) -> None:
+    def bind(self, cost: DecodeAttention, window: Window) -> None:
         self.window = window
 
     def on_route(self, snap: RoutingSnapshot, chosen: int) -> None:

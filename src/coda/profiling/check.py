@@ -17,17 +17,19 @@ from typing import Any
 import numpy as np
 
 from coda.cost.model import KernelCost, build_cost_model
+from coda.cost.operators import OperatorCost
 from coda.cost.profile import Profile
 from coda.errors import CodaError
 from coda.profiling.measured import Batch, SkewRow, read_skew
 
 
-def layer_s(cost: KernelCost, b: Batch) -> float:
-    """Predicted seconds of one layer for a measured batch."""
-    layers = cost.profile.model.num_layers
+def layer_s(cost: KernelCost | OperatorCost, b: Batch) -> float:
+    """Predicted seconds of one layer's attention for a measured batch."""
     if b.prefill:
-        return cost.varlen_attention_s(list(b.prefill), b.decodes) / layers
-    return cost.decode_attention_s(b.decodes) / layers
+        attn = cost.prefill_attention_s(list(b.prefill), b.decodes) if isinstance(cost, OperatorCost) else cost.varlen_attention_s(list(b.prefill), b.decodes)
+    else:
+        attn = cost.decode_attention_s(b.decodes)
+    return attn / cost.kernel.layers
 
 
 def _ratio_stats(pred: np.ndarray, meas: np.ndarray, base: np.ndarray) -> dict[str, float]:
@@ -47,11 +49,10 @@ def _time_err(pred: np.ndarray, meas: np.ndarray) -> float:
 def check_skew(profile: Profile, skew: Path) -> dict[str, Any]:
     """The ``coda profile check`` object for one skew CSV."""
     cost = build_cost_model(profile)
-    if not isinstance(cost, KernelCost):
-        raise CodaError(f"profile {profile.name}: no attention section to check; fit one with `coda profile fit`")
+    if not isinstance(cost, (KernelCost, OperatorCost)):
+        raise CodaError(f"profile {profile.name}: no attention model to check; fit one with `coda profile fit`")
     rows = read_skew(skew)
-    att = profile.attention
-    assert att is not None
+    att = profile.attention or profile.operators.attention.kernel  # type: ignore[union-attr]
     held = np.array([r.n in att.held_out.batches or r.kv_big >= att.held_out.context_from for r in rows])
     regime = np.array([r.regime for r in rows])
     t = {k: np.array([layer_s(cost, getattr(r, k)) for r in rows]) for k in ("mean", "max", "skew")}
@@ -60,7 +61,7 @@ def check_skew(profile: Profile, skew: Path) -> dict[str, Any]:
     base = np.zeros(len(rows))
     for reg in set(regime):
         base[regime == reg] = np.median(mr[regime == reg])
-    extrap = np.array([not cost.in_domain(r.skew.decodes) or not cost.in_domain(r.max.decodes) for r in rows])
+    extrap = np.array([not cost.kernel.in_domain(r.skew.decodes) or not cost.kernel.in_domain(r.max.decodes) for r in rows])
 
     def block(mask: np.ndarray) -> dict[str, Any]:
         out = _ratio_stats(pr[mask], mr[mask], base[mask])
@@ -80,7 +81,7 @@ def check_skew(profile: Profile, skew: Path) -> dict[str, Any]:
     return result
 
 
-def gain_coverage(cost: KernelCost, rows: list[SkewRow], held: np.ndarray) -> dict[str, Any]:
+def gain_coverage(cost: KernelCost | OperatorCost, rows: list[SkewRow], held: np.ndarray) -> dict[str, Any]:
     """Measured vs conservative cohort gain on pure rows whose two cohorts were also measured."""
     uniform = {(r.n, r.kv_big): r.max.seconds for r in rows if r.regime == "pure"}
     out: dict[str, list[tuple[float, float, float, bool]]] = {"all": [], "held_out": []}

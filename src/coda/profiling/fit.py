@@ -31,25 +31,31 @@ BOUND_QUANTILE = 0.95  # two-sided: 2.5% of held-out rows below the lower bound,
 
 @dataclass(frozen=True, slots=True)
 class Hardware:
-    """What the kernel model needs of the GPU and the model, and the packed int constants."""
+    """What the kernel model needs of the GPU and of one rank's attention, and the packed int constants."""
 
-    gpu: str
-    model: str
+    hbm_bw_bytes_s: float
+    num_sms: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype_bytes: int
     family: str
     ctas_per_sm: int
     block_n: int = 128
 
+    @classmethod
+    def of(cls, gpu: str, model: str, family: str) -> Hardware:
+        """A catalog GPU with a catalog model's attention shape."""
+        g, m = catalog.GPUS[gpu]["spec"], catalog.MODELS[model]["spec"]
+        return cls(g["hbm_bw_bytes_s"], g["num_sms"], m["num_q_heads"], m["num_kv_heads"], m["head_dim"], m["kv_dtype_bytes"], family,
+                   catalog.ctas_per_sm(gpu))
+
     def token_head_bytes(self) -> float:
-        m = catalog.MODELS[self.model]["spec"]
-        return 2.0 * m["head_dim"] * m["kv_dtype_bytes"]
+        return 2.0 * self.head_dim * self.kv_dtype_bytes
 
     def int_params(self) -> np.ndarray:
-        g = catalog.GPUS[self.gpu]["spec"]
-        m = catalog.MODELS[self.model]["spec"]
         fam = kernels.FAMILY_BALANCED if self.family == "balanced" else kernels.FAMILY_FA2
-        return np.array(
-            [g["num_sms"] * self.ctas_per_sm, 2 * g["num_sms"], m["num_kv_heads"], m["num_q_heads"], self.block_n, fam], dtype=np.int64
-        )
+        return np.array([self.num_sms * self.ctas_per_sm, 2 * self.num_sms, self.kv_heads, self.q_heads, self.block_n, fam], dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +126,9 @@ def _score(p: Packed, bw: float, rate: float, c0: float, ip: np.ndarray) -> tupl
 
 def fit_constants(train: Packed, hw: Hardware) -> tuple[np.ndarray, float]:
     """(B, b, c0 in token-heads/s and token-heads, launch, per request, combine), train error."""
-    g = catalog.GPUS[hw.gpu]["spec"]
     tok = hw.token_head_bytes()
-    peak = g["hbm_bw_bytes_s"] / tok
-    per_sm = peak / g["num_sms"]
+    peak = hw.hbm_bw_bytes_s / tok
+    per_sm = peak / hw.num_sms
     ip = hw.int_params()
     best = (np.inf, np.zeros(6))
     for eff, rel, c0 in itertools.product(np.geomspace(0.1, 1.0, 11), np.geomspace(0.1, 10.0, 13), (0.0, 32.0, 128.0)):
@@ -206,7 +211,7 @@ def fit_profile(
     if len(pure) < 8:
         raise CodaError(f"profile fit: {len(pure)} pure-decode batches in {', '.join(map(str, paths))}; need at least 8")
     ctx_from = holdout_context_from or max(b.max_context for b in pure)
-    hw = Hardware(gpu, model, family, catalog.ctas_per_sm(gpu))
+    hw = Hardware.of(gpu, model, family)
     ip = hw.int_params()
     train = [b for b in pure + prefill if not held_out(b, list(holdout_batches), ctx_from)]
     test = [b for b in pure if held_out(b, list(holdout_batches), ctx_from)]
@@ -221,6 +226,8 @@ def fit_profile(
     hi = max(0.0, float(np.quantile(rel, 1 - (1 - BOUND_QUANTILE) / 2)))
     return _assemble(
         base,
+        gpu,
+        model,
         hw,
         consts,
         train_err,
@@ -235,14 +242,14 @@ def fit_profile(
     )
 
 
-def _assemble(base, hw, consts, train_err, test_err, bounds, pure, hb, ctx_from, paths, n_train, name) -> dict[str, Any]:
-    g = catalog.GPUS[hw.gpu]
-    m = catalog.MODELS[hw.model]
+def _assemble(base, gpu, model, hw, consts, train_err, test_err, bounds, pure, hb, ctx_from, paths, n_train, name) -> dict[str, Any]:
+    g = catalog.GPUS[gpu]
+    m = catalog.MODELS[model]
     tok = hw.token_head_bytes()
     src = ", ".join(p.name for p in paths)
     fitted = f"fitted: {src}, {n_train} pure-decode and prefill batches (held out: batch {', '.join(map(str, hb))} and contexts >= {ctx_from}); train mean |rel err| {train_err:.3f}, held-out {test_err:.3f}"
     data = base.model_dump()
-    data["name"] = name or f"{hw.gpu.lower()}-{hw.model.lower()}"
+    data["name"] = name or f"{gpu.lower()}-{model.lower()}"
     data["description"] = (
         f"{g['spec']['name']} serving {m['spec']['name']}: attention fitted to {src}; tiers, links and step overhead assumed (copied from {base.name})."
     )
@@ -250,7 +257,7 @@ def _assemble(base, hw, consts, train_err, test_err, bounds, pure, hb, ctx_from,
     data["gpu"] = dict(g["spec"])
     data["model"] = dict(m["spec"])
     weights = m["spec"]["dense_weight_bytes"] + m["spec"]["num_experts"] * m["spec"]["expert_bytes"] * m["spec"]["num_layers"]
-    data["tiers"]["hbm_kv_bytes"] = max(1.0, 0.9 * g["memory_bytes"] - weights)
+    data["tiers"]["hbm_kv_bytes"] = max(1.0, 0.9 * g["spec"]["memory_bytes"] - weights)
     lo, hi, n_test = bounds
     data["attention"] = {
         "family": hw.family,

@@ -1,0 +1,55 @@
+"""What execution admission asks of every cost model, in types of its own: a cohort split of a
+decode batch and the gains of each cut. A module of its own so that every model (analytic,
+kernel, empirical, operators) imports it without importing the others."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class CohortPlan:
+    """Split of a pure-decode batch's attention: the ``cut`` shortest contexts form one cohort."""
+
+    cut: int
+    gain_lower_bound: float = 0.0
+
+
+class GainBounds(NamedTuple):
+    """Relative attention gain of each cut (the ``cut`` shortest contexts form the short cohort).
+
+    ``predicted`` = (T_full - T_short - T_long) / T_full; ``conservative`` uses the lower
+    residual bound of the full batch, the upper bounds of the cohorts and a launch allowance.
+    ``in_domain`` is False when the profile has no validated bounds or the batch lies outside
+    its measured domain: callers must not split then.
+    """
+
+    cuts: np.ndarray
+    predicted: np.ndarray
+    conservative: np.ndarray
+    in_domain: bool
+
+
+def admissible_cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarray:
+    """``cuts`` checked against a batch of ``n`` (``None``: every cut 1..n-1)."""
+    if cuts is None:
+        return np.arange(1, n, dtype=np.int64)
+    arr = np.asarray(cuts, dtype=np.int64)
+    if len(arr) and (arr.min() < 1 or arr.max() > n - 1):
+        raise ValueError(f"cuts must lie in 1..{n - 1} for {n} contexts")
+    return arr
+
+
+def no_split_gains(n: int, cuts: np.ndarray | Sequence[int] | None, full_s: float, split_cost_s: float, launch_allowance_s: float) -> GainBounds:
+    """Gains of a model whose attention is linear in total context: a split only adds
+    ``split_cost_s`` (a launch), and nothing about splits was validated (never in domain)."""
+    k = admissible_cuts(n, cuts)
+    if full_s <= 0:
+        zero = np.zeros(len(k))
+        return GainBounds(k, zero, zero, False)
+    pred = np.full(len(k), -split_cost_s / full_s)
+    return GainBounds(k, pred, pred - launch_allowance_s / full_s, False)
