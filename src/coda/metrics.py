@@ -102,14 +102,11 @@ def summarize(
         "slo_met": int((offered & slo_ok).sum()),
         "goodput": float((offered & slo_ok).sum() / max(offered.sum(), 1)),
     }
-    for name, arr in (("ttft", ttft[lat]), ("e2e", e2e[lat])):
-        for p in (50, 95, 99):
+    itl = tbt[lat & (out > 1) & ~np.isnan(tbt)]  # the record's tbt_mean_s is (finish - first) / (out - 1)
+    for name, arr in (("ttft", ttft[lat]), ("e2e", e2e[lat]), ("itl", itl)):
+        for p in (50, 90, 95, 99):
             res[f"{name}_p{p}_s"] = _pct(arr, p)
         res[f"{name}_mean_s"] = float(arr.mean()) if arr.size else None
-    itl = tbt[lat & (out > 1) & ~np.isnan(tbt)]  # the record's tbt_mean_s is (finish - first) / (out - 1)
-    for p in (50, 95, 99):
-        res[f"itl_p{p}_s"] = _pct(itl, p)
-    res["itl_mean_s"] = float(itl.mean()) if itl.size else None
     if gaps is None:
         pooled = [g for r, m in zip(records, lat) if m for g in (r.get("gaps_s") or ())]
         gaps = (np.array(pooled, dtype=float), np.ones(len(pooled)))

@@ -56,10 +56,28 @@ class Tiers:
         }
 
 
+def engine_kv_bytes(config: SimConfig, profile: Profile, chunk_bytes: int) -> float:
+    """HBM KV bytes per worker: a block count, vLLM's gpu_memory_utilization rule, a size, or the profile's."""
+    given = [k for k in ("num_gpu_blocks", "gpu_memory_utilization", "hbm_kv_gib") if getattr(config, k) is not None]
+    if len(given) > 1:
+        raise CodaError(f"{' and '.join(given)} both size the HBM KV; give one of them")
+    if config.num_gpu_blocks is not None:
+        return float(config.num_gpu_blocks * chunk_bytes)
+    if config.gpu_memory_utilization is not None:
+        memory, weights = profile.device_memory_bytes(), profile.weight_bytes_per_rank()
+        if memory is None or weights is None:
+            raise CodaError(f"gpu_memory_utilization: profile {profile.name} states no GPU memory or weights; give num_gpu_blocks instead")
+        kv = config.gpu_memory_utilization * memory - weights
+        if kv <= 0:
+            raise CodaError(f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory after {weights / GiB:.1f} GiB of weights; raise it")
+        return kv
+    return config.hbm_kv_gib * GiB if config.hbm_kv_gib is not None else profile.tiers.hbm_kv_bytes
+
+
 def resolve_tiers(config: SimConfig, preset: SystemPreset, profile: Profile, chunk_bytes: int) -> Tiers:
     """Tier sizes in chunks from the profile, the preset's tier choice and the config's overrides."""
     t = profile.tiers
-    hbm = (config.hbm_kv_gib * GiB) if config.hbm_kv_gib is not None else t.hbm_kv_bytes
+    hbm = engine_kv_bytes(config, profile, chunk_bytes)
     dram_on = preset.dram if config.dram is None else config.dram
     ssd_on = preset.ssd if config.ssd is None else config.ssd
     dram = (config.dram_kv_gib * GiB) if config.dram_kv_gib is not None else t.dram_kv_bytes
@@ -531,7 +549,8 @@ class SimResult:
             "preset": {"name": p.name, "description": p.description},
             "policies": sim.policies.spec.describe(),
             "tiers": sim.tiers.describe(),
-            "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description},
+            "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description, "tp": sim.profile.tp,
+                        "engine_time": sim.profile.engine_time_note()},
             "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"} | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},
             "slo": sim.config.slo.model_dump(),
         }

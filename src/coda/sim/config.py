@@ -28,9 +28,13 @@ class SimConfig(BaseModel):
     workers: PositiveInt = 1
     seed: int = 0
     profile: str = "a100-qwen3coder30b-fp8"
-    chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens")
+    chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")
     max_num_seqs: PositiveInt = 256
     max_num_batched_tokens: PositiveInt = 8192
+    # Engine KV capacity (None = the profile's): a block count as vLLM logs it, or vLLM's
+    # gpu_memory_utilization share of the profile GPU's memory less the weights on a rank.
+    num_gpu_blocks: PositiveInt | None = Field(None, description="HBM KV blocks of chunk_tokens tokens per worker, as the engine reports")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="HBM KV = this share of GPU memory minus the weights")
     warmup_s: float | None = Field(None, ge=0, description="excluded from metrics; default a third of the arrival window")
     drain_s: float | None = Field(None, ge=0, description="time allowed after the window for its requests to finish; default the window")
     slo: SloConfig = SloConfig()

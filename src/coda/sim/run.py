@@ -16,6 +16,7 @@ from coda.policy.presets import system_preset
 from coda.policy.spec import PoliciesOverride
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
+from coda.sim.roofline import config_roofline
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 
@@ -104,6 +105,21 @@ def variants(systems: Sequence[str | dict[str, Any] | Variant]) -> list[Variant]
     return out
 
 
+def _bound(workload: Workload, config: SimConfig) -> dict[str, Any] | None:
+    """The physical output bound of a seed's workload, or None for a profile without weights (a measured one)."""
+    try:
+        return config_roofline(workload, config)
+    except CodaError:
+        return None
+
+
+def _fraction(runs: Sequence[dict[str, Any]], bounds: Sequence[dict[str, Any] | None]) -> float | None:
+    """A system's output tokens/s over the bound, as a ratio of sums over seeds."""
+    if not all(bounds):
+        return None
+    return sum(r["output_tps"] for r in runs) / sum(b["output_tps_bound"] for b in bounds)  # type: ignore[index]
+
+
 def compare(
     workload_spec: str,
     systems: Sequence[str | dict[str, Any] | Variant],
@@ -118,8 +134,10 @@ def compare(
     """Every system on the same workload per seed; rows hold means and 95% intervals over seeds."""
     chosen = variants(systems)
     per: dict[str, list[dict[str, Any]]] = {v.name: [] for v in chosen}
+    bounds: list[dict[str, Any] | None] = []
     for seed in seeds:
         workload = seeded_workload(workload_spec, seed, fmt)
+        bounds.append(_bound(workload, base))
         for v in chosen:
             cfg = base.with_overrides(system=v.preset, seed=seed, policies=v.policies)
             label = f"{v.name} seed {seed}"
@@ -142,6 +160,7 @@ def compare(
         row["wall_s"] = sum(r["wall_s"] for r in runs)
         row["seeds"] = list(seeds)
         row["config"] = runs[0]["config"]
+        row["roofline_fraction"] = _fraction(runs, bounds)
         rows.append(row)
     base_name = baseline or chosen[0].name
     if base_name not in per:
@@ -158,5 +177,6 @@ def compare(
         "seeds": list(seeds),
         "workload": workload_spec,
         "slo": base.slo.model_dump(),
+        "roofline": bounds[0] if len(bounds) == 1 else {"per_seed": bounds} if all(bounds) else None,
         "versions": versions(),
     }

@@ -8,6 +8,7 @@ from pathlib import Path
 from coda.errors import CodaError
 from coda.workload.azure import looks_like_azure, read_azure
 from coda.workload.mooncake import looks_like_mooncake, read_mooncake
+from coda.workload.requests import looks_like_requests, read_requests
 from coda.workload.schema import Workload, read_workload
 from coda.workload.synth import SynthSpec, synthesize
 from coda.workload.tracelab import looks_like_tracelab, read_tracelab
@@ -18,6 +19,7 @@ READERS: dict[str, Callable[[Path], Workload]] = {
     "tracelab": read_tracelab,
     "mooncake": read_mooncake,
     "azure": read_azure,
+    "requests": read_requests,
 }
 # Format detectors: each looks at a file's first line and says whether it is its format.
 DETECTORS: list[tuple[str, Callable[[Path, str], bool]]] = [
@@ -25,6 +27,7 @@ DETECTORS: list[tuple[str, Callable[[Path, str], bool]]] = [
     ("tracelab", looks_like_tracelab),
     ("mooncake", looks_like_mooncake),
     ("azure", looks_like_azure),
+    ("requests", looks_like_requests),
 ]
 
 

@@ -9,9 +9,10 @@ On a 2-core machine the engine process (vLLM's EngineCore, which spins while it 
 worker) is pinned to the worker's core and the API server to the other one (``pin``); otherwise
 the spinner starves the API server and tokens reach clients late and in bursts.
 
-The simulator models the engine; what a client waits beyond the engine's steps (HTTP, the
-server's tokenization of the prompt, the first chunk out) is the profile's measured
-``api_latency_s + api_text_token_s x prompt tokens``, added to each simulated TTFT (``sim``).
+The simulator models the engine, its API server included: what a client waits beyond the
+engine's steps (HTTP, the server's tokenization of the prompt, the first chunk out) is the
+profile's measured ``api_latency_s + api_text_token_s x prompt tokens``, which the simulator
+charges before a request reaches the scheduler.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 BLOCK, BLOCKS, SEATS, BUDGET, MAX_LEN = 32, 250, 8, 4096, 6144
@@ -102,19 +102,8 @@ def bench(url: str, spec: str, model: Path, out: Path, duration_s: float) -> dic
 
 
 def sim(spec: str, system: str, profile: Path, out: Path, duration_s: float) -> dict:
-    """``coda sim`` with the engine's settings; TTFT percentiles as a client sees them (see the module docstring)."""
-    from coda.cost.model import build_cost_model
-    from coda.cost.profile import load_profile
-
+    """``coda sim`` with the engine's settings (its block size, block count, seats and token budget)."""
     config = out.with_suffix(".yaml")
     config.write_text(yaml.safe_dump({"chunk_tokens": BLOCK, "max_num_seqs": SEATS, "max_num_batched_tokens": BUDGET,
-                                      "hbm_kv_gib": BLOCKS * BLOCK * KV_BYTES_PER_TOKEN / 2**30, "dram": False,
-                                      "warmup_s": duration_s / 3, "drain_s": 30}))
-    s = coda("sim", "--workload", spec, "--system", system, "--profile", str(profile), "--config", str(config), "--out", str(out))
-    cost = build_cost_model(load_profile(profile))
-    t0, t1 = s["window_s"]
-    recs = [r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())
-            if r.get("first_token_s") is not None and t0 <= r["ready_s"] <= t1]
-    ttft = np.array([r["ttft_s"] + cost.api_s(r["prompt_tokens"]) for r in recs])  # type: ignore[attr-defined]
-    return {**s, "engine_ttft_p50_s": s["ttft_p50_s"], "ttft_p50_s": float(np.percentile(ttft, 50)),
-            "ttft_p95_s": float(np.percentile(ttft, 95))}
+                                      "num_gpu_blocks": BLOCKS, "dram": False, "warmup_s": duration_s / 3, "drain_s": 30}))
+    return coda("sim", "--workload", spec, "--system", system, "--profile", str(profile), "--config", str(config), "--out", str(out))

@@ -39,5 +39,6 @@ def test_a_profile_measured_through_the_api_loads_and_drives_the_simulator(engin
                                                                                                          KV_BYTES_PER_TOKEN)
     assert step.fit.samples > 0 and step.decode_context_s >= 0 and step.token_s > 0
     summary = sim(WORKLOAD, "vllm", path, tmp_path / "sim", 30.0)
-    assert summary["config"]["profile"] == {"name": "vllm-cpu-tiny", "kind": "measured", "description": profile.description}
-    assert summary["completed"] > 0 and summary["output_tps"] > 0 and summary["ttft_p50_s"] >= summary["engine_ttft_p50_s"] > 0
+    assert summary["config"]["profile"]["name"] == "vllm-cpu-tiny" and summary["config"]["tiers"]["hbm_chunks_per_worker"] == BLOCKS
+    # the API server's measured time is charged before a request reaches the scheduler
+    assert summary["completed"] > 0 and summary["output_tps"] > 0 and summary["ttft_p50_s"] > step.api_latency_s
