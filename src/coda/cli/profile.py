@@ -23,10 +23,10 @@ def profile_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a profile, the provenance of each constant and the KV sizing check."""
-    from coda.cost.profile import GiB, load_profile
+    from coda.cost.profile import GiB, is_table, load_profile
 
     p = load_profile(profile)
-    kv = p.step_model.kv_bytes_per_token if p.step_model is not None else p.model.kv_bytes_per_token  # type: ignore[union-attr]
+    kv = p.kv_bytes_per_token()
     sizing = {
         "kv_bytes_per_token": kv,
         "kv_kib_per_token": kv / 1024,
@@ -48,12 +48,17 @@ def profile_show(
 
     def rows(prefix: str, data: dict) -> None:
         for k, v in data.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and is_table(v):
+                size = len(v["knots"]) if "knots" in v else len(v["values"])
+                table.add_row(f"{prefix}.{k}", f"table of {size}", p.provenance.get(f"{prefix}.{k}", ""))
+            elif isinstance(v, dict):
                 rows(f"{prefix}.{k}", v)
-            else:
+            elif not isinstance(v, list):
                 table.add_row(f"{prefix}.{k}", fmt_value(v), p.provenance.get(f"{prefix}.{k}", ""))
 
-    for section in ("gpu", "model", "tiers", "overheads", "attention", "step_model"):
+    if p.tp > 1:
+        table.add_row("tp", str(p.tp), p.provenance.get("tp", ""))
+    for section in ("gpu", "model", "geometry", "tiers", "overheads", "attention", "step_model", "operators", "engine"):
         if dump.get(section) is not None:
             rows(section, dump[section])
     for link in (k for k in ("h2d", "d2h", "ssd_read") if dump[k] is not None):

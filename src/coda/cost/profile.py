@@ -346,6 +346,15 @@ class Profile(_Strict):
             return "measured through the engine's API: step_model.fixed_s per step, api_latency_s + api_text_token_s x prompt per request"
         return f"per step overheads.step_s ({self.provenance.get('overheads.step_s', '')}); none per request"
 
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token on one rank."""
+        if self.step_model is not None:
+            return self.step_model.kv_bytes_per_token
+        if self.geometry is not None:
+            return self.geometry.kv_bytes_per_token(self.tp)
+        assert self.model is not None  # every kind has one of the three
+        return self.model.kv_bytes_per_token // min(self.tp, self.model.num_kv_heads)
+
     def device_memory_bytes(self) -> float | None:
         return self.gpu.memory_bytes if self.gpu is not None else None
 
@@ -367,7 +376,7 @@ def _numeric_fields(profile: Profile) -> list[str]:
     def walk(prefix: str, data: dict) -> None:
         for key, value in data.items():
             name = f"{prefix}.{key}"
-            if isinstance(value, dict) and not _is_table(value):
+            if isinstance(value, dict) and not is_table(value):
                 walk(name, value)
             elif isinstance(value, dict) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 out.append(name)
@@ -379,7 +388,8 @@ def _numeric_fields(profile: Profile) -> list[str]:
     return out
 
 
-def _is_table(value: dict) -> bool:
+def is_table(value: dict) -> bool:
+    """Whether a profile value is a fitted table (a curve or a correction grid), one constant as a whole."""
     return {"knots", "seconds"} <= value.keys() or {"axes", "values"} <= value.keys()
 
 

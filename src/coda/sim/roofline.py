@@ -48,15 +48,13 @@ def decode_read(profile: Profile, batch: int) -> tuple[float, float]:
         embedding = g.vocab_size * g.hidden_size  # looked up, not read whole
         dense = (total - embedding - g.moe_layers * g.num_experts * expert) * g.weight_bytes
         experts = g.moe_layers * expected_experts(batch, g.num_experts, g.experts_per_token) * expert * g.weight_bytes
-        kv = g.kv_bytes_per_token(tp)
     elif profile.model is not None:
         m = profile.model
         dense = m.dense_weight_bytes
         experts = m.num_layers * expected_experts(batch, m.num_experts, m.experts_per_token) * m.expert_bytes
-        kv = m.kv_bytes_per_token // min(tp, m.num_kv_heads)
     else:
         raise CodaError(f"profile {profile.name} states no model weights (a {profile.kind} profile); the roofline needs an operators or analytic profile")
-    return (dense + experts) / tp, float(kv)
+    return (dense + experts) / tp, float(profile.kv_bytes_per_token())
 
 
 def roofline(workload: Workload, profile: Profile, *, workers: int, max_num_seqs: int, kv_bytes_per_worker: float) -> dict[str, Any]:
