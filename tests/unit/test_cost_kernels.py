@@ -207,6 +207,6 @@ def test_prefill_is_quadratic_with_positive_slope_past_the_domain():
 
 def test_mixed_step_runs_one_varlen_launch(cost4090):
     with_prefill = cost4090.step_s([(512, 1024)], [4096] * 8)
-    attn = cost4090.prefill_attention_s([(512, 1024)], np.full(8, 4096))
+    attn = cost4090.varlen_attention_s([(512, 1024)], np.full(8, 4096))
     assert attn == pytest.approx(cost4090.kernel.varlen_s([(512, 1024)], np.full(8, 4096)) * cost4090.corrections["mixed"](512, 8, 4096))
     assert with_prefill == pytest.approx(cost4090.profile.engine.step_s + cost4090.dense_s(520, 9) + attn)

@@ -78,7 +78,7 @@ def test_a_step_sums_its_operators():
     assert isinstance(cost, OperatorCost)
     ctx = np.array([300, 900, 4000])
     step = cost.step_s([(256, 1024)], ctx)
-    assert step == pytest.approx(cost.dense_s(259, 4) + cost.prefill_attention_s([(256, 1024)], ctx))
+    assert step == pytest.approx(cost.dense_s(259, 4) + cost.varlen_attention_s([(256, 1024)], ctx))
     g, m = cost.rank.g, load_profile("rtxpro6000-qwen3-30b-a3b-tp2").operators.moe
     moe = g.moe_layers * (m.fixed_s + m.expert_s * expected_experts(259, 128, 8) + m.pair_s * 259 * 8)
     link = load_profile("rtxpro6000-qwen3-30b-a3b-tp2").gpu.link

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coda.cost.cohorts import GainBounds, admissible_cuts
+from coda.cost.cohorts import CohortPlan, GainBounds, admissible_cuts
 from coda.cost.profile import AttentionSpec, GpuSpec
 from coda.errors import CodaError
 
@@ -67,3 +68,36 @@ class KernelAttention:
         k = admissible_cuts(len(c), cuts)
         pred, cons = self._k.gain_sweep(c, k, self.fp, self.ip, self._lo, self._hi, launch_allowance_s / self.layers)
         return GainBounds(k, pred, cons, self.in_domain(c))
+
+
+class AttentionSteps:
+    """A step of a model whose attention is one launch per step: varlen when it holds prefill
+    chunks, two launches under a cohort plan, one decode launch otherwise; plus the model's fixed
+    time per step and its other operators (``step_fixed_s``, ``operators_s``)."""
+
+    if TYPE_CHECKING:  # what a model mixing this in provides
+        step_fixed_s: float
+
+        def operators_s(self, tokens: int, sequences: int) -> float: ...
+
+        def varlen_attention_s(self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: np.ndarray) -> float: ...
+
+        def cohort_attention_s(self, contexts: np.ndarray, plan: CohortPlan) -> float: ...
+
+        def decode_attention_s(self, contexts: np.ndarray) -> float: ...
+
+    def step_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
+    ) -> float:
+        ctx = np.asarray(decode_contexts, dtype=np.int64)
+        chunks = [(n, c) for n, c in prefill_chunks if n > 0]
+        tokens = len(ctx) + sum(n for n, _ in chunks)
+        if tokens == 0:
+            return 0.0
+        if chunks:
+            attn = self.varlen_attention_s(chunks, ctx)
+        elif plan is not None:
+            attn = self.cohort_attention_s(ctx, plan)
+        else:
+            attn = self.decode_attention_s(ctx)
+        return self.step_fixed_s + self.operators_s(tokens, len(chunks) + len(ctx)) + attn

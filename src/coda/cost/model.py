@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from coda.cost.attention import KernelAttention
+from coda.cost.attention import AttentionSteps, KernelAttention
 from coda.cost.cohorts import CohortPlan, GainBounds, no_split_gains
 from coda.cost.empirical import EmpiricalCost
 from coda.cost.geometry import expected_experts
@@ -173,7 +173,7 @@ class AnalyticCost:
         return tokens * self._kv_tok
 
 
-class KernelCost(AnalyticCost):
+class KernelCost(AttentionSteps, AnalyticCost):
     """The analytic dense/MoE part with kernel-level attention (``coda.cost.attention``).
 
     Decode batches run FA2 split-KV (or the ``balanced`` family) laid out longest first; steps
@@ -208,21 +208,12 @@ class KernelCost(AnalyticCost):
             return 0.0
         return self.varlen_attention_s([(new, cached)], np.empty(0, dtype=np.int64))
 
-    def step_s(
-        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
-    ) -> float:
-        ctx = np.asarray(decode_contexts, dtype=np.int64)
-        chunks = [(n, c) for n, c in prefill_chunks if n > 0]
-        tokens = len(ctx) + sum(n for n, _ in chunks)
-        if tokens == 0:
-            return 0.0
-        if chunks:
-            attn = self.varlen_attention_s(chunks, ctx)
-        elif plan is not None:
-            attn = self.cohort_attention_s(ctx, plan)
-        else:
-            attn = self.decode_attention_s(ctx)
-        return self.profile.overheads.step_s + self.dense_s(tokens) + attn
+    @property
+    def step_fixed_s(self) -> float:
+        return self.profile.overheads.step_s
+
+    def operators_s(self, tokens: int, sequences: int) -> float:
+        return self.dense_s(tokens)
 
     def cohort_gain_bounds(
         self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coda.cost.attention import KernelAttention
+from coda.cost.attention import AttentionSteps, KernelAttention
 from coda.cost.cohorts import CohortPlan, GainBounds
 from coda.cost.geometry import GEMMS, Rank, expected_experts
 from coda.cost.parallel import allreduce_s
@@ -73,7 +73,7 @@ class Correction:
         return math.exp(sum(w * v[at] for at, w in corners))
 
 
-class OperatorCost:
+class OperatorCost(AttentionSteps):
     """``CostModel`` of an ``operators`` profile (see the module docstring)."""
 
     def __init__(self, profile: Profile) -> None:
@@ -124,7 +124,7 @@ class OperatorCost:
             return 0.0
         return self.kernel.decode_s(c) * self.corrections["decode"](len(c), float(c.mean()))
 
-    def prefill_attention_s(self, chunks: Sequence[tuple[int, int]], contexts: np.ndarray) -> float:
+    def varlen_attention_s(self, chunks: Sequence[tuple[int, int]], contexts: np.ndarray) -> float:
         new = sum(n for n, _ in chunks)
         kernel = self.kernel.varlen_s(chunks, contexts)
         if len(contexts):
@@ -136,22 +136,16 @@ class OperatorCost:
         return tokens > self._tokens_max or sequences > self._seqs_max or (len(contexts) > 0 and not self.kernel.in_domain(contexts))
 
     # --- the protocol ----------------------------------------------------------------------
-    def step_s(
-        self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None
-    ) -> float:
-        ctx = np.asarray(decode_contexts, dtype=np.int64)
-        chunks = [(n, c) for n, c in prefill_chunks if n > 0]
-        tokens = len(ctx) + sum(n for n, _ in chunks)
-        if tokens == 0:
-            return 0.0
-        if chunks:
-            attn = self.prefill_attention_s(chunks, ctx)
-        elif plan is not None:
-            s = np.sort(ctx)
-            attn = self.decode_attention_s(s[: plan.cut]) + self.decode_attention_s(s[plan.cut :])
-        else:
-            attn = self.decode_attention_s(ctx)
-        return self._engine.step_s + self.dense_s(tokens, len(chunks) + len(ctx)) + attn
+    @property
+    def step_fixed_s(self) -> float:
+        return self._engine.step_s
+
+    def operators_s(self, tokens: int, sequences: int) -> float:
+        return self.dense_s(tokens, sequences)
+
+    def cohort_attention_s(self, contexts: np.ndarray, plan: CohortPlan) -> float:
+        s = np.sort(np.asarray(contexts, dtype=np.int64))
+        return self.decode_attention_s(s[: plan.cut]) + self.decode_attention_s(s[plan.cut :])
 
     def decode_steps_s(self, contexts: np.ndarray, k: int, plan: CohortPlan | None = None) -> np.ndarray:
         first = self.step_s((), contexts, plan)

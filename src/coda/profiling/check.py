@@ -26,7 +26,7 @@ from coda.profiling.measured import Batch, SkewRow, read_skew
 def layer_s(cost: KernelCost | OperatorCost, b: Batch) -> float:
     """Predicted seconds of one layer's attention for a measured batch."""
     if b.prefill:
-        attn = cost.prefill_attention_s(list(b.prefill), b.decodes) if isinstance(cost, OperatorCost) else cost.varlen_attention_s(list(b.prefill), b.decodes)
+        attn = cost.varlen_attention_s(list(b.prefill), b.decodes)
     else:
         attn = cost.decode_attention_s(b.decodes)
     return attn / cost.kernel.layers

@@ -168,7 +168,7 @@ def _attention_pairs(cost: OperatorCost, setup: Setup, pairs: dict[str, list[tup
     layers = cost.rank.g.num_layers
     for b in read_attention(setup.csv("attention")):
         if b.prefill:
-            pred = cost.prefill_attention_s(list(b.prefill), b.decodes)
+            pred = cost.varlen_attention_s(list(b.prefill), b.decodes)
         else:
             pred = cost.decode_attention_s(b.decodes)
         label = {"pure": "attention decode", "prefill": "attention prefill", "mixed": "attention mixed"}[b.regime]

@@ -10,8 +10,8 @@ import csv
 from datetime import datetime
 from pathlib import Path
 
-from coda.workload.schema import Round, Session, Workload, open_text
-from coda.workload.traceio import LoadReport, check_file, line_error, no_rows
+from coda.workload.schema import Workload, open_text
+from coda.workload.traceio import LoadReport, check_file, line_error, open_loop_workload
 
 FORMAT = "azure"
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -52,21 +52,7 @@ def read_azure(path: Path) -> Workload:
                 report.drop("ContextTokens or GeneratedTokens is 0 (a replayed round reads and generates at least one token)", lineno)
                 continue
             rows.append((t, c, g, lineno))
-    if not rows:
-        raise no_rows(path, FORMAT, report)
-    t0 = min(r[0] for r in rows)
-    sessions = [
-        Session(session_id=f"azure-{line}", start_s=t - t0, rounds=[Round(new_input_tokens=c, output_tokens=g, kind="user", at_s=t - t0)])
-        for t, c, g, line in rows
-    ]
-    meta = {
-        "source": FORMAT,
-        "file": str(path),
-        "duration_s": max(max(r[0] for r in rows) - t0, 1.0),
-        "arrivals": "open loop: every request at its timestamp; one-round sessions, no shared prefixes",
-        "load": report.as_meta(),
-    }
-    return Workload(sessions=sessions, meta=meta)
+    return open_loop_workload(rows, path, FORMAT, report, FORMAT)
 
 
 def looks_like_azure(path: Path, first_line: str) -> bool:

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coda.workload.schema import Round, Session, Workload, open_text
-from coda.workload.traceio import LoadReport, check_file, line_error, no_rows
+from coda.workload.schema import Workload, open_text
+from coda.workload.traceio import LoadReport, check_file, line_error, open_loop_workload
 
 FORMAT = "requests"
 INPUT = ("input_toks", "input_tokens", "prompt_len", "prompt_tokens", "input_len")
@@ -61,21 +61,7 @@ def read_requests(path: Path) -> Workload:
                 report.drop("no input or no output tokens (a replayed request reads and generates at least one)", lineno)
                 continue
             rows.append((t, n_in, n_out, lineno))
-    if not rows:
-        raise no_rows(path, FORMAT, report)
-    t0 = min(r[0] for r in rows)
-    sessions = [
-        Session(session_id=f"req-{line}", start_s=t - t0, rounds=[Round(new_input_tokens=n_in, output_tokens=n_out, kind="user", at_s=t - t0)])
-        for t, n_in, n_out, line in sorted(rows)
-    ]
-    meta = {
-        "source": FORMAT,
-        "file": str(path),
-        "duration_s": max(max(r[0] for r in rows) - t0, 1.0),
-        "arrivals": "open loop: every request at its arrival time; one-round sessions, no shared prefixes",
-        "load": report.as_meta(),
-    }
-    return Workload(sessions=sessions, meta=meta)
+    return open_loop_workload(rows, path, FORMAT, report, "req")
 
 
 def looks_like_requests(path: Path, first_line: str) -> bool:

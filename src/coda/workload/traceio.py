@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from coda.errors import CodaError
-from coda.workload.schema import describe_decode_error, open_text
+from coda.workload.schema import Round, Session, Workload, describe_decode_error, open_text
 
 
 @dataclass
@@ -85,3 +85,23 @@ def jsonl_rows(path: Path, row_type: type, fmt: str) -> Iterator[tuple[int, Any]
 def no_rows(path: Path, fmt: str, report: LoadReport) -> CodaError:
     why = f"all {report.rows} rows were dropped ({', '.join(report.dropped)})" if report.rows else "it holds no rows"
     return CodaError(f"{path}: no replayable request: {why} (read with the {fmt} reader; pass --format to choose another)")
+
+
+def open_loop_workload(rows: list[tuple[float, int, int, int]], path: Path, fmt: str, report: LoadReport, prefix: str) -> Workload:
+    """One-round sessions ready at their timestamps, from (time, input, output, line) rows in file order; the
+    earliest row is time 0. Nothing is shared between requests (no prefix, no session)."""
+    if not rows:
+        raise no_rows(path, fmt, report)
+    t0 = min(r[0] for r in rows)
+    sessions = [
+        Session(session_id=f"{prefix}-{line}", start_s=t - t0, rounds=[Round(new_input_tokens=n_in, output_tokens=n_out, kind="user", at_s=t - t0)])
+        for t, n_in, n_out, line in rows
+    ]
+    meta = {
+        "source": fmt,
+        "file": str(path),
+        "duration_s": max(max(r[0] for r in rows) - t0, 1.0),
+        "arrivals": "open loop: every request at its timestamp; one-round sessions, no shared prefixes",
+        "load": report.as_meta(),
+    }
+    return Workload(sessions=sessions, meta=meta)
