@@ -172,3 +172,29 @@ def test_derive_cli_writes_a_profile_and_refuses_bad_flags(tmp_path):
     assert p.provenance["operators.moe.expert_s"].startswith("derived: no MoE measured")
     bad = subprocess.run([*run, "--gpu", "vllm-cpu-tiny", "--model-config", str(QWEN), "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "operators profile" in bad.stderr
+
+
+def test_derive_predicts_a_model_outside_the_shared_data(tmp_path):
+    """A dense model no setup measured (Mistral-7B's shape): wider layers cost more per step, and its
+    KV follows its heads."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                                  "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32768, "torch_dtype": "bfloat16"}))
+    src = load_profile("rtxpro6000-llama31-8b")
+    mistral = build_cost_model(Profile.model_validate(derive(src, read_config(config), 1)))
+    llama = build_cost_model(src)
+    ctx = np.full(16, 2000)
+    assert mistral.kv_bytes(1) == llama.kv_bytes(1)
+    assert mistral.step_s((), ctx) < llama.step_s((), ctx)  # the same layers, a quarter of the vocabulary (lm_head)
+    assert mistral.step_s((), ctx) == pytest.approx(llama.step_s((), ctx), rel=0.1)
+    wide = json.loads(config.read_text()) | {"intermediate_size": 28672}
+    config.write_text(json.dumps(wide))
+    assert build_cost_model(Profile.model_validate(derive(src, read_config(config), 1))).step_s([(2048, 0)], ()) > llama.step_s([(2048, 0)], ())
+
+
+def test_fit_cli_names_a_missing_setup(tmp_path):
+    run = [sys.executable, "-m", "coda.cli", "profile", "fit", "--out", str(tmp_path / "p.json")]
+    bad = subprocess.run([*run, "--operators", str(tmp_path), "--setup", "NOPE_Model"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --setup NOPE_Model: no NOPE_Model_meta.yaml") and "Traceback" not in bad.stderr
+    missing = subprocess.run([*run, "--operators", str(tmp_path / "absent"), "--setup", "X"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
