@@ -55,6 +55,7 @@ def test_a_20_request_trace_replays_under_the_engine_configuration(tmp_path):
     result = run_one(wl, config)
     summary = result.summary()
     assert summary["config"]["tiers"]["hbm_chunks_per_worker"] == 2000  # the configured KV block count, exactly
+    assert summary["config"]["profile"]["extrapolated"] == []  # 2,048-token steps of 8 sequences: inside what was measured
     assert summary["completed"] == 20 and summary["itl_mean_s"] > 0 and summary["itl_p90_s"] >= summary["itl_p50_s"]
     first = min(result.records, key=lambda r: r["ready_s"])
     cost = build_cost_model(load_profile(PROFILE))
@@ -68,6 +69,7 @@ def test_kv_capacity_follows_vllms_gpu_memory_utilization():
     chunk = build_cost_model(profile).kv_bytes(16)
     expect = math.floor((0.9 * profile.gpu.memory_bytes - profile.weight_bytes_per_rank()) / chunk)
     assert result.summary()["config"]["tiers"]["hbm_chunks_per_worker"] == expect
+    assert result.summary()["config"]["profile"]["extrapolated"] == ["steps up to 8192 tokens, operators measured to 2048"]
     with pytest.raises(CodaError, match="num_gpu_blocks and hbm_kv_gib both size the HBM KV"):
         run_one(wl, SimConfig(profile=PROFILE, num_gpu_blocks=10, hbm_kv_gib=1.0))
 

@@ -10,8 +10,8 @@
          + under TP, two all-reduces per layer over the profile's GPU link
 
 Each operator is a fitted curve of the profile's ``operators`` section; counts beyond the
-measured range are extrapolated along the last slope and ``extrapolated`` says so. Every curve
-of a kind shares its knots, so a step sums them once (one interpolation per kind).
+measured range are extrapolated along the last slope (``Profile.beyond_measured`` says when).
+Every curve of a kind shares its knots, so a step sums them once (one interpolation per kind).
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ class OperatorCost(AttentionSteps):
         self._link = gpu.link
         self._engine = engine
         self._kv_tok = g.kv_bytes_per_token(self.tp)
-        self._tokens_max, self._seqs_max = ops.tokens_max, ops.sequences_max
 
     # --- the parts of a step ---------------------------------------------------------------
     def dense_s(self, tokens: int, sequences: int) -> float:
@@ -130,10 +129,6 @@ class OperatorCost(AttentionSteps):
         if len(contexts):
             return kernel * self.corrections["mixed"](new, len(contexts), float(np.mean(contexts)))
         return kernel * self.corrections["prefill"](new, new + sum(c for _, c in chunks))
-
-    def extrapolated(self, tokens: int, sequences: int, contexts: Sequence[int] | np.ndarray = ()) -> bool:
-        """Whether a step lies beyond what was measured (counts, or decode contexts)."""
-        return tokens > self._tokens_max or sequences > self._seqs_max or (len(contexts) > 0 and not self.kernel.in_domain(contexts))
 
     # --- the protocol ----------------------------------------------------------------------
     @property

@@ -250,6 +250,7 @@ class Simulation:
                 prompt = reused_prefix_of(r, context, i) + r.new_input_tokens
                 largest = max(largest, prompt + r.output_tokens)
                 context = prompt + r.output_tokens
+        self.largest_request_tokens = largest
         need = -(-(largest + 1) // C)
         if need > self.tiers.hbm_chunks:
             raise CodaError(
@@ -550,7 +551,9 @@ class SimResult:
             "policies": sim.policies.spec.describe(),
             "tiers": sim.tiers.describe(),
             "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description, "tp": sim.profile.tp,
-                        "engine_time": sim.profile.engine_time_note()},
+                        "engine_time": sim.profile.engine_time_note(),
+                        "extrapolated": sim.profile.beyond_measured(sim.config.max_num_batched_tokens, sim.config.max_num_seqs,
+                                                                    sim.largest_request_tokens)},
             "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"} | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},
             "slo": sim.config.slo.model_dump(),
         }
