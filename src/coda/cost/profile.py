@@ -61,25 +61,6 @@ class ModelSpec(_Strict):
     hidden_size: PositiveInt | None = Field(None, description="needed under tensor parallelism (all-reduce bytes)")
 
     @property
-    def beyond_measured(self, max_tokens: int, max_sequences: int, max_context: int) -> list[str]:
-        """What a run with these engine limits and this largest request extrapolates, in words."""
-        out = []
-        if self.operators is not None:
-            ops, dom = self.operators, self.operators.attention.kernel.domain
-            if max_tokens > ops.tokens_max:
-                out.append(f"steps up to {max_tokens} tokens, operators measured to {ops.tokens_max}")
-            if max_sequences > ops.sequences_max:
-                out.append(f"up to {max_sequences} sequences a step, lm_head and sampler measured to {ops.sequences_max}")
-            if max_context > dom.context_max:
-                out.append(f"contexts up to {max_context} tokens, attention measured to {dom.context_max}")
-        elif self.step_model is not None:
-            dom = self.step_model.domain
-            if max_context > dom.decode_context_max:
-                out.append(f"contexts up to {max_context} tokens, decodes measured to {dom.decode_context_max}")
-        elif self.attention is not None and max_context > self.attention.domain.context_max:
-            out.append(f"contexts up to {max_context} tokens, attention measured to {self.attention.domain.context_max}")
-        return out
-
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
