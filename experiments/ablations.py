@@ -276,13 +276,13 @@ def exp_ta() -> str:
 
     variants = {
         "default (tau 5, W_max 20, guard)": {},
-        "no guard": pp(starvation_guard=False),
+        "no guard": pp(hold_queue=False),
         "W_max 60": pp(w_max_s=60.0),
         "W_max 5": pp(w_max_s=5.0),
-        "W_max inf, no guard (pure cost)": pp(w_max_s=1e9, starvation_guard=False),
+        "W_max inf, no guard (pure cost)": pp(w_max_s=1e9, hold_queue=False),
         "tau 1": pp(tau_s=1.0),
         "tau 25": pp(tau_s=25.0),
-        "tau 1e9 (no aging), W_max inf, no guard": pp(tau_s=1e9, w_max_s=1e9, starvation_guard=False),
+        "tau 1e9 (no aging), W_max inf, no guard": pp(tau_s=1e9, w_max_s=1e9, hold_queue=False),
     }
     cells = {}
     for w in ("M2", "M3"):
@@ -375,10 +375,10 @@ def exp_mechanism() -> str:
         "cachewise (fewest blocks, no aging, no guard)": (CA, {}),
         "fewest blocks + guard (W_max 20 s)": ("cw-guarded", {}),
         "blocks/(1+w/tau) + guard": ("cw-aged-blocks", {}),
-        "blocks/(1+w/tau), no guard": ("cw-aged-blocks", {"policies": {"state": {"params": {"starvation_guard": False}}}}),
+        "blocks/(1+w/tau), no guard": ("cw-aged-blocks", {"policies": {"state": {"params": {"hold_queue": False}}}}),
         "Tiered-Aging: seconds/(1+w/tau) + guard (shipped)": (TA, {}),
-        "Tiered-Aging, no guard": (TA, ta(starvation_guard=False)),
-        "Tiered-Aging, no guard, W_max inf": (TA, ta(starvation_guard=False, w_max_s=1e9)),
+        "Tiered-Aging, no guard": (TA, ta(hold_queue=False)),
+        "Tiered-Aging, no guard, W_max inf": (TA, ta(hold_queue=False, w_max_s=1e9)),
         "vllm (FCFS)": ("vllm", {}),
     }
     cells = {}

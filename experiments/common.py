@@ -156,7 +156,7 @@ def dataclasses_replace_round(r: Round, **kw: Any) -> Round:
 
 
 # --- instrumentation (read-only) ------------------------------------------------------------
-NOT_ADMITTED = ("guard: oldest does not fit, admit nothing", "nothing fits", "none", "empty")
+NOT_ADMITTED = ("hold: oldest does not fit, admit nothing", "nothing fits", "none", "empty")
 
 
 class StateProbe:

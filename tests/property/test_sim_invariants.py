@@ -144,14 +144,17 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
 
 
 @settings(max_examples=40)
-@given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]))
-def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max):
-    """With the starvation guard, once the oldest waiting request has waited W_max, no other request
-    on its worker is admitted before it."""
+@given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]),
+       hold=st.booleans(), admission=st.sampled_from(["promote_one", "every_slot"]))
+def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max, hold, admission):
+    """Once a waiting request has waited W_max, no younger request on its worker is admitted before
+    it while it fits (the paper's guard over the feasible set); with ``hold_queue``, not even while
+    it does not fit."""
     wl = build(sessions)
     need = largest_chunks(wl, 64)
+    params = {"w_max_s": w_max, "hold_queue": hold, "admission": admission}
     cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
-                    warmup_s=0, policies={"state": {"params": {"w_max_s": w_max}}})
+                    warmup_s=0, policies={"state": {"params": params}})
     sim = Simulation(wl, cfg)
     w = sim.workers[0]
     orig = w._admit
@@ -160,7 +163,8 @@ def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare,
     def admit(req, _orig=orig):
         now = sim.loop.now
         for other in w.waiting:
-            if other is not req and now - other.ready_s >= w_max and other.ready_s < req.ready_s:
+            overdue = other is not req and now - other.arrived_s >= w_max and other.arrived_s < req.arrived_s
+            if overdue and (hold or w._row(other)[-1]):
                 violations.append((req.rid, other.rid, now))
         _orig(req)
 

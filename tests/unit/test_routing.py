@@ -102,3 +102,15 @@ def test_routers_stay_in_the_candidate_set_and_coda_respects_affinity(ws, cont, 
     chosen = SMetric().affinity(s)
     if chosen is not None:
         assert CodaRouter().route(s) == chosen.worker_id
+
+
+def test_the_coda_rule_skips_idle_load_eligible_workers_and_falls_back_only_when_none_decodes():
+    """The paper's fallback: the parent's choice stands only when no load-eligible worker has an
+    active decode population; an idle eligible worker is skipped, not a reason to fall back."""
+    ws = [W(0, load=1, ctx=(40_000,)), W(1, load=1, ctx=()), W(2, load=1, ctx=(3_000,))]
+    s = snap(ws, cont=False, prompt=3_200)
+    assert CodaRouter().route(s) == 2 and CodaRouter().explain(s).rule == "context compatible"
+    strict = CodaRouter(idle_near_worker="fall_back")
+    assert strict.explain(s).rule.startswith("least loaded") and strict.route(s) == SMetric().route(s)
+    idle = [W(0, load=1), W(1, load=1)]
+    assert CodaRouter().explain(snap(idle, cont=False)).rule == "least loaded (no eligible worker decoding)"

@@ -18,16 +18,16 @@ def _big_and_smalls():
     return Workload(sessions=[big, *smalls], meta={"duration_s": 100.0})
 
 
-def _admissions(guard: bool):
+def _admissions(hold: bool, admission: str = "promote_one"):
     cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0,
-                    policies={"state": {"params": {"w_max_s": 2.0, "starvation_guard": guard}}})
+                    policies={"state": {"params": {"w_max_s": 2.0, "hold_queue": hold, "admission": admission}}})
     sim = Simulation(_big_and_smalls(), cfg)
     sim.run()
     recs = {r["session_id"]: r for r in (q.record() for q in sim.requests)}
     return recs
 
 
-def test_starvation_guard_admits_the_large_request_once_memory_drains():
+def test_hold_queue_admits_the_large_request_once_memory_drains():
     guarded = _admissions(True)
     big = guarded["big"]
     # it waits at most W_max plus the time the running small requests take to drain
@@ -36,11 +36,41 @@ def test_starvation_guard_admits_the_large_request_once_memory_drains():
     assert late and all(r["admitted_s"] >= big["admitted_s"] for r in late)
 
 
-def test_without_the_guard_small_requests_keep_bypassing_it():
-    paper = _admissions(False)
-    big = paper["big"]
-    last_small_ready = max(r["ready_s"] for r in paper.values() if r["session_id"] != "big")
-    assert big["admitted_s"] > last_small_ready  # bypassed by every small request
+def test_without_holding_the_queue_small_requests_keep_bypassing_it():
+    for admission in ("promote_one", "every_slot"):
+        paper = _admissions(False, admission)
+        big = paper["big"]
+        last_small_ready = max(r["ready_s"] for r in paper.values() if r["session_id"] != "big")
+        assert big["admitted_s"] > last_small_ready, admission  # bypassed by every small request
+
+
+def test_promote_one_asks_the_policy_once_per_step_and_admits_the_rest_in_fcfs_order():
+    """Three cached continuations and a cold request wait when a step has room for all: with
+    promote_one the policy's choice goes first and the others follow in arrival order; with
+    every_slot the policy orders them all."""
+    from coda.policy.state import TieredAging
+
+    class Counting(TieredAging):
+        calls = 0
+
+        def choose(self, snap):
+            Counting.calls += 1
+            return super().choose(snap)
+
+    orders = {}
+    for admission in ("promote_one", "every_slot"):
+        wl = Workload(sessions=[make_session(f"s{i}", 0.0, [(n, 4, 0.0)]) for i, n in enumerate((3000, 600, 2000, 100))], meta={"duration_s": 10.0})
+        sim = Simulation(wl, SimConfig(system="coda", workers=1, chunk_tokens=64, warmup_s=0, policies={"state": {"params": {"admission": admission}}}))
+        w = sim.workers[0]
+        w.state_policy = Counting(sim.cost, admission=admission)
+        Counting.calls = 0
+        sim.run()
+        orders[admission] = ([r.sess.session.session_id for r in sorted(sim.requests, key=lambda r: r.admit_seq)], Counting.calls)
+    cheapest = "s3"  # 100 new tokens
+    promote, asked = orders["promote_one"]
+    assert promote[0] == cheapest and promote[1:] == ["s0", "s1", "s2"] and asked == 1
+    every, asked_every = orders["every_slot"]
+    assert every[0] == cheapest and asked_every == 4
 
 
 def test_shadow_policy_counts_decisions_that_differ():

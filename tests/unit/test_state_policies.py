@@ -104,14 +104,24 @@ def test_outstanding_h2d_time_counts_only_for_restores():
     assert int(busy.request_ids[ta.choose(busy)]) == 2
 
 
-def test_starvation_guard_holds_others_until_the_oldest_fits():
-    guarded = TieredAging(StubCost(), w_max_s=20.0)
-    paper = TieredAging(StubCost(), w_max_s=20.0, starvation_guard=False)
+def test_the_progress_guard_takes_the_oldest_feasible_request_never_one_that_does_not_fit():
+    """The paper's Eq. 4 over the feasible set: the oldest request does not fit, so the guard
+    admits the oldest feasible one that has waited past W_max, ahead of a cheaper younger one."""
+    ta = TieredAging(StubCost(), w_max_s=20.0)
+    s = snap(30.0, cand(1, 0.0, new=90_000, fits=False), cand(2, 5.0, new=5_000), cand(3, 25.0, new=100))
+    assert ta.explain(s).rule == "W_max: oldest feasible" and ta.choose(s) == 1
+    young = snap(30.0, cand(1, 0.0, new=90_000, fits=False), cand(2, 15.0, new=5_000), cand(3, 25.0, new=100))
+    assert ta.choose(young) == 2  # no feasible request has waited W_max: the least aged cost (the cheap one)
+
+
+def test_hold_queue_holds_others_until_the_oldest_fits():
+    hold = TieredAging(StubCost(), w_max_s=20.0, hold_queue=True)
+    paper = TieredAging(StubCost(), w_max_s=20.0)
     s = snap(30.0, cand(1, 5.0, new=90_000, fits=False), cand(2, 25.0, new=100))
-    assert guarded.choose(s) is None
+    assert hold.choose(s) is None and hold.explain(s).rule == "hold: oldest does not fit, admit nothing"
     assert paper.choose(s) == 1
     s2 = snap(30.0, cand(1, 5.0, new=90_000, fits=True), cand(2, 25.0, new=100))
-    assert guarded.choose(s2) == 0
+    assert hold.choose(s2) == 0
 
 
 def test_nothing_feasible_and_empty():

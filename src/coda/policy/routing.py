@@ -11,7 +11,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -171,14 +171,17 @@ class CodaRouter:
     """Coda's compatibility-aware router on top of SMetric.
 
     When KV affinity decides (SMetric chooses a prefix holder), that choice stands. Otherwise,
-    among workers at the minimum load or ``load_slack`` above it, choose the one whose active
-    decoders are closest in context length to the arrival (``L``: its prompt, the reusable prefix
-    and the new input together), so decode batches stay homogeneous; ties by load, then id.
-    Without decoder telemetry on every such worker, the parent's (least-loaded) choice stands.
+    among workers at the minimum load or ``load_slack`` above it (the load-eligible ones), choose
+    the one whose active decoders are closest in context length to the arrival (``L``: its prompt,
+    the reusable prefix and the new input together), so decode batches stay homogeneous; ties by
+    load, then id. The parent's (least-loaded) choice stands only when no load-eligible worker has
+    an active decode population (the paper's fallback; ``idle_near_worker="fall_back"`` falls back
+    as soon as one of them has none).
     """
 
     parent: SMetric = SMetric()
     load_slack: int = 1
+    idle_near_worker: Literal["skip", "fall_back"] = "skip"
     name: str = "coda"
     needs: frozenset[str] = frozenset({"match", "decode_contexts"})
 
@@ -189,12 +192,13 @@ class CodaRouter:
         return [w for w in ws if w.active_requests <= lo + self.load_slack]
 
     def distances(self, snap: RoutingSnapshot) -> dict[int, float] | None:
-        """Context distance of each near worker to the arrival; ``None`` when compatibility cannot
-        decide (a near worker reports no decoders), so the parent's choice stands."""
+        """Context distance to the arrival of each near worker with decoders; ``None`` when
+        compatibility cannot decide, so the parent's choice stands."""
         near = self.near(snap)
-        if not near or any(not w.decode_contexts for w in near):
+        decoding = [w for w in near if w.decode_contexts]
+        if not decoding or (self.idle_near_worker == "fall_back" and len(decoding) < len(near)):
             return None
-        return {w.worker_id: context_distance(w.decode_contexts, snap.request.prompt_tokens) for w in near}
+        return {w.worker_id: context_distance(w.decode_contexts, snap.request.prompt_tokens) for w in decoding}
 
     def route(self, snap: RoutingSnapshot) -> int:
         return self.explain(snap).worker_id
@@ -205,7 +209,7 @@ class CodaRouter:
             return RouteChoice(held.worker_id, "affinity")
         dist = self.distances(snap)
         if dist is None:
-            return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded (no decoder telemetry)")
+            return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded (no eligible worker decoding)")
         load = {w.worker_id: w.active_requests for w in snap.workers}
         best = min(dist, key=lambda wid: (dist[wid], load[wid], wid))
         return RouteChoice(best, "context compatible", {"context_distance": dist})

@@ -60,21 +60,6 @@ class Fifo:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class FewestBlocks:
-    """CacheWise-style prefix-aware order: among requests that fit, the one needing the fewest
-    additional KV blocks (ties: oldest)."""
-
-    frontier: int = 64
-    name: str = "fewest_blocks"
-
-    def choose(self, snap: AdmissionSnapshot) -> int | None:
-        feasible = np.flatnonzero(snap.fits)
-        if not feasible.size:
-            return None
-        return int(feasible[np.argmin(snap.extra_blocks[feasible])])  # argmin keeps the first (oldest) tie
-
-
 @dataclass(slots=True)
 class StateCost:
     """State-preparation cost C = T_restore + T_load + T_prefill of each candidate, per the cost model.
@@ -122,28 +107,53 @@ class StateCost:
         return np.array(out)
 
 
+Admission = Literal["promote_one", "every_slot"]
+"""How an engine integrates a state policy: ``promote_one`` asks it once per scheduling step and
+moves its choice to the head of the waiting queue, after which the engine's own FCFS order admits
+what else fits (the Coda paper's integration, one remove-and-prepend per step); ``every_slot`` asks
+it again for every request the step admits."""
+
+
+@dataclass(frozen=True, slots=True)
+class FewestBlocks:
+    """CacheWise-style prefix-aware order: among requests that fit, the one needing the fewest
+    additional KV blocks (ties: oldest), chosen for every admission slot."""
+
+    frontier: int = 64
+    admission: Admission = "every_slot"
+    name: str = "fewest_blocks"
+
+    def choose(self, snap: AdmissionSnapshot) -> int | None:
+        feasible = np.flatnonzero(snap.fits)
+        if not feasible.size:
+            return None
+        return int(feasible[np.argmin(snap.extra_blocks[feasible])])  # argmin keeps the first (oldest) tie
+
+
 @dataclass(slots=True)
 class TieredAging:
     """Coda's Tiered-Aging state admission.
 
-    Among ready requests that fit in HBM now, admit the one with the least age-adjusted cost
-    ``C / (1 + wait / tau)`` (wait: time since the request reached the engine; tool time is not
-    in it); ties by raw cost, then extra KV blocks, then ready time. Once the oldest feasible
-    request has waited ``w_max_s`` it goes first. Starvation guard (beyond the paper): when the
-    oldest ready request has waited ``w_max_s`` but does not fit, nothing else is admitted until
-    it fits, so memory drains for it and a large session cannot be bypassed forever.
+    Among ready requests that fit in HBM now (the feasible set), admit the one with the least
+    age-adjusted cost ``C / (1 + wait / tau)`` (wait: time since the request reached the engine;
+    tool time is not in it); ties by raw cost, then extra KV blocks, then ready time. The progress
+    guard: once the oldest *feasible* request has waited ``w_max_s`` it goes first (the paper's
+    Eq. 4: the guard overrides the efficiency preference, never HBM feasibility).
 
+    ``hold_queue`` (beyond the paper, off by default): once the oldest request of all has waited
+    ``w_max_s`` but does not fit, admit nothing until it fits, so memory drains for it.
     ``cost_unit``: ``seconds`` is the paper's C (restore, load and prefill time per the cost
     model); ``blocks`` ranks by the extra KV blocks instead (an ablation: with ``tau_s`` = inf it
-    is fewest-blocks with the W_max rules).
+    is fewest-blocks with the W_max rules). ``admission``: see ``Admission``.
     """
 
     cost: CostModel = field(compare=False)
     tau_s: float = 5.0
     w_max_s: float = 20.0
     frontier: int = 64
-    starvation_guard: bool = True
+    hold_queue: bool = False
     cost_unit: Literal["seconds", "blocks"] = "seconds"
+    admission: Admission = "promote_one"
     name: str = "tiered_aging"
     _costs: StateCost = field(init=False, compare=False)
 
@@ -164,8 +174,8 @@ class TieredAging:
         if not len(snap):
             return None, "empty", None
         wait = snap.now_s - snap.ready_s
-        if self.starvation_guard and wait[0] >= self.w_max_s:
-            return (0, "guard: oldest first", None) if snap.fits[0] else (None, "guard: oldest does not fit, admit nothing", None)
+        if self.hold_queue and wait[0] >= self.w_max_s:
+            return (0, "hold: oldest first", None) if snap.fits[0] else (None, "hold: oldest does not fit, admit nothing", None)
         feasible = np.flatnonzero(snap.fits)
         if not feasible.size:
             return None, "nothing fits", None

@@ -347,8 +347,14 @@ class Worker:
             i += 1
         admissible_later = True
         if not preempted:
+            promote_one = getattr(self.state_policy, "admission", "every_slot") == "promote_one"
+            asked = False
             while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
-                idx = self._decide()
+                if promote_one and asked:  # the policy promoted one request; the engine's FCFS admits the rest
+                    idx = 0 if self._row(self.waiting[0])[-1] else None
+                else:
+                    idx = self._decide()
+                    asked = True
                 if idx is None:
                     admissible_later = False
                     break

@@ -51,6 +51,8 @@ class PolicyQueue(RequestQueue):
         self._head: Any = None
         self._hits: dict[str, tuple[int, int, int]] = {}  # request_id -> (num_tokens, hit_tokens, idle_hit_blocks)
         self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice]
+        self.promote_one = getattr(policy, "admission", "every_slot") == "promote_one"
+        self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
 
     # --- the policy --------------------------------------------------------------------------
@@ -79,13 +81,19 @@ class PolicyQueue(RequestQueue):
         chosen = front[0] if idx is None else front[idx]
         shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
         self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None])
+        if self.promote_one:  # one remove-and-prepend per step
+            self._items.remove(chosen)
+            self._items.insert(0, chosen)
+            self._promoted = True
         return chosen
 
     # --- RequestQueue ------------------------------------------------------------------------
     def peek_request(self) -> Any:
         if not self._items:
             raise IndexError("peek from an empty queue")
-        if self._head is None:
+        if self._head is None and self._promoted:
+            self._head = self._items[0]
+        elif self._head is None:
             t0 = time.perf_counter()
             self._head = self._choose()
             self.policy_s += time.perf_counter() - t0
@@ -134,6 +142,7 @@ class PolicyQueue(RequestQueue):
     def new_step(self) -> None:
         """Aging moves with the clock: decide afresh at each step."""
         self._head = None
+        self._promoted = False
         self.decisions = []
         self.policy_s = 0.0
 
