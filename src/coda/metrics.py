@@ -85,8 +85,8 @@ def summarize(
     done_in = completed & (finish >= t0) & (finish <= t1)
     ttft = first - ready
     e2e = finish - ready
-    slo_ok = completed & (ttft <= ttft_slo_s) & ((out <= 1) | (np.nan_to_num(tbt, nan=np.inf) <= tbt_slo_s))
-    useful = new_in + out + np.where(rnd == 0, prompt - new_in, 0.0)
+    slo_ok = within_slo(completed, ttft, tbt, out, ttft_slo_s, tbt_slo_s)
+    useful = useful_tokens(rnd, prompt, new_in, out)
 
     lat = offered & completed
     res: dict[str, Any] = {
@@ -121,6 +121,21 @@ def summarize(
     if decode_concurrency is not None:
         res["decode_concurrency"] = decode_concurrency
     return res
+
+
+def within_slo(
+    completed: np.ndarray, ttft: np.ndarray, itl: np.ndarray, out: np.ndarray, ttft_slo_s: float, tbt_slo_s: float
+) -> np.ndarray:
+    """Requests that meet both SLOs: completed, TTFT within its bound and, when they decode more than
+    one token, their mean inter-token gap within the TBT bound."""
+    return completed & (ttft <= ttft_slo_s) & ((out <= 1) | (np.nan_to_num(itl, nan=np.inf) <= tbt_slo_s))
+
+
+def useful_tokens(round_index: Any, prompt: Any, new_input: Any, output: Any) -> Any:
+    """Tokens a request does useful work on (the Coda paper's useful throughput): its output and the
+    input it appends; on a session's first round its whole prompt, since the shared system prompt is
+    that session's input once. A reused prefix is not counted again. Works on scalars and arrays."""
+    return new_input + output + np.where(np.asarray(round_index) == 0, np.asarray(prompt) - new_input, 0)
 
 
 def t_quantile(df: int, level: float = 0.95) -> float:

@@ -130,10 +130,14 @@ def test_models_are_merged_and_need_a_key(cluster):
 def test_session_sticks_to_the_worker_holding_its_context(cluster):
     gw, engines, _ = cluster
     c = client(gw.url)
-    # hold worker 0 (the least-loaded tie-break) busy so the session starts on the other worker
-    busy = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task"}], max_tokens=3000, stream=True)
-    first = next(iter(busy))
-    assert first.choices
+    # Hold worker 0 (the least-loaded tie-break) busy with two streams, more than the router's load
+    # slack, so the session starts on the other worker; one stream would make worker 0 the only
+    # load-eligible worker with decoders, which the coda router prefers.
+    busy = [
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"long task {i}"}], max_tokens=3000, stream=True)
+        for i in range(2)
+    ]
+    assert all(next(iter(b)).choices for b in busy)
     msgs = [{"role": "user", "content": " ".join(["context"] * 200)}]
     workers = []
     for turn in range(5):
@@ -142,7 +146,8 @@ def test_session_sticks_to_the_worker_holding_its_context(cluster):
         reply = raw.parse().choices[0].message.content
         msgs = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": f"tool output {turn} " * 20}]
         if turn == 0:
-            busy.close()  # worker 0 is idle from here on: only KV affinity keeps the session where it is
+            for b in busy:
+                b.close()  # worker 0 is idle from here on: only KV affinity keeps the session where it is
     assert workers == [engines[1].url.split("://")[1]] * 5  # without affinity the idle worker 0 would win the tie
 
 

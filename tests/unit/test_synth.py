@@ -67,3 +67,16 @@ def test_invalid_spec_values():
         SynthSpec(rate=0, duration=10)
     with pytest.raises(ValueError):
         SynthSpec(rate=1, duration=float("inf"))
+    with pytest.raises(ValueError, match="shape must be one of"):
+        SynthSpec(rate=1, duration=10, shape="sharegpt")
+
+
+def test_tracelab_shape_matches_the_papers_useful_to_output_ratio(hour):
+    # The paper's CacheWise useful/output ratio on M1-M3 is 11.7-13.9; the copilot shape's long
+    # completions put it far lower, with the same sessions' appended context.
+    st = workload_stats(hour)
+    assert 10.0 <= st["useful_output_ratio"] <= 15.0
+    assert abs(st["output_tokens_mean"] / 170 - 1) <= 0.15
+    copilot = workload_stats(load_workload("synth:rate=3,duration=3600,seed=0,shape=copilot"))
+    assert copilot["useful_output_ratio"] < st["useful_output_ratio"] / 2
+    assert hour.meta["shape"] == "tracelab" and "mean 527" in str(load_workload("synth:rate=1,duration=60,shape=copilot").meta["choices"])

@@ -21,13 +21,14 @@ def workload_synth(
     duration: Annotated[float, typer.Option("--duration", help="session arrival window in seconds")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output JSONL (.gz to compress)")],
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    shape: Annotated[str, typer.Option("--shape", help="output lengths: tracelab (agent rounds) or copilot (completions)")] = "tracelab",
 ) -> None:
     """Generate a synthetic coding-agent workload calibrated to TraceLab's published statistics."""
     from coda.workload.schema import write_workload
     from coda.workload.synth import SynthSpec, synthesize
 
     try:
-        spec = SynthSpec(rate=rate, duration=duration, seed=seed)
+        spec = SynthSpec(rate=rate, duration=duration, seed=seed, shape=shape)
     except ValueError as err:
         raise CodaError(f"workload synth: {err}") from None
     wl = synthesize(spec)

@@ -48,8 +48,8 @@ class PaperWorkload:
     rate: float
     fraction: float | None = None
 
-    def build(self, seed: int, duration: float) -> Workload:
-        wl = load_workload(f"synth:rate={self.rate},duration={duration},seed={seed}")
+    def build(self, seed: int, duration: float, shape: str = "tracelab") -> Workload:
+        wl = load_workload(f"synth:rate={self.rate},duration={duration},seed={seed},shape={shape}")
         return subsample(wl, fraction=self.fraction, seed=seed) if self.fraction else wl
 
     def describe(self, duration: float) -> str:

@@ -49,7 +49,7 @@ def parse_kv(spec: str, body: str, kinds: dict[str, type]) -> dict[str, object]:
 
 def synth_from_spec(spec: str) -> Workload:
     body = spec.split(":", 1)[1] if ":" in spec else ""
-    kwargs = parse_kv(spec, body, {"rate": float, "duration": float, "seed": int, "tokens": float, "tools": float})
+    kwargs = parse_kv(spec, body, {"rate": float, "duration": float, "seed": int, "tokens": float, "tools": float, "shape": str})
     missing = [k for k in ("rate", "duration") if k not in kwargs]
     if missing:
         raise CodaError(f"workload spec {spec!r}: missing {', '.join(missing)}; e.g. synth:rate=3,duration=600,seed=0")

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from coda.metrics import useful_tokens
 from coda.workload.schema import Workload, session_prompts
 
 
@@ -27,14 +28,16 @@ def workload_stats(workload: Workload) -> dict[str, Any]:
     tool_rounds: list[float] = []
     finals: list[int] = []
     rounds = followups = 0
-    reused = prompt_total = 0
+    reused = prompt_total = useful = output = 0
     for s in workload.sessions:
         prompts = list(session_prompts(s))
         first = prompts[0][1]
         growth.append(max(p for _, p in prompts) / max(first, 1))
         finals.append(prompts[-1][1] + s.rounds[-1].output_tokens)
-        for (prefix, prompt), rnd in zip(prompts, s.rounds):
+        for i, ((prefix, prompt), rnd) in enumerate(zip(prompts, s.rounds)):
             rounds += 1
+            useful += int(useful_tokens(i, prompt, rnd.new_input_tokens, rnd.output_tokens))
+            output += rnd.output_tokens
             followups += rnd.kind == "tool_followup"
             reused += prefix
             prompt_total += prompt
@@ -67,4 +70,7 @@ def workload_stats(workload: Workload) -> dict[str, Any]:
         "prefix_reuse": reused / max(prompt_total, 1),
         "final_context_mean": float(np.mean(finals)) if finals else 0.0,
         "prompt_tokens_mean": prompt_total / max(rounds, 1),
+        "output_tokens_mean": output / max(rounds, 1),
+        # What a server that completes every request would report as useful / output throughput.
+        "useful_output_ratio": useful / max(output, 1),
     }

@@ -42,7 +42,6 @@ SYNTH_CHOICES = {
     "tool_duration": "per call from the published quantiles p50 0.209 s, p90 8.866 s, p95 30.0 s, p99 180 s; "
     "1 + Poisson(0.38) calls per tool round (432,510 calls / 313,913 follow-ups); calls of a round run in "
     "parallel, so the round's tool interval is its longest call",
-    "output_tokens": "lognormal, mean 527 (Copilot-agent mean completion), sigma 1.0; TraceLab sample rounds range 49-2,475",
     "think_time": "lognormal, median 15 s, sigma 0.8 (TraceLab sample user gaps: 6.3, 18.4, 19.9 s)",
     "first_context": "agent system prompt (claude-code 15K, codex 6.9K from the TraceLab sample, aider 3K; assumed) "
     "+ task context lognormal median 1.5K",
@@ -52,8 +51,18 @@ SYNTH_CHOICES = {
     "followup_frac": "each later round is a user turn with the probability that gives 87.89% tool follow-ups",
 }
 
-OUTPUT_MEAN = 527.0
 OUTPUT_SIGMA = 1.0
+# Output length by workload shape: the mean of a lognormal (sigma OUTPUT_SIGMA). Each round's
+# appended total is fixed by the growth target, so a shorter output leaves more to its tool results.
+SHAPES = {
+    "tracelab": (
+        170.0,
+        "lognormal, mean 170, sigma 1.0: calibrated so that the workload's useful/output token ratio (initial "
+        "prompt once + appended input + output, over output) is ~12.6, within the Coda paper's 11.7-13.9 for CacheWise "
+        "on M1-M3 (Table 1; TraceLab agent rounds are mostly tool calls with short outputs); TraceLab sample rounds range 49-2,475",
+    ),
+    "copilot": (527.0, "lognormal, mean 527 (Copilot-agent mean completion), sigma 1.0; TraceLab sample rounds range 49-2,475"),
+}
 THINK_MEDIAN_S = 15.0
 THINK_SIGMA = 0.8
 TASK_CONTEXT_MEDIAN = 1_500.0
@@ -86,7 +95,8 @@ class SynthSpec:
 
     ``tokens`` scales every token count (prompts, appends, outputs, the context cap) and ``tools``
     every tool and think time, so the same session structure fits a small engine (a 4-8K context)
-    and a short run; at 1 (the default) the calibrated workload is unchanged.
+    and a short run; at 1 (the default) the calibrated workload is unchanged. ``shape`` chooses the
+    output lengths (``SHAPES``): ``tracelab`` agent rounds, or ``copilot`` completions.
     """
 
     rate: float
@@ -94,6 +104,7 @@ class SynthSpec:
     seed: int = 0
     tokens: float = 1.0
     tools: float = 1.0
+    shape: str = "tracelab"
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -104,6 +115,8 @@ class SynthSpec:
             raise ValueError(f"tokens must be a scale in (0, 1], got {self.tokens}")
         if not (self.tools > 0 and math.isfinite(self.tools)):
             raise ValueError(f"tools must be a time scale > 0, got {self.tools}")
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
 
 
 def log_quantile(knots: tuple[tuple[float, float], ...], u: np.ndarray) -> np.ndarray:
@@ -133,7 +146,15 @@ def _tokens(n: float, scale: float) -> int:
     return max(1, round(n * scale))
 
 
-def _session(rng: np.random.Generator, sid: str, start: float, growth_u: float, token_scale: float = 1.0, tool_scale: float = 1.0) -> Session:
+def _session(
+    rng: np.random.Generator,
+    sid: str,
+    start: float,
+    growth_u: float,
+    token_scale: float = 1.0,
+    tool_scale: float = 1.0,
+    output_mean: float = SHAPES["tracelab"][0],
+) -> Session:
     growth = float(log_quantile(GROWTH_KNOTS, np.array([growth_u]))[0])
     # Draw the agent and task context; a draw whose growth would pass the context cap is redrawn
     # (long-growing sessions start small), so the growth distribution is kept, not clipped.
@@ -149,7 +170,9 @@ def _session(rng: np.random.Generator, sid: str, start: float, growth_u: float, 
     appended_total = (growth - 1.0) * first
     n_rounds = max(1, int(round(appended_total / (APPEND_PER_ROUND * token_scale))) + 1) if growth > 1.0001 else 1
 
-    outputs = np.clip(np.rint(_lognormal_with_mean(rng, OUTPUT_MEAN * token_scale, OUTPUT_SIGMA, n_rounds)), 1, _tokens(16_384, token_scale)).astype(int)
+    outputs = np.clip(
+        np.rint(_lognormal_with_mean(rng, output_mean * token_scale, OUTPUT_SIGMA, n_rounds)), 1, _tokens(16_384, token_scale)
+    ).astype(int)
     q_user = (1 - TRACELAB_FOLLOWUP_FRAC - 1 / TRACELAB_ROUNDS_PER_SESSION) / (1 - 1 / TRACELAB_ROUNDS_PER_SESSION)
     is_user = rng.random(n_rounds) < q_user
     is_user[0] = True
@@ -229,7 +252,10 @@ def synthesize(spec: SynthSpec) -> Workload:
     starts = np.sort(rng.uniform(0.0, spec.duration, n)).tolist()
     # Stratified growth draws: small workloads still follow the published quantiles.
     growth_u = (rng.permutation(n) + rng.random(n)) / max(n, 1)
-    sessions = [_session(rng, f"s{spec.seed}-{i:05d}", starts[i], float(growth_u[i]), spec.tokens, spec.tools) for i in range(n)]
+    output_mean, output_source = SHAPES[spec.shape]
+    sessions = [
+        _session(rng, f"s{spec.seed}-{i:05d}", starts[i], float(growth_u[i]), spec.tokens, spec.tools, output_mean) for i in range(n)
+    ]
     meta = {
         "source": "synth",
         "rate": spec.rate,
@@ -237,6 +263,7 @@ def synthesize(spec: SynthSpec) -> Workload:
         "seed": spec.seed,
         **({"token_scale": spec.tokens} if spec.tokens != 1 else {}),
         **({"tool_time_scale": spec.tools} if spec.tools != 1 else {}),
-        "choices": SYNTH_CHOICES,
+        "shape": spec.shape,
+        "choices": {**SYNTH_CHOICES, "output_tokens": output_source},
     }
     return Workload(sessions=sessions, meta=meta)
