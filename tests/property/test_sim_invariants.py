@@ -1,18 +1,23 @@
 """Hypothesis properties of the simulator: tokens conserved, KV never negative or over capacity
-in any tier, every request ends completed, same seed same JSON, decisions blind to hidden fields."""
+in any tier, every request ends completed, same seed same JSON, decisions blind to hidden fields,
+cached routing and ingress snapshots equal to ones built afresh."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda.policy.ingress import WorkerLoad
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.request import RESTORING
 from coda.sim.worker import Worker
+from coda.types import PrefixMatch, WorkerView
 from coda.workload.schema import Round, Session, ToolCall, Workload
+from coda.workload.spec import load_workload
 
 CHUNK_GIB = 96 * 1024 * 64 / 2**30  # one 64-token chunk of the paper profile
 
@@ -172,3 +177,83 @@ def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare,
     sim.run()
     assert not violations
     assert all(r.finish_s >= 0 for r in sim.requests)
+
+
+def fresh_views(sim: Simulation, chain: list[int]) -> tuple[WorkerView, ...]:
+    """The reference routing views: every worker's built afresh, its match scanned chunk by chunk
+    (the simulator reuses a view while its worker's version holds and skips workers without a hit)."""
+
+    def lead(held, start: int) -> int:
+        n = 0
+        while start + n < len(chain) and chain[start + n] in held:
+            n += 1
+        return n
+
+    views = []
+    for w in sim.workers:
+        match = PrefixMatch()
+        if "match" in sim.router_needs:
+            h = lead(w.hbm.resident, 0)
+            d = lead(w.dram.chunks, h) if w.dram is not None else 0
+            match = PrefixMatch(h, d, lead(w.ssd.chunks, h + d) if w.ssd is not None else 0)
+        views.append(WorkerView(w.id, len(w.running) + w.n_restoring + len(w.waiting), w.active_tokens // sim.C, len(w.waiting),
+                                w.decode_contexts() if "decode_contexts" in sim.router_needs else (), match))
+    return tuple(views)
+
+
+def fresh_loads(sim: Simulation) -> tuple[WorkerLoad, ...]:
+    """The reference ingress loads, built afresh."""
+    return tuple(WorkerLoad(worker_id=w.id, queue_depth=len(w.waiting), kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
+                            inflight_requests=len(w.running) + w.n_restoring + len(w.waiting),
+                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0)) for w in sim.workers)
+
+
+@settings(max_examples=30)
+@given(
+    sessions=sessions_st,
+    workers=st.integers(1, 9),
+    system=st.sampled_from(["vllm", "cachewise", "coda", "dynamo", "smetric"]),
+    dram=st.booleans(),
+    ssd=st.booleans(),
+    per_worker=st.booleans(),
+    indexer=st.booleans(),
+    spare=st.integers(0, 40),
+)
+def test_cached_snapshots_equal_a_fresh_build(sessions, workers, system, dram, ssd, per_worker, indexer, spare):
+    wl = build(sessions)
+    cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(largest_chunks(wl, 64) + spare) * CHUNK_GIB, dram=dram,
+                    dram_kv_gib=30 * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=30 * CHUNK_GIB * 4, per_worker_tiers=per_worker,
+                    indexer=indexer, system=system, warmup_s=0, drain_s=1e6)
+    checked = check_snapshots(sim := Simulation(wl, cfg))
+    sim.run()
+    assert checked["route"] == checked["ingress"] == wl.num_requests
+
+
+def check_snapshots(sim: Simulation) -> dict[str, int]:
+    """Compare every routing and ingress snapshot the run takes with a fresh build; returns the counts."""
+    routed, admitted = sim.routing_snapshot, sim.ingress_snapshot
+    checked = {"route": 0, "ingress": 0}
+
+    def routing_snapshot(req):
+        snap = routed(req)
+        assert snap.workers == fresh_views(sim, req.chain)
+        checked["route"] += 1
+        return snap
+
+    def ingress_snapshot(req):
+        snap = admitted(req)
+        assert snap.workers == fresh_loads(sim)
+        checked["ingress"] += 1
+        return snap
+
+    sim.routing_snapshot, sim.ingress_snapshot = routing_snapshot, ingress_snapshot
+    return checked
+
+
+@pytest.mark.parametrize("system", ["coda", "dynamo", "cachewise"])
+def test_cached_snapshots_equal_a_fresh_build_on_a_node_sharing_cluster(system):
+    """Nine workers (two full nodes sharing a DRAM store each, and one more) under a synthetic load."""
+    sim = Simulation(load_workload("synth:rate=6,duration=150,seed=4"), SimConfig(system=system, workers=9))
+    checked = check_snapshots(sim)
+    sim.run()
+    assert checked["route"] > 100 and any(w.dram is sim.workers[0].dram for w in sim.workers[1:])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from coda.cost.model import CostModel, build_cost_model
@@ -184,6 +184,9 @@ class Simulation:
             WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
             for w in range(config.workers)
         ]
+        # each worker's routing view without a match, with the worker version it was built at
+        self._views: list[WorkerView] = [self._view(w) for w in self.workers]
+        self._view_versions = [w.version for w in self.workers]
         self._group_owner: dict[str, int] = {}
         self._trace_owner = self.versions.new_owner()
         self._interned: dict[tuple[int, int], int] = {}
@@ -398,22 +401,31 @@ class Simulation:
         sess.done = True
         self.live_sessions -= 1
 
-    def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
-        """What the router (and the observers) may see of a request to place and the workers."""
-        needs = self.router_needs
-        matches = self._matches(req.chain) if "match" in needs else {}
-        C = self.C
-        views = tuple(
-            WorkerView(
-                worker_id=w.id,
-                active_requests=w.active_requests,
-                active_kv_blocks=w.active_tokens // C,
-                waiting_requests=len(w.waiting),
-                decode_contexts=w.decode_contexts() if "decode_contexts" in needs else (),
-                match=matches.get(w.id, PrefixMatch()),
-            )
-            for w in self.workers
+    def _view(self, w: Worker) -> WorkerView:
+        """A worker's routing view with no prefix match."""
+        return WorkerView(
+            worker_id=w.id,
+            active_requests=w.active_requests,
+            active_kv_blocks=w.active_tokens // self.C,
+            waiting_requests=len(w.waiting),
+            decode_contexts=w.decode_contexts() if "decode_contexts" in self.router_needs else (),
         )
+
+    def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
+        """What the router (and the observers) may see of a request to place and the workers.
+
+        A worker's view is rebuilt only when its version moved since the cached one, and gets the
+        request's match only where it holds some of the prompt, so a decision costs a comparison
+        per idle worker (``tests/property`` checks it against a fresh build of every view)."""
+        views, seen = self._views, self._view_versions
+        for w in self.workers:
+            if seen[w.id] != w.version:
+                views[w.id] = self._view(w)
+                seen[w.id] = w.version
+        placed = list(views)
+        if "match" in self.router_needs:
+            for wid, m in self._matches(req.chain).items():
+                placed[wid] = replace(placed[wid], match=m)
         rr = RouteRequest(
             seq=self._route_seq,
             session_id=req.sess.session.session_id,
@@ -421,7 +433,7 @@ class Simulation:
             prompt_tokens=req.prompt_tokens,
             prompt_blocks=len(req.chain),
         )
-        return RoutingSnapshot(self.loop.now, rr, views)
+        return RoutingSnapshot(self.loop.now, rr, tuple(placed))
 
     def _route(self, req: SimRequest, sess: SessionState) -> int:
         snap = self.routing_snapshot(req)
@@ -434,15 +446,28 @@ class Simulation:
         return wid
 
     def _matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:
-        """The prompt's resident prefix per worker, from the pools or through the indexer."""
+        """The prompt's resident prefix on each worker that holds some of it (a worker left out
+        holds none), from the pools or through the indexer. The workers of a node share their
+        stores, so a store's run from an offset is looked up once per decision."""
         if self.indexer is not None:
-            return self.indexer.match(chain, self._worker_tiers)
+            return {w: m for w, m in self.indexer.match(chain, self._worker_tiers).items() if m != PrefixMatch()}
+        runs: dict[tuple[KVStore, int], int] = {}
+
+        def run(store: KVStore | None, start: int) -> int:
+            if store is None:
+                return 0
+            n = runs.get((store, start))
+            if n is None:
+                n = runs[store, start] = store.leading(chain, start)
+            return n
+
         out = {}
         for w in self.workers:
-            h, _ = w.hbm.leading_hits(chain)
-            d = w.dram.leading(chain, h) if w.dram is not None else 0
-            s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
-            out[w.id] = PrefixMatch(h, d, s)
+            h = w.hbm.leading(chain)
+            d = run(w.dram, h)
+            s = run(w.ssd, h + d)
+            if h or d or s:
+                out[w.id] = PrefixMatch(h, d, s)
         return out
 
     def _finished(self, req: SimRequest) -> None:

@@ -38,22 +38,15 @@ class SimIngress:
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
+        # per worker: its load as last built, and the (worker version, in-flight tokens) it was built at
+        self._loads: dict[int, tuple[tuple[int, int], WorkerLoad]] = {}
 
     def tenant(self, name: str) -> TenantSpec:
         return self.tenants.get(name) or TenantSpec()
 
     def snapshot(self, now: float, req: SimRequest, tenant: str, workers: Sequence[Worker], prefix_hit: float,
                  predicted_ttft_s: Sequence[float | None]) -> IngressSnapshot:
-        loads = tuple(
-            WorkerLoad(
-                worker_id=w.id,
-                queue_depth=len(w.waiting),
-                kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
-                inflight_requests=w.active_requests,
-                inflight_tokens=self.inflight_tokens.get(w.id, 0),
-            )
-            for w in workers
-        )
+        loads = tuple(self._load(w) for w in workers)
         sid = req.sess.session.session_id
         active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
         deadline_ms = self.tenant(tenant).deadline_ms
@@ -72,6 +65,22 @@ class SimIngress:
             deadline_slack_s=deadline_slack_s(deadline_ms / 1000 if deadline_ms is not None else None, predicted_ttft_s),
             queued=len(self.deferred),
         )
+
+    def _load(self, w: Worker) -> WorkerLoad:
+        """A worker's load, rebuilt only when the worker or its in-flight tokens changed."""
+        key = (w.version, self.inflight_tokens.get(w.id, 0))
+        cached = self._loads.get(w.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        load = WorkerLoad(
+            worker_id=w.id,
+            queue_depth=len(w.waiting),
+            kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
+            inflight_requests=w.active_requests,
+            inflight_tokens=key[1],
+        )
+        self._loads[w.id] = (key, load)
+        return load
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         d = self.policy.decide(snap)

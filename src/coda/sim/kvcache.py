@@ -9,7 +9,8 @@ version so cached prefix matches of waiting requests are invalidated exactly whe
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
+from itertools import islice, takewhile
 
 from coda.policy.eviction import OWNER_SHIFT
 
@@ -20,6 +21,14 @@ KVListener = Callable[[str, int, str, Sequence[int]], None]
 
 def owner_of(chunk: int) -> int:
     return chunk >> OWNER_SHIFT
+
+
+def leading_run(held: Container[int], chain: Sequence[int], start: int = 0) -> int:
+    """How many chunks of ``chain[start:]`` in a row ``held`` contains. The first chunk is tested
+    on its own (most routing probes miss there); the rest of the scan runs in C."""
+    if start >= len(chain) or chain[start] not in held:
+        return 0
+    return len(list(takewhile(held.__contains__, islice(chain, start, None))))
 
 
 class Versions:
@@ -79,6 +88,10 @@ class HbmPool:
     @property
     def reclaimable(self) -> int:
         return self.free + len(self.lru)
+
+    def leading(self, chain: Sequence[int]) -> int:
+        """Chunks of ``chain`` resident in a row (what a router's prefix match reads)."""
+        return leading_run(self.resident, chain)
 
     def leading_hits(self, chain: Sequence[int], start: int = 0) -> tuple[int, int]:
         """(chunks of ``chain[start:]`` resident in a row, how many of those are evictable)."""
@@ -198,13 +211,7 @@ class KVStore:
         return len(self.chunks)
 
     def leading(self, chain: Sequence[int], start: int) -> int:
-        chunks = self.chunks
-        n = 0
-        for i in range(start, len(chain)):
-            if chain[i] not in chunks:
-                break
-            n += 1
-        return n
+        return leading_run(self.chunks, chain, start)
 
     def touch(self, chain: Sequence[int]) -> None:
         move = self.chunks.move_to_end

@@ -109,6 +109,10 @@ class Worker:
         self._k = 0
         self.steps = 0
         self.decode_steps = 0
+        # Bumped when an event may change what the views read (queues, active tokens, decode
+        # contexts, HBM use), so a cached view is reused exactly while it is still true. Callbacks
+        # out of these events defer routing to the loop, so no view is taken mid-event.
+        self.version = 0
 
     # --- views -----------------------------------------------------------------------------
     @property
@@ -123,6 +127,7 @@ class Worker:
     def enqueue(self, req: SimRequest) -> None:
         """A request reaches the engine; its scheduler sees it after the engine's own per-request
         time (``cost.request_s``: the API server's work), when the profile measured one."""
+        self.version += 1
         req.worker = self.id
         req.state = WAITING
         if req.arrived_s < 0:
@@ -135,12 +140,14 @@ class Worker:
             self._arrive(req)
 
     def _arrive(self, req: SimRequest) -> None:
+        self.version += 1
         self.waiting.append(req)
         self.kick()
 
     def abort(self, req: SimRequest) -> bool:
         """Stop a request as an engine's abort does: a waiting one leaves the queue now (returns
         True); a running or restoring one ends after its current step, freeing its KV then."""
+        self.version += 1
         if req.state == WAITING and req in self.waiting:
             self.waiting.remove(req)
             self.active_tokens -= req.orig_prompt_tokens + req.emitted
@@ -277,6 +284,7 @@ class Worker:
             self.on_admit(req)
 
     def _restored(self, req: SimRequest) -> None:
+        self.version += 1
         self.n_restoring -= 1
         req.state = RUNNING
         self.running.append(req)
@@ -321,6 +329,7 @@ class Worker:
 
     # --- the step --------------------------------------------------------------------------
     def _schedule(self) -> None:
+        self.version += 1
         budget = self.budget
         prefills: list[tuple[SimRequest, int]] = []
         decoders: list[SimRequest] = []
@@ -420,6 +429,7 @@ class Worker:
     def _step_end(self, gen: int) -> None:
         if gen != self._gen:
             return
+        self.version += 1
         now = self.loop.now
         k = self._k
         ends = self._ends[:k]
