@@ -3,9 +3,10 @@
 Used by routers in the simulator (events from the simulated pools) and in the gateway (events
 from vLLM or the fake engine). A *location* is one KV tier instance: ``hbm:<worker>``,
 ``dram:<store>``, ``ssd:<store>``. Each block hash maps to a bitmask of the locations holding
-it, so matching a request costs one dictionary lookup per block of its resident prefix (in C,
-stopping at the first block resident nowhere), whatever the number of workers; one numpy pass then turns that mask vector into a bitset per
-location, and a run from any offset is a trailing-ones count.
+it (a Python int, so any number of locations), so matching a request costs one dictionary lookup
+per block of its resident prefix (in C, stopping at the first block resident nowhere), whatever
+the number of workers; one numpy pass over the masks as 64-bit words then turns them into a
+bitset per location, and a run from any offset is a trailing-ones count.
 
 ``BlockHasher`` computes a session's block hashes incrementally: a prompt that extends the
 previous one only hashes its new blocks.
@@ -45,6 +46,7 @@ class KVIndexer:
         self._blocks: dict[str, set[int]] = {}
         self._last_seen: dict[str, float] = {}
         self._free_bits = list(range(max_locations - 1, -1, -1))
+        self._mask_bytes = 8  # whole 64-bit words covering every bit handed out so far
 
     # --- events ----------------------------------------------------------------------------
     def _location(self, loc: str, now: float | None) -> int:
@@ -54,6 +56,7 @@ class KVIndexer:
                 raise RuntimeError(f"KV indexer: more than {len(self._bit)} locations; raise max_locations")
             bit = self._bit[loc] = self._free_bits.pop()
             self._blocks[loc] = set()
+            self._mask_bytes = max(self._mask_bytes, 8 * (bit // 64 + 1))
         if now is not None:
             self._last_seen[loc] = now
         return 1 << bit
@@ -106,15 +109,17 @@ class KVIndexer:
         """For each worker: the request's leading blocks in its HBM, then continuing in its DRAM
         store, then on its SSD store."""
         get = self._mask.get
-        masks = np.fromiter(takewhile(bool, map(get, hashes, repeat(0))), dtype=np.uint64)
+        masks = list(takewhile(bool, map(get, hashes, repeat(0))))
         locs = sorted({loc for w in workers for loc in (w.hbm, w.dram, w.ssd) if loc is not None and loc in self._bit})
         # per location, the request's blocks it holds as one Python int (bit i = block i), so a
         # run from any offset is a trailing-ones count on a shifted int
         held_by: dict[str | None, int] = {}
-        if locs and masks.size:
+        if locs and masks:
+            size = self._mask_bytes
+            words = np.frombuffer(b"".join(m.to_bytes(size, "little") for m in masks), dtype="<u8").reshape(len(masks), size // 8)
             bits = np.array([self._bit[loc] for loc in locs], dtype=np.uint64)
-            held = ((masks[None, :] >> bits[:, None]) & np.uint64(1)).astype(np.uint8)
-            packed = np.packbits(held, axis=1, bitorder="little")
+            held = ((words[:, bits // np.uint64(64)] >> (bits % np.uint64(64))) & np.uint64(1)).astype(np.uint8)
+            packed = np.packbits(held.T, axis=1, bitorder="little")
             held_by = {loc: int.from_bytes(row.tobytes(), "little") for loc, row in zip(locs, packed)}
 
         def run(loc: str | None, start: int) -> int:

@@ -97,3 +97,25 @@ def test_simulated_routing_is_identical_through_the_indexer():
     Simulation(wl, SimConfig(system="coda", workers=3, indexer=True), observers=[indexed]).run()
     assert direct.routes and direct.routes == indexed.routes
     assert any(m.hbm_blocks for _, ms in direct.routes for m in ms)
+
+
+WIDE = [WorkerTiers(w, f"hbm:{w}", f"dram:{w // 4}", f"ssd:{w // 4}") for w in range(256)]
+WIDE_LOCS = [loc for w in WIDE for loc in (w.hbm, w.dram, w.ssd)]
+
+
+@settings(max_examples=100)
+@given(events=st.lists(st.tuples(st.sampled_from(["stored", "removed"]), st.sampled_from(WIDE_LOCS), st.lists(st.integers(0, 20), max_size=10)),
+                       max_size=80),
+       chain=st.lists(st.integers(0, 20), max_size=20))
+def test_match_over_256_workers_and_their_stores_equals_a_brute_force_scan(events, chain):
+    """320 locations: masks wider than one 64-bit word."""
+    idx = KVIndexer(max_locations=3 * len(WIDE))
+    for loc in WIDE_LOCS[::-1]:  # the last worker's locations get the low bits, the first worker's the highest
+        idx.stored(loc, [])
+    residency: dict[str, set[int]] = {}
+    for ev, loc, hashes in events:
+        (idx.stored if ev == "stored" else idx.removed)(loc, hashes)
+        s = residency.setdefault(loc, set())
+        (s.update if ev == "stored" else s.difference_update)(hashes)
+    got = idx.match(chain, WIDE)
+    assert [got[w.worker] for w in WIDE] == [brute(residency, chain, w) for w in WIDE]
