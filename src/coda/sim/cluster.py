@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from coda.cost.model import CostModel, build_cost_model
@@ -100,6 +100,14 @@ def resolve_tiers(config: SimConfig, preset: SystemPreset, profile: Profile, chu
     )
 
 
+def store_match(w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
+    """A worker's match given its ``h`` leading HBM chunks: the DRAM run after them, then the SSD
+    run after that; ``None`` when it holds none of the prompt."""
+    d = w.dram.leading(chain, h) if w.dram is not None else 0
+    s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
+    return PrefixMatch(h, d, s) if h or d or s else None
+
+
 class Simulation:
     """Build once, ``run()`` once."""
 
@@ -144,7 +152,8 @@ class Simulation:
         self.ttft_estimates: list[float | None] = [None] * config.workers
         self._owner_session: dict[int, SessionState] = {}
 
-        self.indexer = KVIndexer() if config.indexer else None
+        # locations: an HBM pool per worker and at most a DRAM and an SSD store per worker
+        self.indexer = KVIndexer(max_locations=3 * config.workers) if config.indexer else None
         if self.indexer is not None:
             kv_listener = self._indexing_listener(kv_listener)
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
@@ -425,7 +434,8 @@ class Simulation:
         placed = list(views)
         if "match" in self.router_needs:
             for wid, m in self._matches(req.chain).items():
-                placed[wid] = replace(placed[wid], match=m)
+                v = placed[wid]
+                placed[wid] = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m, v.healthy)
         rr = RouteRequest(
             seq=self._route_seq,
             session_id=req.sess.session.session_id,
@@ -447,27 +457,25 @@ class Simulation:
 
     def _matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:
         """The prompt's resident prefix on each worker that holds some of it (a worker left out
-        holds none), from the pools or through the indexer. The workers of a node share their
-        stores, so a store's run from an offset is looked up once per decision."""
+        holds none), from the pools or through the indexer. Most workers miss on the prompt's first
+        chunk, and the workers of a node share their stores, so a worker without it in HBM costs a
+        membership test and its stores' runs are looked up once per node."""
         if self.indexer is not None:
             return {w: m for w, m in self.indexer.match(chain, self._worker_tiers).items() if m != PrefixMatch()}
-        runs: dict[tuple[KVStore, int], int] = {}
-
-        def run(store: KVStore | None, start: int) -> int:
-            if store is None:
-                return 0
-            n = runs.get((store, start))
-            if n is None:
-                n = runs[store, start] = store.leading(chain, start)
-            return n
-
+        if not chain:
+            return {}
+        first = chain[0]
+        from_stores: dict[KVStore | None, PrefixMatch | None] = {}  # a node's match from its stores alone
         out = {}
         for w in self.workers:
-            h = w.hbm.leading(chain)
-            d = run(w.dram, h)
-            s = run(w.ssd, h + d)
-            if h or d or s:
-                out[w.id] = PrefixMatch(h, d, s)
+            if first in w.hbm.resident:
+                m = store_match(w, chain, w.hbm.leading(chain))
+            elif w.dram in from_stores:
+                m = from_stores[w.dram]
+            else:
+                m = from_stores[w.dram] = store_match(w, chain, 0)
+            if m is not None:
+                out[w.id] = m
         return out
 
     def _finished(self, req: SimRequest) -> None:

@@ -38,15 +38,20 @@ class SimIngress:
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
-        # per worker: its load as last built, and the (worker version, in-flight tokens) it was built at
-        self._loads: dict[int, tuple[tuple[int, int], WorkerLoad]] = {}
+        # per worker: the worker version its load was last built at, and that load (dropped when
+        # the worker's in-flight tokens change)
+        self._loads: dict[int, tuple[int, WorkerLoad]] = {}
 
     def tenant(self, name: str) -> TenantSpec:
         return self.tenants.get(name) or TenantSpec()
 
     def snapshot(self, now: float, req: SimRequest, tenant: str, workers: Sequence[Worker], prefix_hit: float,
                  predicted_ttft_s: Sequence[float | None]) -> IngressSnapshot:
-        loads = tuple(self._load(w) for w in workers)
+        cache = self._loads
+        loads = []
+        for w in workers:
+            cached = cache.get(w.id)
+            loads.append(cached[1] if cached is not None and cached[0] == w.version else self._load(w))
         sid = req.sess.session.session_id
         active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
         deadline_ms = self.tenant(tenant).deadline_ms
@@ -54,7 +59,7 @@ class SimIngress:
             now_s=now,
             tenant=tenant,
             prompt_tokens=req.orig_prompt_tokens,
-            workers=loads,
+            workers=tuple(loads),
             session_id=sid,
             session_active=self.ledger.active(sid, now),
             active_sessions=self.ledger.count(now),
@@ -67,19 +72,15 @@ class SimIngress:
         )
 
     def _load(self, w: Worker) -> WorkerLoad:
-        """A worker's load, rebuilt only when the worker or its in-flight tokens changed."""
-        key = (w.version, self.inflight_tokens.get(w.id, 0))
-        cached = self._loads.get(w.id)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        """A worker's load built afresh, and cached until the worker's version moves."""
         load = WorkerLoad(
             worker_id=w.id,
             queue_depth=len(w.waiting),
             kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
             inflight_requests=w.active_requests,
-            inflight_tokens=key[1],
+            inflight_tokens=self.inflight_tokens.get(w.id, 0),
         )
-        self._loads[w.id] = (key, load)
+        self._loads[w.id] = (w.version, load)
         return load
 
     def decide(self, snap: IngressSnapshot) -> Decision:
@@ -110,9 +111,11 @@ class SimIngress:
                 decide_again(req)
 
     def admitted(self, worker: int, tenant: str, tokens: int) -> None:
+        self._loads.pop(worker, None)
         self.inflight_tokens[worker] = self.inflight_tokens.get(worker, 0) + tokens
         self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + tokens
 
     def finished(self, worker: int, tenant: str, tokens: int) -> None:
+        self._loads.pop(worker, None)
         self.inflight_tokens[worker] -= tokens
         self.tenant_tokens[tenant] -= tokens
