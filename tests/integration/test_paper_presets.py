@@ -66,3 +66,14 @@ def test_multi_report_records_routing_distance_against_smetric():
     if rv["mean_distance_coda"] is not None:
         assert rv["mean_distance_coda"] <= rv["mean_distance_smetric"]  # coda picks the closer decoders
     assert "routing_vs_smetric" not in rep["cells"]["Q/smetric"]
+
+
+def test_paper_multi_16_is_paper_multi_on_four_nodes_of_four_at_four_times_the_load():
+    from coda.eval.paper import PRESETS
+    from coda.sim.cluster import Simulation
+
+    multi, wide = PRESETS["paper-multi"], PRESETS["paper-multi-16"]
+    assert wide.workers == 4 * multi.workers and wide.systems == multi.systems and wide.shadow_router == multi.shadow_router
+    assert [(w.label, w.rate) for w in wide.workloads] == [(w.label, 4 * w.rate) for w in multi.workloads]
+    sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(workers=wide.workers))
+    assert [sum(w.dram is store for w in sim.workers) for store in sim.dram_stores] == [4, 4, 4, 4]

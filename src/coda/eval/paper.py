@@ -95,6 +95,16 @@ PRESETS = {
         systems=("vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"),
         shadow_router="smetric",
     ),
+    # paper-multi at 16 workers: 4 nodes of 4 sharing a DRAM store each (the default profile's
+    # node of 4 A100s; the paper's 235B runs, two nodes of 8 GPUs, are two TP8 workers in this
+    # simulator), with Q1-Q3 scaled by 4 so each worker sees paper-multi's load
+    "paper-multi-16": PaperPreset(
+        name="paper-multi-16",
+        workers=16,
+        workloads=(PaperWorkload("Q1", 12), PaperWorkload("Q2", 20), PaperWorkload("Q3", 28)),
+        systems=("vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"),
+        shadow_router="smetric",
+    ),
 }
 
 
