@@ -19,7 +19,7 @@ from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
 from coda.policy.build import PolicySet, build_policies
-from coda.policy.ingress import IngressSnapshot, ttft_estimate
+from coda.policy.ingress import IngressSnapshot, WorkerLoad, ttft_estimate
 from coda.policy.presets import SystemPreset, resolve_policies, system_preset
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
@@ -164,6 +164,7 @@ class Simulation:
             for i in range(n_stores)
         ]
         links = [NodeLinks() for _ in range(n_stores)]
+        self._touched: set[int] = set()  # workers whose cached views are stale
         self.workers = [
             Worker(
                 w,
@@ -186,6 +187,7 @@ class Simulation:
                 observers=self.observers,
                 on_first_token=self._first_token,
                 on_admit=self._engine_admitted,
+                touched=self._touched,
             )
             for w in range(config.workers)
         ]
@@ -193,9 +195,9 @@ class Simulation:
             WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
             for w in range(config.workers)
         ]
-        # each worker's routing view without a match, with the worker version it was built at
+        # each worker's routing view without a match and its ingress load, as of the last decision
         self._views: list[WorkerView] = [self._view(w) for w in self.workers]
-        self._view_versions = [w.version for w in self.workers]
+        self._loads: list[WorkerLoad] = [self.ingress.load(w) for w in self.workers] if self.ingress is not None else []
         self._group_owner: dict[str, int] = {}
         self._trace_owner = self.versions.new_owner()
         self._interned: dict[tuple[int, int], int] = {}
@@ -340,7 +342,8 @@ class Simulation:
         if "prefix_hit" in ing.policy.needs:
             best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self._matches(req.chain).values()), default=0)
             hit = best / max(len(req.chain), 1)
-        return ing.snapshot(self.loop.now, req, self._tenant(req), self.workers, hit, self.ttft_estimates)
+        self._refresh()
+        return ing.snapshot(self.loop.now, req, self._tenant(req), tuple(self._loads), hit, self.ttft_estimates)
 
     @staticmethod
     def _tenant(req: SimRequest) -> str:
@@ -355,6 +358,7 @@ class Simulation:
             ing.release(req)
             wid = self._route(req, req.sess)
             ing.admitted(wid, self._tenant(req), req.orig_prompt_tokens)
+            self._touched.add(wid)
             self.workers[wid].enqueue(req)
         elif d.action == "defer":
             if req.deferred_since >= 0:
@@ -410,6 +414,15 @@ class Simulation:
         sess.done = True
         self.live_sessions -= 1
 
+    def _refresh(self) -> None:
+        """Rebuild the cached routing view and ingress load of each worker touched since the last decision."""
+        for wid in self._touched:
+            w = self.workers[wid]
+            self._views[wid] = self._view(w)
+            if self.ingress is not None:
+                self._loads[wid] = self.ingress.load(w)
+        self._touched.clear()
+
     def _view(self, w: Worker) -> WorkerView:
         """A worker's routing view with no prefix match."""
         return WorkerView(
@@ -423,15 +436,11 @@ class Simulation:
     def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
         """What the router (and the observers) may see of a request to place and the workers.
 
-        A worker's view is rebuilt only when its version moved since the cached one, and gets the
-        request's match only where it holds some of the prompt, so a decision costs a comparison
-        per idle worker (``tests/property`` checks it against a fresh build of every view)."""
-        views, seen = self._views, self._view_versions
-        for w in self.workers:
-            if seen[w.id] != w.version:
-                views[w.id] = self._view(w)
-                seen[w.id] = w.version
-        placed = list(views)
+        Only the views of workers touched since the last decision are rebuilt, and only workers
+        holding some of the prompt get a match, so an unchanged worker costs nothing but its
+        prefix probe (``tests/property`` checks every snapshot against a fresh build)."""
+        self._refresh()
+        placed = list(self._views)
         if "match" in self.router_needs:
             for wid, m in self._matches(req.chain).items():
                 v = placed[wid]
@@ -482,6 +491,7 @@ class Simulation:
         sess = req.sess
         if self.ingress is not None:
             self.ingress.finished(req.worker, self._tenant(req), req.orig_prompt_tokens)
+            self._touched.add(req.worker)
             self._room_may_have_freed()
         sess.context_tokens = req.orig_prompt_tokens + req.output_tokens
         self.open_measured -= req.measured

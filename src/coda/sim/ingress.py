@@ -38,20 +38,12 @@ class SimIngress:
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
-        # per worker: the worker version its load was last built at, and that load (dropped when
-        # the worker's in-flight tokens change)
-        self._loads: dict[int, tuple[int, WorkerLoad]] = {}
 
     def tenant(self, name: str) -> TenantSpec:
         return self.tenants.get(name) or TenantSpec()
 
-    def snapshot(self, now: float, req: SimRequest, tenant: str, workers: Sequence[Worker], prefix_hit: float,
+    def snapshot(self, now: float, req: SimRequest, tenant: str, loads: tuple[WorkerLoad, ...], prefix_hit: float,
                  predicted_ttft_s: Sequence[float | None]) -> IngressSnapshot:
-        cache = self._loads
-        loads = []
-        for w in workers:
-            cached = cache.get(w.id)
-            loads.append(cached[1] if cached is not None and cached[0] == w.version else self._load(w))
         sid = req.sess.session.session_id
         active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
         deadline_ms = self.tenant(tenant).deadline_ms
@@ -59,7 +51,7 @@ class SimIngress:
             now_s=now,
             tenant=tenant,
             prompt_tokens=req.orig_prompt_tokens,
-            workers=tuple(loads),
+            workers=loads,
             session_id=sid,
             session_active=self.ledger.active(sid, now),
             active_sessions=self.ledger.count(now),
@@ -71,17 +63,15 @@ class SimIngress:
             queued=len(self.deferred),
         )
 
-    def _load(self, w: Worker) -> WorkerLoad:
-        """A worker's load built afresh, and cached until the worker's version moves."""
-        load = WorkerLoad(
+    def load(self, w: Worker) -> WorkerLoad:
+        """What the ingress policy sees of a worker's load now."""
+        return WorkerLoad(
             worker_id=w.id,
             queue_depth=len(w.waiting),
             kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
             inflight_requests=w.active_requests,
             inflight_tokens=self.inflight_tokens.get(w.id, 0),
         )
-        self._loads[w.id] = (w.version, load)
-        return load
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         d = self.policy.decide(snap)
@@ -111,11 +101,9 @@ class SimIngress:
                 decide_again(req)
 
     def admitted(self, worker: int, tenant: str, tokens: int) -> None:
-        self._loads.pop(worker, None)
         self.inflight_tokens[worker] = self.inflight_tokens.get(worker, 0) + tokens
         self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + tokens
 
     def finished(self, worker: int, tenant: str, tokens: int) -> None:
-        self._loads.pop(worker, None)
         self.inflight_tokens[worker] -= tokens
         self.tenant_tokens[tenant] -= tokens

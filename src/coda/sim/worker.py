@@ -65,6 +65,7 @@ class Worker:
         observers: Sequence[SimObserver] = (),
         on_first_token: Callable[[SimRequest], None] | None = None,
         on_admit: Callable[[SimRequest], None] | None = None,
+        touched: set[int] | None = None,
     ) -> None:
         self.id = wid
         self.loop = loop
@@ -109,10 +110,11 @@ class Worker:
         self._k = 0
         self.steps = 0
         self.decode_steps = 0
-        # Bumped when an event may change what the views read (queues, active tokens, decode
-        # contexts, HBM use), so a cached view is reused exactly while it is still true. Callbacks
-        # out of these events defer routing to the loop, so no view is taken mid-event.
-        self.version = 0
+        # Ids of workers whose events may have changed what a router or ingress view reads
+        # (queues, active tokens, decode contexts, HBM use), shared by a cluster's workers so it
+        # rebuilds only those views. Callbacks out of these events defer routing to the loop, so
+        # no view is taken mid-event.
+        self.touched = touched if touched is not None else set()
 
     # --- views -----------------------------------------------------------------------------
     @property
@@ -127,7 +129,7 @@ class Worker:
     def enqueue(self, req: SimRequest) -> None:
         """A request reaches the engine; its scheduler sees it after the engine's own per-request
         time (``cost.request_s``: the API server's work), when the profile measured one."""
-        self.version += 1
+        self.touched.add(self.id)
         req.worker = self.id
         req.state = WAITING
         if req.arrived_s < 0:
@@ -140,14 +142,14 @@ class Worker:
             self._arrive(req)
 
     def _arrive(self, req: SimRequest) -> None:
-        self.version += 1
+        self.touched.add(self.id)
         self.waiting.append(req)
         self.kick()
 
     def abort(self, req: SimRequest) -> bool:
         """Stop a request as an engine's abort does: a waiting one leaves the queue now (returns
         True); a running or restoring one ends after its current step, freeing its KV then."""
-        self.version += 1
+        self.touched.add(self.id)
         if req.state == WAITING and req in self.waiting:
             self.waiting.remove(req)
             self.active_tokens -= req.orig_prompt_tokens + req.emitted
@@ -284,7 +286,7 @@ class Worker:
             self.on_admit(req)
 
     def _restored(self, req: SimRequest) -> None:
-        self.version += 1
+        self.touched.add(self.id)
         self.n_restoring -= 1
         req.state = RUNNING
         self.running.append(req)
@@ -329,7 +331,7 @@ class Worker:
 
     # --- the step --------------------------------------------------------------------------
     def _schedule(self) -> None:
-        self.version += 1
+        self.touched.add(self.id)
         budget = self.budget
         prefills: list[tuple[SimRequest, int]] = []
         decoders: list[SimRequest] = []
@@ -429,7 +431,7 @@ class Worker:
     def _step_end(self, gen: int) -> None:
         if gen != self._gen:
             return
-        self.version += 1
+        self.touched.add(self.id)
         now = self.loop.now
         k = self._k
         ends = self._ends[:k]
