@@ -1,8 +1,16 @@
-"""Simulator speed: simulated seconds per wall second and decode iterations per wall second for
-4 workers at 7 req/s over 30 simulated minutes, next to a null event loop measured in the same run.
+"""Simulator speed, two tables.
 
+Default: simulated seconds per wall second and decode iterations per wall second for 4 workers at
+7 req/s over 30 simulated minutes, next to a null event loop measured in the same run.
 Goal: >= 200x real time for the `vllm` system on one core.
+
+``--scale``: wall time per simulated request at 4, 16, 64 and 256 workers in one run, the offered
+load scaled with the workers (100/64 req/s per worker, so 100 req/s at 64: 16 nodes of 4 workers
+sharing a DRAM store each), over the same simulated window at every size, with the ratio to the
+4-worker cost measured in the same run. Goal: at most 1.5x from 4 to 256 workers.
+
 Run: make bench   (or: python benchmarks/sim_speed.py [--systems vllm,...] [--repeats 3])
+     python benchmarks/sim_speed.py --scale [--systems coda] [--workers 4,16,64,256] [--duration-s 300]
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from coda.sim.loop import EventLoop
 from coda.workload.spec import load_workload
 
 WORKLOAD = "synth:rate=7,duration=1800,seed=0"
+#: offered load per worker in the scaling table: the 64-worker cluster at 100 req/s (assumed target)
+RATE_PER_WORKER = 100 / 64
 
 
 def null_loop(n_events: int) -> float:
@@ -33,23 +43,15 @@ def null_loop(n_events: int) -> float:
     return n_events / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--systems", default="vllm")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workload", default=WORKLOAD)
-    args = ap.parse_args()
-    wl = load_workload(args.workload)
-    console = Console()
-    table = Table(title=f"simulator speed: {args.workload}, {args.workers} workers, median of {args.repeats}")
+def speed_table(systems: list[str], workers: int, repeats: int, workload: str) -> Table:
+    wl = load_workload(workload)
+    table = Table(title=f"simulator speed: {workload}, {workers} workers, median of {repeats}")
     for col in ("system", "sim s / wall s", "decode iters / wall s", "events / wall s", "null loop events / wall s", "sim events vs null"):
         table.add_column(col, justify="right")
-    for system in args.systems.split(","):
+    for system in systems:
         speeds, iters, evs, nulls = [], [], [], []
-        for _ in range(args.repeats):
-            sim = Simulation(wl, SimConfig(system=system, workers=args.workers))
-            res = sim.run()
+        for _ in range(repeats):
+            res = Simulation(wl, SimConfig(system=system, workers=workers)).run()
             s = res.summary()
             speeds.append(s["sim_time_s"] / s["wall_s"])
             iters.append(s["decode_steps"] / s["wall_s"])
@@ -57,7 +59,56 @@ def main() -> None:
             nulls.append(null_loop(max(s["events"], 10_000)))
         ev, nl = statistics.median(evs), statistics.median(nulls)
         table.add_row(system, f"{statistics.median(speeds):,.0f}x", f"{statistics.median(iters):,.0f}", f"{ev:,.0f}", f"{nl:,.0f}", f"{ev / nl:.3f}")
-    console.print(table)
+    return table
+
+
+def per_request_ms(system: str, workers: int, duration_s: float, seed: int) -> tuple[float, float, int]:
+    """(wall and CPU milliseconds per simulated request, requests) of one run at the scaled load.
+    CPU time is reported beside wall time: on a shared machine it moves less with other jobs."""
+    wl = load_workload(f"synth:rate={RATE_PER_WORKER * workers:g},duration={duration_s:g},seed={seed}")
+    sim = Simulation(wl, SimConfig(system=system, workers=workers, seed=seed))
+    cpu = time.process_time()
+    sim.run()
+    cpu = time.process_time() - cpu
+    n = len(sim.requests)
+    return 1e3 * sim.wall_s / n, 1e3 * cpu / n, n
+
+
+def scale_table(systems: list[str], sizes: list[int], duration_s: float, repeats: int) -> Table:
+    table = Table(title=f"wall time per simulated request: synth at {RATE_PER_WORKER:g} req/s per worker, {duration_s:g} s window, "
+                        f"median of {repeats}")
+    first = sizes[0]
+    for col in ("system", "workers", "offered req/s", "requests", "wall ms / request", f"vs {first} workers",
+                "CPU ms / request", f"vs {first} workers "):
+        table.add_column(col, justify="right")
+    for system in systems:
+        base: tuple[float, float] | None = None
+        for n in sizes:
+            runs = [per_request_ms(system, n, duration_s, seed=0) for _ in range(repeats)]
+            wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            base = base or (wall, cpu)
+            table.add_row(system, str(n), f"{RATE_PER_WORKER * n:g}", f"{runs[0][2]:,}", f"{wall:.2f}", f"{wall / base[0]:.2f}x",
+                          f"{cpu:.2f}", f"{cpu / base[1]:.2f}x")
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--systems", default=None, help="comma-separated presets (default: vllm; coda with --scale)")
+    ap.add_argument("--workers", default=None, help="workers (default 4); with --scale a comma-separated list (default 4,16,64,256)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per row, the median reported (default 3; 1 with --scale)")
+    ap.add_argument("--workload", default=WORKLOAD)
+    ap.add_argument("--scale", action="store_true", help="the per-request cost table over cluster sizes")
+    ap.add_argument("--duration-s", type=float, default=300.0, help="arrival window of each --scale run")
+    args = ap.parse_args()
+    console = Console()
+    if args.scale:
+        sizes = [int(x) for x in (args.workers or "4,16,64,256").split(",")]
+        console.print(scale_table((args.systems or "coda").split(","), sizes, args.duration_s, args.repeats or 1))
+        console.print("ratios are against the first size, measured in this run; requests counts every round offered "
+                      "(the window's arrivals, then the drain that lets them finish).")
+        return
+    console.print(speed_table((args.systems or "vllm").split(","), int(args.workers or 4), args.repeats or 3, args.workload))
     console.print("decode iterations are advanced in coalesced runs between batch-membership changes; "
                   "the null loop is the same heapq loop with no-op callbacks, measured in this run.")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
@@ -121,6 +123,40 @@ def test_tool_aware_eviction_takes_the_longest_out_session_first_within_its_wind
     assert policy.victims(lru, 4, status.__getitem__) == [c(2, 5), c(2, 4), c(3, 1), c(1, 3)]
     assert policy.victims(lru, 2, lambda owner: None) == [c(1, 3), c(1, 2)]  # nobody out: LRU
     assert Lru().victims(lru, 2, status.__getitem__) == [c(1, 3), c(1, 2)]
+
+
+def reference_victims(policy, lru, n: int, out) -> list[int]:
+    """ToolAware's choice computed the plain way: every chunk scored through its owner, a stable
+    sort by score (highest first) over the LRU window."""
+    import numpy as np
+
+    w = min(max(policy.window_chunks, n), len(lru))
+    chunks = list(lru)[:w]
+    score = [policy.score(c >> 32, out) for c in chunks]
+    if not any(x > 0 for x in score):
+        return chunks[:n]
+    return [chunks[i] for i in np.lexsort((np.arange(w), -np.array(score)))[:n]]
+
+
+@settings(max_examples=200)
+@given(owners=st.lists(st.integers(0, 6), min_size=1, max_size=60), window=st.integers(1, 70), data=st.data())
+def test_tool_aware_victims_equal_a_plain_stable_sort(owners, window, data):
+    from collections import OrderedDict
+
+    from coda.policy.eviction import ToolAware
+
+    lru = OrderedDict(((o << 32) | i, None) for i, o in enumerate(owners))
+    policy = ToolAware(window_chunks=window, min_samples=1)
+    policy.observe(["Task"], 50.0)
+    policy.observe(["Read"], 5.0)
+    status = {o: data.draw(st.sampled_from([None, (), ("Task",), ("Read",)])) for o in range(7)}
+    elapsed = data.draw(st.floats(0, 60))
+
+    def out(owner):
+        return None if status[owner] is None else (status[owner], elapsed)
+
+    n = data.draw(st.integers(1, len(lru)))
+    assert policy.victims(lru, n, out) == reference_victims(policy, lru, n, out)
 
 
 def test_the_median_statistic_predicts_the_median_residual():

@@ -79,9 +79,17 @@ class ToolAware:
     def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]:
         w = min(max(self.window_chunks, n), len(lru))
         chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
-        owners, inverse = np.unique(chunks >> OWNER_SHIFT, return_inverse=True)
-        score = np.array([self.score(int(o), out) for o in owners])
-        if not (score > 0).any():
+        # The window is runs of one owner's chunks (a released request's chain joins the LRU at
+        # once): each owner is scored once, each run gets its owner's score.
+        owners = chunks >> OWNER_SHIFT
+        starts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
+        run_owner = owners[np.concatenate(([0], starts))].tolist()
+        scores: dict[int, float] = {}
+        for o in run_owner:
+            if o not in scores:
+                scores[o] = self.score(o, out)
+        if not any(v > 0 for v in scores.values()):
             return chunks[:n].tolist()
-        order = np.lexsort((np.arange(w), -score[inverse]))
+        score = np.repeat([scores[o] for o in run_owner], np.diff(starts, prepend=0, append=w))
+        order = np.argsort(-score, kind="stable")  # highest score first, LRU order among equals
         return chunks[order[:n]].tolist()
