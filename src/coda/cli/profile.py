@@ -19,7 +19,7 @@ app.add_typer(profile_app, name="profile")
 
 @profile_app.command("show")
 def profile_show(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8",
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8-calibrated",
     as_json: JsonOpt = False,
 ) -> None:
     """Print a profile, the provenance of each constant and the KV sizing check."""
@@ -91,7 +91,7 @@ def profile_fit(
     gpu: Annotated[str | None, typer.Option("--gpu", help="GPU of the measurement (default: from the CSV name)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model of the measurement (default: from the CSV name)")] = None,
     family: Annotated[str, typer.Option("--family", help="kernel family: fa2-split or balanced")] = "fa2-split",
-    base: Annotated[str, typer.Option("--base", help="profile whose tiers and host links are copied")] = "a100-qwen3coder30b-fp8",
+    base: Annotated[str, typer.Option("--base", help="profile whose tiers and host links are copied")] = "a100-qwen3coder30b-fp8-roofline",
     holdout_batch: Annotated[list[int] | None, typer.Option("--holdout-batch", help="batch size kept out of the fit (repeatable)")] = None,
     holdout_context: Annotated[
         int | None, typer.Option("--holdout-context", help="keep out every batch reaching this context (default: the largest measured)")
@@ -201,7 +201,7 @@ def profile_derive(
 @profile_app.command("check")
 def profile_check(
     skew: Annotated[Path, typer.Option("--skew", help="skew CSV to check against")],
-    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8",
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8-calibrated",
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted vs measured skew ratios and uniform times, next to a constant-ratio baseline."""

@@ -412,7 +412,7 @@ def is_table(value: dict) -> bool:
     return {"knots", "seconds"} <= value.keys() or {"axes", "values"} <= value.keys()
 
 
-BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8"
+BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8-calibrated"
 
 
 def builtin_profiles() -> list[str]:
