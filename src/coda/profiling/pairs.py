@@ -81,7 +81,7 @@ class Scale:
     """Skew-file time over uniform-table time at the shapes both measured (``t_mean``, ``t_max``)."""
 
     factor: float  # the median ratio
-    shapes: int
+    shapes: int  # uniform measurements of the skew file (t_mean, t_max) that the table also measured
     p10: float
     p90: float
     max_deviation: float  # largest |ratio / factor - 1|
