@@ -25,6 +25,9 @@ import numpy as np
 from coda.metrics_tasks import task_summary, tasks
 
 LATENCY_KEYS = ("ttft", "e2e")
+# What an agent's operator reads beside throughput (request tails, then task metrics), in table order.
+OPERATOR_KEYS = ("ttft_p99_s", "ttft_max_s", "stalled", "tasks", "tasks_censored", "task_time_p50_s", "task_time_p95_s",
+                 "task_time_p99_s", "slowdown_p50", "slowdown_p95", "slowdown_p99", "slowdown_jain")
 STALL_S = 60.0  # assumed: the wait after which an agent's user gives up on a response
 
 
@@ -65,7 +68,7 @@ def summarize(
     gaps: tuple[np.ndarray, np.ndarray] | None = None,
     decode_concurrency: float | None = None,
     run_end_s: float | None = None,
-    alone_s: Mapping[str, float] | None = None,
+    alone_s: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
     """Metrics of DESIGN.md from per-request records.
 
@@ -75,7 +78,7 @@ def summarize(
     ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
     without it, each record's ``gaps_s`` list is pooled. With ``run_end_s`` (when the run
     stopped) the records also carry ``session_id`` and ``session_rounds`` and the task metrics are
-    added, slowdowns too when ``alone_s`` gives each session's time alone.
+    added, slowdowns too when ``alone_s`` gives each session's time alone through each round.
     """
     ready = _col(records, "ready_s")
     first = _col(records, "first_token_s")

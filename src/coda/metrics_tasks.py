@@ -7,7 +7,12 @@ whose last round has not completed by the end of the run (still running, never s
 run ended, or abandoned after a rejection or a failure) is *censored*: it counts with its time so
 far, up to the end of the run, which is a lower bound on what its user waited, and the number of
 censored tasks is reported beside the quantiles. Slowdown divides a task's completion time by the
-same session's time alone on an idle worker (``alone_time_s``); Jain's index over the slowdowns
+same session's time alone on an idle worker (``alone_times_s``), through the same round: a
+censored task is compared with its time alone through the last round it sent (rounds an abandoned
+session never sent are not its work so far) plus, when that round had finished, the idle time from
+its finish to the end of the run (its tool or think time, which alone would pass the same), so a
+task cut off by the end of the run reads below 1 only by what was left of that round. Jain's index
+over the slowdowns
 says how evenly the wait was shared: 1 when every task was slowed alike, 1/n when one task took it
 all.
 """
@@ -30,11 +35,14 @@ TASK_QUANTILES = (50, 95, 99)
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One measured session: its completion time (censored or not) and whether it was censored."""
+    """One measured session: its completion time (censored or not), whether it was censored, how
+    many rounds it sent and, censored after its last sent round finished, the idle time since."""
 
     session_id: str
     time_s: float
     censored: bool
+    rounds_sent: int
+    idle_tail_s: float = 0.0
 
 
 def tasks(records: Sequence[Mapping[str, Any]], start_s: float, end_s: float, run_end_s: float) -> list[Task]:
@@ -45,10 +53,13 @@ def tasks(records: Sequence[Mapping[str, Any]], start_s: float, end_s: float, ru
     """
     first: dict[str, float] = {}
     done: dict[str, float] = {}
+    last: dict[str, Mapping[str, Any]] = {}  # each session's last sent round
     for r in records:
         sid = str(r["session_id"])
         if r["round"] == 0:
             first[sid] = r["ready_s"]
+        if r.get("reason") != "session_abandoned" and (sid not in last or r["round"] > last[sid]["round"]):
+            last[sid] = r
         if r["round"] == r["session_rounds"] - 1 and r.get("state", "completed") == "completed" and r.get("finish_s") is not None:
             done[sid] = r["finish_s"]
     out = []
@@ -56,7 +67,13 @@ def tasks(records: Sequence[Mapping[str, Any]], start_s: float, end_s: float, ru
         if not start_s <= ready <= end_s:
             continue
         finish = done.get(sid)
-        out.append(Task(sid, (finish if finish is not None else max(run_end_s, ready)) - ready, finish is None))
+        end = last.get(sid)
+        sent = end["round"] + 1 if end else 0
+        if finish is not None:
+            out.append(Task(sid, finish - ready, False, sent))
+            continue
+        ended = end.get("finish_s") if end and end.get("state", "completed") == "completed" else None
+        out.append(Task(sid, max(run_end_s, ready) - ready, True, sent, max(run_end_s - ended, 0.0) if ended is not None else 0.0))
     return out
 
 
@@ -68,25 +85,26 @@ def jain_index(values: Iterable[float]) -> float | None:
     return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
 
 
-def task_summary(tasks_: Sequence[Task], alone_s: Mapping[str, float] | None) -> dict[str, Any]:
-    """Quantiles of completion time and, with ``alone_s`` (a session's time alone), of slowdown,
-    and Jain's index over the slowdowns; the counts of measured and censored tasks."""
+def task_summary(tasks_: Sequence[Task], alone_s: Mapping[str, Sequence[float]] | None) -> dict[str, Any]:
+    """Quantiles of completion time and, with ``alone_s`` (each session's ``alone_times_s``), of
+    slowdown, and Jain's index over the slowdowns; the counts of measured and censored tasks."""
     times = np.array([t.time_s for t in tasks_], dtype=float)
     res: dict[str, Any] = {"tasks": len(tasks_), "tasks_censored": sum(t.censored for t in tasks_)}
     for p in TASK_QUANTILES:
         res[f"task_time_p{p}_s"] = float(np.percentile(times, p)) if times.size else None
     slow = None
     if alone_s is not None:
-        slow = np.array([t.time_s / alone_s[t.session_id] for t in tasks_ if alone_s.get(t.session_id, 0.0) > 0], dtype=float)
+        slow = np.array([t.time_s / (alone_s[t.session_id][t.rounds_sent - 1] + t.idle_tail_s) for t in tasks_ if t.rounds_sent], dtype=float)
     for p in TASK_QUANTILES:
         res[f"slowdown_p{p}"] = float(np.percentile(slow, p)) if slow is not None and slow.size else None
     res["slowdown_jain"] = jain_index(slow) if slow is not None else None
     return res
 
 
-def alone_time_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_num_batched_tokens: int, decode_run_max: int = 1024,
-                 time_scale: float = 1.0) -> float:
-    """The session's completion time alone on an idle worker, computed from the cost model without simulating.
+def alone_times_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_num_batched_tokens: int, decode_run_max: int = 1024,
+                  time_scale: float = 1.0) -> list[float]:
+    """The session's time alone on an idle worker from its first ready time to the end of each
+    round (the last is its completion time alone), from the cost model without simulating.
 
     Assumptions, each what the simulator's worker does for a lone request: every round is sent
     when the previous one ends plus its tool and think time (``next_ready_s``, scaled); the engine's
@@ -107,6 +125,7 @@ def alone_time_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_nu
     start = (first.at_s if first.at_s is not None else session.start_s) * time_scale
     t = start
     own_chunks = None  # KV the session's previous round left (none before its first)
+    ends = []
     for k, ((prefix, prompt), rnd) in enumerate(zip(session_prompts(session), session.rounds)):
         t += cost.request_s(prompt)
         chunks = min(prefix // C, (prompt - 1) // C)
@@ -122,6 +141,7 @@ def alone_time_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_nu
             computed += run
             left -= run
         own_chunks = computed // C  # prompt + output - 1 tokens hold KV when the round ends
+        ends.append(t - start)
         if k + 1 < len(session.rounds):
             t = next_ready_s(session, k, t, time_scale)
-    return t - start
+    return ends

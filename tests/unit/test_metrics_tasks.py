@@ -5,35 +5,42 @@ from __future__ import annotations
 import pytest
 
 from coda.metrics import STALL_S, Window, summarize
-from coda.metrics_tasks import Task, alone_time_s, jain_index, task_summary, tasks
+from coda.metrics_tasks import Task, alone_times_s, jain_index, task_summary, tasks
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, Workload
 
 
-def rec(sid: str, k: int, n: int, ready: float, first: float | None, finish: float | None, state: str | None = None) -> dict:
+def rec(sid: str, k: int, n: int, ready: float, first: float | None, finish: float | None, state: str | None = None,
+        reason: str | None = None) -> dict:
     done = finish is not None
-    return {"session_id": sid, "round": k, "session_rounds": n, "ready_s": ready, "first_token_s": first, "finish_s": finish,
+    return {"reason": reason, "session_id": sid, "round": k, "session_rounds": n, "ready_s": ready, "first_token_s": first, "finish_s": finish,
             "output_tokens": 10, "prompt_tokens": 100, "new_input_tokens": 100, "tbt_mean_s": 0.01 if done else None,
             "state": state or ("completed" if done else "unfinished")}
 
 
 def test_completion_time_runs_from_first_ready_to_last_finish():
     records = [rec("a", 0, 2, 1.0, 1.5, 2.0), rec("a", 1, 2, 5.0, 5.2, 7.5)]
-    assert tasks(records, 0.0, 10.0, run_end_s=20.0) == [Task("a", 6.5, False)]
+    assert tasks(records, 0.0, 10.0, run_end_s=20.0) == [Task("a", 6.5, False, 2)]
 
 
 def test_an_unfinished_or_abandoned_session_is_censored_at_the_run_end():
     records = [rec("a", 0, 3, 1.0, 1.5, 2.0), rec("a", 1, 3, 4.0, None, None),  # still running at the end
-               rec("b", 0, 2, 2.0, None, None, "rejected"), rec("b", 1, 2, 3.0, None, None, "rejected"),  # shed
+               rec("d", 0, 3, 5.0, 5.5, 6.0),  # in its tool call at the end, its next round not yet sent
+               rec("b", 0, 2, 2.0, None, None, "rejected"), rec("b", 1, 2, 3.0, None, None, "rejected", "session_abandoned"),  # shed
                rec("c", 0, 1, 3.0, 3.1, 3.4)]
     got = {t.session_id: t for t in tasks(records, 0.0, 10.0, run_end_s=12.0)}
-    assert got["a"] == Task("a", 11.0, True)
-    assert got["b"] == Task("b", 10.0, True)
-    assert got["c"] == Task("c", pytest.approx(0.4), False)
+    assert got["a"] == Task("a", 11.0, True, 2)
+    assert got["b"] == Task("b", 10.0, True, 1)  # its second round was never sent
+    assert got["c"] == Task("c", pytest.approx(0.4), False, 1)
+    assert got["d"] == Task("d", 7.0, True, 1, 6.0)
     s = task_summary(list(got.values()), None)
-    assert s["tasks"] == 3 and s["tasks_censored"] == 2
+    assert s["tasks"] == 4 and s["tasks_censored"] == 3
     assert s["slowdown_p99"] is None and s["slowdown_jain"] is None
+    # a censored task is compared with its time alone through the last round it sent
+    # plus the idle time since that round finished, which alone would pass the same
+    slow = task_summary([got["a"], got["b"], got["d"]], {"a": [1.0, 5.5, 9.0], "b": [2.5, 4.0], "d": [0.5, 3.0, 4.0]})
+    assert slow["slowdown_p50"] == pytest.approx(2.0)  # a: 11 / 5.5, b: 10 / 2.5, d: 7 / (0.5 + 6)
 
 
 def test_only_sessions_whose_first_request_is_ready_in_the_window_are_measured():
@@ -43,8 +50,8 @@ def test_only_sessions_whose_first_request_is_ready_in_the_window_are_measured()
 
 
 def test_slowdown_divides_by_the_time_alone():
-    ts = [Task("a", 4.0, False), Task("b", 2.0, False)]
-    s = task_summary(ts, {"a": 2.0, "b": 2.0})
+    ts = [Task("a", 4.0, False, 2), Task("b", 2.0, False, 1)]
+    s = task_summary(ts, {"a": [0.5, 2.0], "b": [2.0]})
     assert s["slowdown_p50"] == pytest.approx(1.5) and s["slowdown_p99"] == pytest.approx(1.99)
     assert s["task_time_p50_s"] == pytest.approx(3.0)
     assert s["slowdown_jain"] == pytest.approx(9 / 10)  # (2 + 1)^2 / (2 (4 + 1))
@@ -86,9 +93,11 @@ def test_time_alone_agrees_with_a_one_session_simulation(profile):
     cfg = SimConfig(profile=profile, workers=1, warmup_s=0, max_num_batched_tokens=2048, decode_run_max=300, num_gpu_blocks=100)
     res = Simulation(wl, cfg).run()
     (task,) = tasks(res.records, 0.0, 1e5, res.sim.loop.now)
-    alone = alone_time_s(wl.sessions[0], res.sim.cost, chunk_tokens=cfg.chunk_tokens, max_num_batched_tokens=2048, decode_run_max=300)
+    alone = alone_times_s(wl.sessions[0], res.sim.cost, chunk_tokens=cfg.chunk_tokens, max_num_batched_tokens=2048, decode_run_max=300)
     assert not task.censored
-    assert task.time_s == pytest.approx(alone, rel=1e-9)
+    assert task.time_s == pytest.approx(alone[-1], rel=1e-9)
+    first_ready = res.records[0]["ready_s"]
+    assert [r["finish_s"] - first_ready for r in res.records] == pytest.approx(alone, rel=1e-9)  # every round, not only the last
     assert res.summary()["slowdown_p50"] == pytest.approx(1.0, rel=1e-9)
 
 

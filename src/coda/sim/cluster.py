@@ -18,7 +18,7 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
-from coda.metrics_tasks import alone_time_s
+from coda.metrics_tasks import alone_times_s
 from coda.policy.build import PolicySet, build_policies
 from coda.policy.ingress import IngressSnapshot, ttft_estimate
 from coda.policy.presets import SystemPreset, resolve_policies, system_preset
@@ -539,11 +539,11 @@ class SimResult:
         )
         return out
 
-    def alone_s(self) -> dict[str, float]:
-        """Each session's time alone on an idle worker under this run's cost model (slowdown's denominator)."""
+    def alone_s(self) -> dict[str, list[float]]:
+        """Each session's time alone on an idle worker through each round, under this run's cost model (slowdown's denominator)."""
         sim, cfg = self.sim, self.sim.config
-        return {s.session_id: alone_time_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                           decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions}
+        return {s.session_id: alone_times_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                            decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions}
 
     def shadow_block(self) -> dict[str, Any]:
         """How often a shadow policy, on the same snapshots in the measurement window, would have decided
