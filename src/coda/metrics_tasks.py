@@ -82,6 +82,7 @@ def jain_index(values: Iterable[float]) -> float | None:
     x = np.asarray(list(values), dtype=float)
     if x.size == 0 or not np.any(x):
         return None
+    x = x / x.max()  # scale-free, and no square under- or overflows
     return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
 
 

@@ -106,3 +106,12 @@ def test_a_cold_shared_prompt_makes_the_lone_session_slower_than_its_best_case()
     wl = Workload(sessions=[lone_session(group=True)], meta={"duration_s": 1e5})
     s = Simulation(wl, SimConfig(workers=1, warmup_s=0)).run().summary()
     assert s["slowdown_p50"] > 1.0
+
+
+def test_the_frontier_keeps_the_points_no_other_beats_on_both_axes():
+    from coda.eval.pareto import frontier
+
+    # (tail, throughput): b dominates a; c has a longer tail but more throughput; d is beaten by c
+    points = [(2.0, 10.0), (1.0, 12.0), (3.0, 20.0), (4.0, 15.0)]
+    assert frontier(points) == [1, 2]
+    assert frontier([(1.0, 5.0)]) == [0] and frontier([]) == []

@@ -45,7 +45,7 @@ def plot_pareto(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
         front = frontier([(r[tail], r[THROUGHPUT]) for r in shown])
         if len(front) > 1:
             ax.step([shown[i][tail] for i in front], [shown[i][THROUGHPUT] for i in front], where="post", color="grey",
-                    linestyle="--", label="frontier")
+                    linestyle="--", linewidth=2, zorder=3, label="frontier")
         elif front:
             ax.scatter([shown[front[0]][tail]], [shown[front[0]][THROUGHPUT]], s=160, facecolors="none", edgecolors="grey",
                        label="frontier")
