@@ -177,7 +177,7 @@ def plot_timeline(path: Path, records: Sequence[dict[str, Any]], window: Window,
 
 # --- sweeps --------------------------------------------------------------------------------
 SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
-                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed")
+                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed", "stalled", "task_time_p99_s", "slowdown_p99")
 
 
 def sweep_rows(runs: dict[float, list[dict[str, Any]]], axis: str = "rate") -> list[dict[str, Any]]:
