@@ -540,10 +540,12 @@ class SimResult:
         return out
 
     def alone_s(self) -> dict[str, list[float]]:
-        """Each session's time alone on an idle worker through each round, under this run's cost model (slowdown's denominator)."""
+        """Each measured session's time alone on an idle worker through each round, under this run's
+        cost model (slowdown's denominator; only sessions whose first round was ready in the window)."""
         sim, cfg = self.sim, self.sim.config
+        measured = {r["session_id"] for r in self.records if r["round"] == 0 and r["measured"]}
         return {s.session_id: alone_times_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                            decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions}
+                                            decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions if s.session_id in measured}
 
     def shadow_block(self) -> dict[str, Any]:
         """How often a shadow policy, on the same snapshots in the measurement window, would have decided
