@@ -71,6 +71,19 @@ def test_compare_gives_each_ratio_a_jackknife_interval_over_seeds():
     assert f"[{ci['coda']['output_tps'][0]:.4g}, {ci['coda']['output_tps'][1]:.4g}]" in line
 
 
+def test_compare_pareto_writes_a_png_and_the_json_has_the_operator_metrics(tmp_path):
+    from coda.metrics import OPERATOR_KEYS
+
+    png = tmp_path / "fig" / "pareto.png"
+    res = json.loads(coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "2", "--json", "--pareto", str(png)).stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000  # two panels drawn, not an empty canvas
+    for row in res["rows"]:
+        assert set(OPERATOR_KEYS) <= row.keys() and "slowdown_p99_ci95" in row and "ttft_max_s_ci95" in row
+        assert row["slowdown_p99"] >= 1 - 1e-9 and row["tasks"] >= row["tasks_censored"]
+    table = coda("compare", "--workload", SMALL, "--systems", "vllm", "--pareto", str(png)).stdout
+    assert "slowdown_p99" in table and "tasks_censored" in table and f"wrote {png}" in table.replace("\n", "")
+
+
 def test_sim_out_writes_records(tmp_path):
     coda("sim", "--workload", SMALL, "--out", str(tmp_path / "o"), "--json")
     recs = [json.loads(line) for line in (tmp_path / "o" / "requests.jsonl").read_text().splitlines()]
