@@ -59,7 +59,7 @@ fidelity: $(STAMP) $(VLLM_STAMP)
 
 ## make bench: performance benchmarks (ratios against baselines measured in the same run)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/sim_speed.py --systems vllm,coda-single
+	$(BIN)/python benchmarks/sim_speed.py --systems vllm,coda
 	$(BIN)/python -m pytest benchmarks/test_policy_speed.py --benchmark-only --benchmark-columns=median,mean,ops -q
 	$(BIN)/python benchmarks/bench_cost.py
 	$(BIN)/python benchmarks/bench_harness.py

@@ -71,7 +71,7 @@ def test_indexer_match_128k_tokens_16_workers(benchmark):
     assert got[15].hbm_blocks == 450 and got[0].dram_blocks == 500
 
 
-@pytest.mark.parametrize("profile", ["a100-qwen3coder30b-fp8", "a100-qwen3coder30b-fp8-fa2"])
+@pytest.mark.parametrize("profile", ["a100-qwen3coder30b-fp8-roofline", "a100-qwen3coder30b-fp8-fa2"])
 def test_cohort_plan_256(benchmark, profile):
     """Goal: a cohort plan for 256 decoders in <= 50 us (the analytic profile has no bounds and
     returns at once: the baseline)."""

@@ -22,7 +22,7 @@ Experiments (each prints markdown tables to stdout and writes runs/experiments/<
              RTX 4090 / RTX PRO 6000 profiles on contexts scaled into their measured domain
 
 All single worker, seeds 0-4, warm-up 1,200 s of a 3,600 s arrival window (the paper-single
-preset's), default profile a100-qwen3coder30b-fp8 unless the experiment says otherwise.
+preset's), default profile a100-qwen3coder30b-fp8-roofline unless the experiment says otherwise.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from common import (  # noqa: E402
 )
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
-DEFAULT_PROFILE = "a100-qwen3coder30b-fp8"
+DEFAULT_PROFILE = "a100-qwen3coder30b-fp8-roofline"
 SLO_SWEEP = [(0.05, 0.1), (0.1, 0.1), (0.25, 0.1), (0.5, 0.1), (1.0, 0.1), (2.0, 0.1), (5.0, 0.1), (10.0, 0.1), (30.0, 0.1),
              (5.0, 0.03), (5.0, 0.05)]
 

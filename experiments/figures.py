@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 FIG = ROOT / "docs" / "figures"
-FOOT = "seeds 0-4, one A100 worker (profile a100-qwen3coder30b-fp8), warm-up 1,200 s of 3,600 s; default SLO TTFT <= 5 s, mean TBT <= 100 ms"
+FOOT = "seeds 0-4, one A100 worker (profile a100-qwen3coder30b-fp8-roofline), warm-up 1,200 s of 3,600 s; default SLO TTFT <= 5 s, mean TBT <= 100 ms"
 
 
 def load(name: str) -> dict:

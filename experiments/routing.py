@@ -15,7 +15,7 @@
   decision in the window, smetric is evaluated in shadow on the same snapshot.
 
 Four workers sharing one DRAM store, seeds 0-4, warm-up 1,200 s of a 3,600 s arrival window
-(the paper-multi preset's), profile a100-qwen3coder30b-fp8, default SLO (TTFT <= 5 s, mean TBT <= 0.1 s).
+(the paper-multi preset's), profile a100-qwen3coder30b-fp8-roofline, default SLO (TTFT <= 5 s, mean TBT <= 0.1 s).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def exp_paper() -> str:
     cells = {f"{w}/{s}": (w, s, {}) for w in wls for s in SYSTEMS}
     res = run_grid(cells, "paper_multi")
     save("paper_multi", res)
-    out = [header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8; default SLO.")]
+    out = [header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8-roofline; default SLO.")]
     rows = []
     for w in wls:
         for s in SYSTEMS:
@@ -163,7 +163,7 @@ def exp_router() -> str:
 
     ref = {k: reference(k) for k in res}
     out = [header("The router alone (engine admission fixed)", wls,
-                  "profile a100-qwen3coder30b-fp8 unless the cell says 'FA2 kernel model' (a100-qwen3coder30b-fp8-fa2: batch "
+                  "profile a100-qwen3coder30b-fp8-roofline unless the cell says 'FA2 kernel model' (a100-qwen3coder30b-fp8-fa2: batch "
                   "composition changes attention time there, it does not in the analytic model); default SLO. smetric+fb / coda-route+fb = "
                   "the router with CacheWise engines (fewest_blocks + tool-aware reclaim), experiment-only recombinations.")]
     rows = []
@@ -216,7 +216,7 @@ def exp_concentration() -> str:
     res = prev
     save("concentration", res)
     out = [f"## Load concentration without affinity ({AZURE.name}, one-round requests)", "",
-           f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8, open-loop replay with timestamps divided by the speed-up; "
+           f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, open-loop replay with timestamps divided by the speed-up; "
            "seed 0 (the replay is deterministic); warm-up = first third of the replay; default SLO.", ""]
     rows = []
     for name, rs in res.items():

@@ -8,7 +8,9 @@ ITL is per request, ``(e2e - ttft) / (output_tokens - 1)``, with percentiles ove
 AIPerf and GuideLLM call inter-token latency and vLLM's benchmark calls TPOT); TBT percentiles
 pool every inter-token gap of every measured request, where tokens that arrive together (one
 streamed chunk, one simulated step of several) are one gap followed by zeros. Goodput = SLO-meeting requests / offered requests (ready in window),
-so rejecting or never finishing a request counts against it.
+so rejecting or never finishing a request counts against it. A request *stalled* when it waited
+more than ``STALL_S`` for its first token or never finished. Task (whole-session) metrics are
+``coda.metrics_tasks``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from coda.metrics_tasks import task_summary, tasks
+
 LATENCY_KEYS = ("ttft", "e2e")
+# What an agent's operator reads beside throughput (request tails, then task metrics), in table order.
+OPERATOR_KEYS = ("ttft_p99_s", "ttft_max_s", "stalled", "tasks", "tasks_censored", "task_time_p50_s", "task_time_p95_s",
+                 "task_time_p99_s", "slowdown_p50", "slowdown_p95", "slowdown_p99", "slowdown_jain")
+STALL_S = 60.0  # assumed: the wait after which an agent's user gives up on a response
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,8 @@ def summarize(
     tbt_slo_s: float,
     gaps: tuple[np.ndarray, np.ndarray] | None = None,
     decode_concurrency: float | None = None,
+    run_end_s: float | None = None,
+    alone_s: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
     """Metrics of DESIGN.md from per-request records.
 
@@ -66,7 +76,9 @@ def summarize(
     ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` (the request's
     ``(finish - first) / (output_tokens - 1)``, its ITL) and, where known, ``*_hit_tokens`` and
     ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
-    without it, each record's ``gaps_s`` list is pooled.
+    without it, each record's ``gaps_s`` list is pooled. With ``run_end_s`` (when the run
+    stopped) the records also carry ``session_id`` and ``session_rounds`` and the task metrics are
+    added, slowdowns too when ``alone_s`` gives each session's time alone through each round.
     """
     ready = _col(records, "ready_s")
     first = _col(records, "first_token_s")
@@ -101,12 +113,14 @@ def summarize(
         "failed": int((offered & (state == "failed")).sum()),
         "slo_met": int((offered & slo_ok).sum()),
         "goodput": float((offered & slo_ok).sum() / max(offered.sum(), 1)),
+        "stalled": int((offered & (~completed | ~(ttft <= STALL_S))).sum()),
     }
     itl = tbt[lat & (out > 1) & ~np.isnan(tbt)]  # the record's tbt_mean_s is (finish - first) / (out - 1)
     for name, arr in (("ttft", ttft[lat]), ("e2e", e2e[lat]), ("itl", itl)):
         for p in (50, 90, 95, 99):
             res[f"{name}_p{p}_s"] = _pct(arr, p)
         res[f"{name}_mean_s"] = float(arr.mean()) if arr.size else None
+    res["ttft_max_s"] = float(ttft[lat].max()) if lat.any() else None
     if gaps is None:
         pooled = [g for r, m in zip(records, lat) if m for g in (r.get("gaps_s") or ())]
         gaps = (np.array(pooled, dtype=float), np.ones(len(pooled)))
@@ -120,6 +134,8 @@ def summarize(
     res["reuse_store"] = float((hits["dram"][lat].sum() + hits["ssd"][lat].sum()) / denom)
     if decode_concurrency is not None:
         res["decode_concurrency"] = decode_concurrency
+    if run_end_s is not None:
+        res.update(task_summary(tasks(records, t0, t1, run_end_s), alone_s))
     return res
 
 

@@ -200,6 +200,7 @@ def busy_port() -> socket.socket:
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "1,2", "--sweep-concurrency", "1,2"), "two sweeps"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--max-concurrency", "0"), "max_concurrency"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--json", "--csv"), "choose one"),
+        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--profile", "bogus"), "unknown profile 'bogus'"),
         (("fake-engine", "--port", "0", "--system", "coda"), "eviction policy tool_aware needs"),
         (("fake-engine", "--port", "0", "--system", "nope"), "unknown system 'nope'"),
         (("fake-engine", "--port", "0", "--speedup", "0"), "speedup"),
@@ -216,3 +217,14 @@ def test_a_port_in_use_is_a_one_line_error():
     with busy_port() as sock:
         proc = coda("fake-engine", "--port", str(sock.getsockname()[1]), timeout=60)
     assert proc.returncode == 2 and "cannot listen on 127.0.0.1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_table_shows_the_task_metrics_and_says_why_slowdown_is_missing(engine, tmp_path):
+    args = ("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--max-sessions", "2", "--out", str(tmp_path))
+    plain = coda(*args)
+    assert plain.returncode == 0, plain.stderr
+    assert "task_time_p50_s" in plain.stdout and "slowdown: none: pass --profile" in plain.stdout.replace("\n", " ")
+    with_profile = coda(*args, "--profile", "vllm-cpu-tiny", "--json")
+    assert with_profile.returncode == 0, with_profile.stderr
+    out = json.loads(with_profile.stdout)
+    assert out["tasks"] >= 1 and out["slowdown_p50"] > 0 and out["ttft_max_s"] >= out["ttft_p99_s"]

@@ -324,3 +324,19 @@ def test_every_offered_round_ends_exactly_once_and_tokens_are_conserved(server, 
         for x in server.seen:
             if x.session == r["session_id"] and len(x.body["messages"]) == 2 * r["round"] + 1:  # this round's prompt
                 assert len(tok.render((m["role"], m["content"]) for m in x.body["messages"])) == r["prompt_tokens"]
+
+
+def test_task_metrics_and_slowdown_when_a_cost_profile_is_given(server):
+    server.reset(lambda s: ok(3, delay_s=0.05))
+    gappy = [Session(session_id=f"t{i}", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=0.2) for _ in range(3)])
+             for i in range(2)]
+    replay, summary = bench(server.url, gappy, profile="vllm-cpu-tiny")
+    assert (summary["tasks"], summary["tasks_censored"], summary["stalled"]) == (2, 0, 0)
+    # three rounds, each at least the scripted 50 ms before its first token, and two 200 ms tool calls between them
+    assert summary["task_time_p50_s"] >= 3 * 0.05 + 2 * 0.2
+    assert summary["ttft_max_s"] >= 0.05 and summary["ttft_p99_s"] <= summary["ttft_max_s"]
+    assert summary["slowdown_p50"] > 0 and 0.5 <= summary["slowdown_jain"] <= 1.0
+    assert "vllm-cpu-tiny" in summary["slowdown_basis"]
+    _, without = bench(server.url, gappy)
+    assert without["tasks"] == 2 and without["task_time_p99_s"] > 0
+    assert without["slowdown_p99"] is None and without["slowdown_jain"] is None and "--profile" in without["slowdown_basis"]

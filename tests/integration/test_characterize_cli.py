@@ -28,7 +28,7 @@ def _check(proc: subprocess.CompletedProcess, out) -> dict:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cfg = printed["config"]
     assert cfg["replay_vllm"]["system"] == "vllm" and cfg["replay_vllm"]["tiers"]["ssd"] is True
-    assert cfg["replay_vllm"]["profile"]["name"] == "a100-qwen3coder30b-fp8" and cfg["cost_model"]
+    assert cfg["replay_vllm"]["profile"]["name"] == "a100-qwen3coder30b-fp8-roofline" and cfg["cost_model"]
     return printed
 
 

@@ -25,7 +25,7 @@ def test_sim_json_has_the_design_keys_and_is_deterministic():
     b = json.loads(coda("sim", "--workload", SMALL, "--workers", "2", "--json").stdout)
     assert SIM_KEYS <= a.keys()
     assert a["config"]["workers"] == 2 and a["config"]["slo"] == {"ttft_s": 5.0, "tbt_s": 0.1}
-    assert a["config"]["profile"]["name"] == "a100-qwen3coder30b-fp8" and a["seed"] == 0
+    assert a["config"]["profile"]["name"] == "a100-qwen3coder30b-fp8-roofline" and a["seed"] == 0
     for k in ("wall_s", "speed_x"):
         a.pop(k), b.pop(k)
     assert a == b
@@ -69,6 +69,19 @@ def test_compare_gives_each_ratio_a_jackknife_interval_over_seeds():
     table = coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "3", "--workers", "2").stdout
     line = next(ln for ln in table.splitlines() if "output_tps vs vllm" in ln)
     assert f"[{ci['coda']['output_tps'][0]:.4g}, {ci['coda']['output_tps'][1]:.4g}]" in line
+
+
+def test_compare_pareto_writes_a_png_and_the_json_has_the_operator_metrics(tmp_path):
+    from coda.metrics import OPERATOR_KEYS
+
+    png = tmp_path / "fig" / "pareto.png"
+    res = json.loads(coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "2", "--json", "--pareto", str(png)).stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000  # two panels drawn, not an empty canvas
+    for row in res["rows"]:
+        assert set(OPERATOR_KEYS) <= row.keys() and "slowdown_p99_ci95" in row and "ttft_max_s_ci95" in row
+        assert row["slowdown_p99"] >= 1 - 1e-9 and row["tasks"] >= row["tasks_censored"]
+    table = coda("compare", "--workload", SMALL, "--systems", "vllm", "--pareto", str(png)).stdout
+    assert "slowdown_p99" in table and "tasks_censored" in table and f"wrote {png}" in table.replace("\n", "")
 
 
 def test_sim_out_writes_records(tmp_path):

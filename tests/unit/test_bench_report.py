@@ -17,7 +17,7 @@ def records(draw) -> list[dict]:
     for i in range(draw(st.integers(0, 30))):
         state = draw(st.sampled_from(["completed", "rejected", "failed"]))
         ready = draw(st.floats(0, 20))
-        rec = {"request_id": i, "round": draw(st.integers(0, 3)), "ready_s": ready, "state": state, "prompt_tokens": 100,
+        rec = {"request_id": i, "session_id": f"s{i}", "round": draw(st.integers(0, 3)), "session_rounds": 4, "ready_s": ready, "state": state, "prompt_tokens": 100,
                "new_input_tokens": 10, "output_tokens": 0, "first_token_s": None, "finish_s": None, "tbt_mean_s": None, "gaps_s": [],
                "attempts": draw(st.integers(0, 4)), "admitted": False, "deferred": draw(st.booleans()), "hbm_hit_tokens": 0,
                "reason": None if state == "completed" else draw(st.sampled_from(["attempts_exhausted: x", "session_abandoned", "connect_error: y"]))}
@@ -32,7 +32,7 @@ def records(draw) -> list[dict]:
 
 @given(records())
 def test_every_offered_request_is_counted_once_and_goodput_divides_by_all_of_them(recs):
-    s = bench_summary(recs, Window(5.0, 15.0), ttft_slo_s=5.0, tbt_slo_s=0.1)
+    s = bench_summary(recs, Window(5.0, 15.0), ttft_slo_s=5.0, tbt_slo_s=0.1, run_end_s=40.0)
     offered = [r for r in recs if 5.0 <= r["ready_s"] <= 15.0]
     assert s["offered"] == len(offered) == s["completed"] + s["rejected"] + s["failed"]
     assert sum(s["rejected_by_reason"].values()) == s["rejected"] and sum(s["failed_by_reason"].values()) == s["failed"]
@@ -41,6 +41,8 @@ def test_every_offered_request_is_counted_once_and_goodput_divides_by_all_of_the
     assert s["goodput"] == pytest.approx(len(good) / max(len(offered), 1))
     assert s["retries"] == sum(max(r["attempts"] - 1, 0) for r in offered)
     assert "reuse_hbm" not in s  # a client cannot tell tiers apart
+    firsts = [r for r in offered if r["round"] == 0]
+    assert s["tasks"] == len(firsts) and s["tasks_censored"] == len(firsts)  # each session here has 4 rounds and sent one
 
 
 def test_knee_is_the_highest_rate_within_5_percent_of_the_best_goodput():

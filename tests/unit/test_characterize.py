@@ -31,7 +31,7 @@ class PaddedAttention(AnalyticCost):
 
 @pytest.fixture(scope="module")
 def padded() -> PaddedAttention:
-    return PaddedAttention(load_profile("a100-qwen3coder30b-fp8"))
+    return PaddedAttention(load_profile("a100-qwen3coder30b-fp8-roofline"))
 
 
 def _mix(cost, window=EVERYTHING) -> DecodeMix:
@@ -74,7 +74,7 @@ def test_near_uniform_keeps_count_and_total(contexts):
 
 @given(st.lists(st.integers(1, 200_000), min_size=2, max_size=64))
 def test_a_linear_attention_model_sees_no_composition_gap(contexts):
-    cost = AnalyticCost(load_profile("a100-qwen3coder30b-fp8"))
+    cost = AnalyticCost(load_profile("a100-qwen3coder30b-fp8-roofline"))
     ctx = np.array(contexts)
     assert cost.decode_attention_s(ctx) == pytest.approx(cost.decode_attention_s(near_uniform(ctx)), rel=1e-12)
 

@@ -138,7 +138,7 @@ contexts = st.lists(st.integers(1, 120_000), min_size=2, max_size=300)
 def test_gain_sweep_equals_cohort_predictions(ctx, name):
     cost = build_cost_model(load_profile(name))
     c = np.array(ctx)
-    gb = cost.cohort_gain_bounds(c)
+    gb = cost.unpaired_gain_bounds(c, None, 3e-4)  # the kernel's own, whatever paired section the profile carries
     assert list(gb.cuts) == list(range(1, len(c)))
     full = cost.kernel.decode_s(c)
     for cut in {1, len(c) // 2, len(c) - 1}:

@@ -66,7 +66,7 @@ def test_decode_runs_interpolate_exactly(cost):
 def test_profile_needs_provenance_for_every_constant(tmp_path):
     from importlib import resources
 
-    data = json.loads((resources.files("coda.cost") / "profiles" / "a100-qwen3coder30b-fp8.json").read_text())
+    data = json.loads((resources.files("coda.cost") / "profiles" / "a100-qwen3coder30b-fp8-roofline.json").read_text())
     del data["provenance"]["gpu.num_sms"]
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
@@ -75,5 +75,5 @@ def test_profile_needs_provenance_for_every_constant(tmp_path):
 
 
 def test_unknown_profile_lists_builtins():
-    with pytest.raises(CodaError, match="a100-qwen3coder30b-fp8"):
+    with pytest.raises(CodaError, match="a100-qwen3coder30b-fp8-roofline"):
         load_profile("h100-nonexistent")

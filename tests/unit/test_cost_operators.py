@@ -54,7 +54,7 @@ def test_committed_fits_meet_their_held_out_targets(name):
 def test_fit_reproduces_the_committed_profile(name):
     setup, tp = FITS[name]
     shared_path("profiles", f"{setup}_meta.yaml")
-    data, _ = fit_operators(shared_path("profiles"), setup, tp, load_profile("a100-qwen3coder30b-fp8"))
+    data, _ = fit_operators(shared_path("profiles"), setup, tp, load_profile("a100-qwen3coder30b-fp8-roofline"))
     shipped = load_profile(name)
     assert data["name"] == name
     for op, curve in shipped.operators.layer.items():

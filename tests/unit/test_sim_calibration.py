@@ -18,8 +18,8 @@ def _run(sessions, **cfg):
 
 
 def test_ttft_is_prefill_time_and_tbt_is_decode_step():
-    cost = AnalyticCost(load_profile())
     sim, res = _run([make_session("a", 1.0, [(3000, 20, 0.0)])])
+    cost = sim.cost
     rec = res.records[0]
     assert rec["ttft_s"] == pytest.approx(cost.prefill_only_s(3000, 0), rel=1e-9)
     steps = [cost.step_s((), [3001 + j]) for j in range(19)]
@@ -31,8 +31,8 @@ def test_ttft_is_prefill_time_and_tbt_is_decode_step():
 
 
 def test_long_prompt_is_chunked_under_the_token_budget():
-    cost = AnalyticCost(load_profile())
     sim, res = _run([make_session("a", 0.0, [(20000, 2, 0.0)])], max_num_batched_tokens=8192)
+    cost = sim.cost
     expect = cost.step_s([(8192, 0)], []) + cost.step_s([(8192, 8192)], []) + cost.step_s([(3616, 16384)], [])
     assert res.records[0]["ttft_s"] == pytest.approx(expect, rel=1e-9)
 

@@ -71,6 +71,8 @@ class BenchConfig(BaseModel):
     timeout_s: PositiveFloat = 600.0
     seed: int = 0
     slo: SloConfig = SloConfig()
+    profile: str | None = Field(None, description="cost profile (name or JSON path) for each session's time alone, behind slowdown; "
+                                                  "without one, task completion times only")
 
 
 class Replay:
@@ -218,7 +220,8 @@ class Replay:
     def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
         rnd = sess.rounds[k]
         rec: dict[str, Any] = {
-            "request_id": len(self.records), "session_id": sess.session_id, "round": k, "kind": rnd.kind, "tenant": tenant,
+            "request_id": len(self.records), "session_id": sess.session_id, "round": k, "session_rounds": len(sess.rounds),
+            "kind": rnd.kind, "tenant": tenant,
             "ready_s": ready, "sent_s": None, "first_token_s": None, "finish_s": None, "end_s": None,
             "ttft_s": None, "e2e_s": None, "tbt_mean_s": None, "gaps_s": [],
             "prompt_tokens": 0, "trace_prompt_tokens": trace_prompt, "new_input_tokens": rnd.new_input_tokens,

@@ -12,21 +12,21 @@ import csv
 import io
 import platform
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from coda import __version__, strict_json
-from coda.metrics import Window, mean_ci, summarize
+from coda.metrics import OPERATOR_KEYS, Window, mean_ci, summarize
 
 # Keys of `coda bench --json` (the issue's contract), in the order tables print them.
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
 TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",
               "useful_tps", "request_tps", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tbt_p50_s", "tbt_p95_s", "e2e_p50_s", "e2e_p95_s",
-              "reuse_rate")
+              "reuse_rate", *OPERATOR_KEYS)
 
 
 def versions() -> dict[str, str]:
@@ -39,10 +39,12 @@ def _reason(r: dict[str, Any]) -> str:
     return str(r["reason"]).split(":", 1)[0]
 
 
-def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo_s: float, tbt_slo_s: float) -> dict[str, Any]:
+def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo_s: float, tbt_slo_s: float, run_end_s: float,
+                  alone_s: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """``coda.metrics.summarize`` plus the ingress counts: every offered request is exactly one of
-    completed, rejected or failed; admitted = got a 200; deferred = got at least one 503."""
-    s = summarize(records, window, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s)
+    completed, rejected or failed; admitted = got a 200; deferred = got at least one 503. The task
+    metrics end at ``run_end_s``; slowdowns need ``alone_s`` (each session's time alone)."""
+    s = summarize(records, window, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, run_end_s=run_end_s, alone_s=alone_s)
     s.pop("reuse_hbm"), s.pop("reuse_store"), s.pop("unfinished")
     offered = [r for r in records if window.start_s <= r["ready_s"] <= window.end_s]
     states = Counter(r["state"] for r in offered)
@@ -175,7 +177,7 @@ def plot_timeline(path: Path, records: Sequence[dict[str, Any]], window: Window,
 
 # --- sweeps --------------------------------------------------------------------------------
 SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
-                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed")
+                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed", "stalled", "task_time_p99_s", "slowdown_p99")
 
 
 def sweep_rows(runs: dict[float, list[dict[str, Any]]], axis: str = "rate") -> list[dict[str, Any]]:

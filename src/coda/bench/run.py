@@ -23,11 +23,14 @@ from coda.workload.subsample import subsample
 Progress = Callable[[Replay], None]
 
 
-def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
-    """Every metric of one run with its configuration, SLOs, seed, workload provenance and versions."""
+def summary_of(replay: Replay, workload_spec: str, alone: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """Every metric of one run with its configuration, SLOs, seed, workload provenance and versions;
+    slowdowns with ``alone`` (``alone_s``)."""
     cfg = replay.config
     window = replay.window()
-    s = bench_summary(replay.records, window, ttft_slo_s=cfg.slo.ttft_s, tbt_slo_s=cfg.slo.tbt_s)
+    s = bench_summary(replay.records, window, ttft_slo_s=cfg.slo.ttft_s, tbt_slo_s=cfg.slo.tbt_s, run_end_s=replay.wall_s, alone_s=alone)
+    s["slowdown_basis"] = (f"time alone under cost profile {cfg.profile}" if alone is not None
+                           else "none: pass --profile (a cost profile of the engine) for slowdown; task completion times only")
     s["offered_rps"] = s["offered"] / window.length_s
     wl = replay.workload
     s.update(
@@ -53,12 +56,32 @@ def summary_of(replay: Replay, workload_spec: str) -> dict[str, Any]:
     return s
 
 
+def alone_s(workload: Workload, cfg: BenchConfig) -> dict[str, list[float]] | None:
+    """Each session's time alone on an idle engine under ``cfg.profile`` (None without one): the
+    simulator's engine defaults (chunk size, prefill budget, decode runs) stand in for the real
+    engine's, and tool and think times are scaled by ``time_scale`` as the replay scales them. A
+    closed-loop run (``max_concurrency``) shifts each session, so open-loop round timestamps then
+    only approximate its schedule."""
+    if cfg.profile is None:
+        return None
+    from coda.cost.model import build_cost_model
+    from coda.cost.profile import load_profile
+    from coda.metrics_tasks import alone_times_s
+    from coda.sim.config import SimConfig
+
+    engine = SimConfig()
+    cost = build_cost_model(load_profile(cfg.profile))
+    return {s.session_id: alone_times_s(s, cost, chunk_tokens=engine.chunk_tokens, max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        decode_run_max=engine.decode_run_max, time_scale=cfg.time_scale) for s in workload.sessions}
+
+
 def server_series(replay: Replay) -> list[dict[str, Any]] | None:
     return replay.scraper.series() if replay.scraper is not None else None
 
 
 async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress: Progress | None = None,
                    on_replay: Callable[[Replay], None] | None = None) -> tuple[Replay, dict[str, Any]]:
+    alone = alone_s(workload, cfg)  # before the run: a bad --profile fails now, not after it
     try:
         replay = Replay(workload, cfg)
     except ValueError as err:
@@ -75,7 +98,7 @@ async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress:
     finally:
         if ticker is not None:
             ticker.cancel()
-    return replay, summary_of(replay, spec)
+    return replay, summary_of(replay, spec, alone)
 
 
 async def _tick(replay: Replay, progress: Progress) -> None:

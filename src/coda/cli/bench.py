@@ -101,6 +101,7 @@ def bench(
     seed: Annotated[int | None, typer.Option("--seed", help="seed of the retry jitter (and of synth specs in a sweep)")] = None,
     slo_ttft_s: Annotated[float | None, typer.Option("--slo-ttft-s", help="TTFT SLO in seconds (default 5)")] = None,
     slo_tbt_s: Annotated[float | None, typer.Option("--slo-tbt-s", help="mean inter-token gap SLO in seconds (default 0.1)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="cost profile of the engine (name or JSON path): each session's time alone, for slowdown")] = None,
     fmt: FormatOpt = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML file with any of these options")] = None,
     as_json: JsonOpt = False,
@@ -112,7 +113,7 @@ def bench(
                api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
                retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, tenant_concurrency=tenant_concurrency,
                scrape_metrics=scrape_metrics, metrics_endpoints=tuple(metrics_endpoint) if metrics_endpoint else None,
-               scrape_interval_s=scrape_interval_s, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, format=fmt)
+               scrape_interval_s=scrape_interval_s, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, profile=profile, format=fmt)
     extra, cfg = _config(config, cli)
     require("matplotlib")  # for the figures every run writes
     if not extra.get("workload"):
@@ -224,6 +225,7 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
         if s.get(key):
             table.add_row(key, ", ".join(f"{k}: {v}" for k, v in s[key].items()))
     out_console.print(table)
+    out_console.print(f"slowdown: {s['slowdown_basis']}", highlight=False, soft_wrap=True)
     for url, eng in (s.get("server") or {}).items():
         out_console.print(f"engine {url}: waiting mean {fmt_value(eng['waiting_mean'])} max {fmt_value(eng['waiting_max'])}, "
                           f"running mean {fmt_value(eng['running_mean'])}, KV usage mean {fmt_value(eng['kv_usage_mean'])} "

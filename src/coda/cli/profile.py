@@ -19,7 +19,7 @@ app.add_typer(profile_app, name="profile")
 
 @profile_app.command("show")
 def profile_show(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8",
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8-calibrated",
     as_json: JsonOpt = False,
 ) -> None:
     """Print a profile, the provenance of each constant and the KV sizing check."""
@@ -64,6 +64,10 @@ def profile_show(
     for link in (k for k in ("h2d", "d2h", "ssd_read") if dump[k] is not None):
         pts = ", ".join(f"{b / 2**20:.3g} MiB:{s * 1e3:.3g} ms" for b, s in dump[link]["points"])
         table.add_row(link, pts, p.provenance.get(link, ""))
+    if p.cohort_gain is not None:
+        g = p.cohort_gain
+        table.add_row("cohort_gain", f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
+                      g.provenance)
     out_console.print(table)
     sz = Table(show_header=True, title="sizing check")
     sz.add_column("quantity")
@@ -91,7 +95,7 @@ def profile_fit(
     gpu: Annotated[str | None, typer.Option("--gpu", help="GPU of the measurement (default: from the CSV name)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model of the measurement (default: from the CSV name)")] = None,
     family: Annotated[str, typer.Option("--family", help="kernel family: fa2-split or balanced")] = "fa2-split",
-    base: Annotated[str, typer.Option("--base", help="profile whose tiers and host links are copied")] = "a100-qwen3coder30b-fp8",
+    base: Annotated[str, typer.Option("--base", help="profile whose tiers and host links are copied")] = "a100-qwen3coder30b-fp8-roofline",
     holdout_batch: Annotated[list[int] | None, typer.Option("--holdout-batch", help="batch size kept out of the fit (repeatable)")] = None,
     holdout_context: Annotated[
         int | None, typer.Option("--holdout-context", help="keep out every batch reaching this context (default: the largest measured)")
@@ -201,14 +205,18 @@ def profile_derive(
 @profile_app.command("check")
 def profile_check(
     skew: Annotated[Path, typer.Option("--skew", help="skew CSV to check against")],
-    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8",
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8-calibrated",
+    attention: Annotated[
+        Path | None, typer.Option("--attention", help="the setup's attention CSV, whose uniform batches pair with the skew rows (default: beside --skew)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Predicted vs measured skew ratios and uniform times, next to a constant-ratio baseline."""
+    """Predicted vs measured skew ratios and uniform times, next to a constant-ratio baseline; cohort
+    gains of measured pairs against the unpaired bounds and the profile's paired section."""
     from coda.cost.profile import load_profile
     from coda.profiling.check import check_skew
 
-    res = check_skew(load_profile(profile), skew)
+    res = check_skew(load_profile(profile), skew, _attention_beside(skew, attention))
     if as_json:
         print_json(res)
         return
@@ -231,11 +239,109 @@ def profile_check(
             str(b["extrapolated"]),
         )
     out_console.print(table)
-    for k, c in res["coverage"].items():
-        if c["shapes"]:
-            out_console.print(
-                f"cohort gain ({k}): {c['shapes']} measured shapes, measured gain median {c['measured_gain_median']:.3f} max {c['measured_gain_max']:.3f}, conservative bound covered {c['covered']:.0%}"
-            )
+    cov = res["coverage"]
+    pairs = cov["pairs"]
+    out_console.print(f"cohort gains: {pairs['shapes']} measured pairs of {pairs['source']} ({pairs['interpolated']} interpolated, "
+                      f"{pairs['skipped']} skipped)", highlight=False)
+    blocks = [("unpaired", cov["unpaired"]["all"]), ("unpaired, kernel held-out", cov["unpaired"]["held_out"])]
+    if cov["paired"] is not None:
+        blocks.append(("paired (section's own pairs are in-sample)", cov["paired"]["all"]))
+        blocks.append(("paired, held out by shape (section)", cov["paired"]["section_held_out"] | {"covered": cov["paired"]["section_held_out"]["coverage"]}))
+    _print_gains(blocks)
+
+
+def _attention_beside(skew: Path, attention: Path | None) -> Path | None:
+    """``attention``, or the setup's attention CSV beside a ``..._skew.csv`` when there is one."""
+    if attention is not None:
+        return attention
+    sibling = skew.with_name(skew.name.removesuffix("_skew.csv") + "_attention.csv")
+    return sibling if skew.name.endswith("_skew.csv") and sibling.is_file() else None
+
+
+def _print_gains(blocks: list[tuple[str, dict]]) -> None:
+    table = Table(show_header=True, title="cohort gain: measured vs conservative")
+    for col in ("bound", "shapes", "covered", "gain MAE", "conservative > 0"):
+        table.add_column(col, justify="right" if col != "bound" else "left")
+    for label, b in blocks:
+        if b.get("shapes"):
+            table.add_row(label, str(b["shapes"]), f"{b['covered']:.1%}", f"{b['gain_mae']:.3f}", str(b["conservative_positive"]))
+    out_console.print(table)
+
+
+@profile_app.command("fit-gain")
+def profile_fit_gain(
+    skew: Annotated[Path, typer.Option("--skew", help="skew CSV of the setup (its pure-decode rows are the full batches)")],
+    out: Annotated[Path, typer.Option("--out", help="profile JSON to write: --profile with a cohort_gain section")],
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile of the same setup (name or JSON path)")],
+    attention: Annotated[
+        Path | None, typer.Option("--attention", help="the setup's attention CSV, whose uniform batches are the cohorts (default: beside --skew)")
+    ] = None,
+    folds: Annotated[int, typer.Option("--folds", help="folds of shape groups held out")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="of the assignment of shape groups to folds")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit the paired cohort-gain model to measured full-versus-cohort pairs and write it into a
+    profile; held-out numbers are printed next to the profile's own (unpaired) bounds."""
+    from coda.cost.model import build_cost_model
+    from coda.cost.profile import profile_data, validate_profile
+    from coda.errors import CodaError
+    from coda.profiling.check import bounds_on_pairs
+    from coda.profiling.gain_fit import fit_gain, fit_report
+    from coda.profiling.measured import read_skew
+    from coda.profiling.pairs import pairs_of
+
+    if folds < 2:
+        raise CodaError(f"--folds {folds}: must be at least 2")
+    if seed < 0:
+        raise CodaError(f"--seed {seed}: must be non-negative")
+    data = profile_data(profile)
+    base = validate_profile(data, profile).model_copy(update={"cohort_gain": None})
+    pairs = pairs_of(read_skew(skew), skew, _attention_beside(skew, attention))
+    fit = fit_gain(pairs, folds=folds, seed=seed)
+    data["cohort_gain"] = fit.section
+    validate_profile(data, profile)
+    report = fit_report(pairs, fit, bounds_on_pairs(build_cost_model(base).cohort_gain_bounds, pairs))
+    _write(out, data)
+    if as_json:
+        print_json({"out": str(out)} | report)
+        return
+    t, loo = report["time_base"], report["interpolation_leave_one_out"]
+    out_console.print(f"wrote {out}: {data['name']} with a paired cohort_gain section from {pairs.fitted_on}", highlight=False)
+    out_console.print(f"  {report['pairs']} pairs ({report['interpolated']} with a cohort interpolated in batch size), {report['skipped']} "
+                      f"skipped; skew-file / uniform time at {t['shapes']} shared shapes {t['ratio']:.4f} (p10 {t['p10']:.4f}, "
+                      f"p90 {t['p90']:.4f})", highlight=False)
+    if loo["points"]:
+        out_console.print(f"  interpolation, one grid point left out: median {loo['median']:.1%}, p90 {loo['p90']:.1%}", highlight=False)
+    out_console.print(f"  residual bound {report['residual_bound']:.3f} (the {report['quantile']:.3f} quantile of held-out ln-speedup "
+                      f"residuals, {folds} folds of shape groups)", highlight=False)
+    _print_gains([("paired, held out by shape", report["paired_held_out"]), (f"unpaired ({base.name})", report["unpaired"])])
+
+
+@profile_app.command("transfer-gain")
+def profile_transfer_gain(
+    source: Annotated[str, typer.Option("--from", help="profile whose cohort_gain section is copied (name or JSON path)")],
+    profile: Annotated[str, typer.Option("--profile", "-p", help="profile that receives it (name or JSON path)")],
+    out: Annotated[Path, typer.Option("--out", help="profile JSON to write")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy a cohort_gain section to another profile, labelled transferred (not measured there)."""
+    from coda.cost.profile import profile_data, validate_profile
+    from coda.errors import CodaError
+    from coda.profiling.gain_fit import transferred
+
+    src = validate_profile(profile_data(source), source)
+    if src.cohort_gain is None:
+        raise CodaError(f"--from {source}: profile {src.name} has no cohort_gain section; fit one with `coda profile fit-gain`")
+    data = profile_data(profile)
+    target = validate_profile(data, profile)
+    data["cohort_gain"] = transferred(src.cohort_gain.model_dump(), src.name, target.name)
+    validate_profile(data, profile)
+    _write(out, data)
+    if as_json:
+        print_json({"out": str(out), "cohort_gain": data["cohort_gain"]})
+        return
+    out_console.print(f"wrote {out}: {target.name} with {src.name}'s cohort_gain section, {data['cohort_gain']['provenance']}", highlight=False,
+                      soft_wrap=True)
 
 
 @profile_app.command("measure")

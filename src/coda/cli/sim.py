@@ -11,6 +11,7 @@ from rich.table import Table
 from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar, require
 from coda.errors import CodaError
+from coda.metrics import OPERATOR_KEYS
 
 # Options shared by `sim` and `compare`; None means "not given" so config files can supply them.
 WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=3,duration=600,seed=0")]
@@ -117,7 +118,7 @@ def _print_sim_table(s: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for key in ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s",
                 "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed", "preemptions",
-                "sim_time_s", "wall_s", "speed_x"):
+                *OPERATOR_KEYS, "sim_time_s", "wall_s", "speed_x"):
         table.add_row(key, fmt_value(s.get(key)))
     out_console.print(table)
 
@@ -147,6 +148,7 @@ def compare(
     state: StateOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
+    pareto: Annotated[Path | None, typer.Option("--pareto", help="write a PNG of output tokens/s against p99 slowdown and p99 TTFT here")] = None,
 ) -> None:
     """Run several systems on the same workload and seeds; gains are ratios of sums. A system is a
     preset name or, in a config file, a variant ``{name, system, policies}``."""
@@ -159,8 +161,12 @@ def compare(
                ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
     if preset is not None:
+        if pareto is not None:
+            raise CodaError(f"--preset {preset} writes its own figures to --out; drop --pareto")
         _paper(preset, extra, cfg, seed, as_json)
         return
+    if pareto is not None:
+        require("matplotlib")
     names = extra.get("systems") or "vllm"
     names = variants([n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names)
     n_seeds = _seeds(extra, 1)
@@ -183,6 +189,11 @@ def compare(
     if extra.get("out"):
         Path(extra["out"]).mkdir(parents=True, exist_ok=True)
         (Path(extra["out"]) / "compare.json").write_text(strict_json.dumps(res, indent=2) + "\n")
+    if pareto is not None:
+        from coda.eval.pareto import plot_pareto
+
+        pareto.parent.mkdir(parents=True, exist_ok=True)
+        plot_pareto(pareto, res["rows"])
     if as_json:
         print_json(res)
         return
@@ -202,6 +213,8 @@ def compare(
     for c in ("output_tps", "slo_tps", "useful_tps"):
         table.add_row(f"{c} vs {res['baseline']}", *(_ratio_cell(res, r["system"], c) for r in res["rows"]))
     out_console.print(table)
+    if pareto is not None:
+        out_console.print(f"wrote {pareto}", highlight=False)
 
 
 def _ratio_cell(res: dict[str, Any], system: str, key: str) -> str:
@@ -212,7 +225,8 @@ def _ratio_cell(res: dict[str, Any], system: str, key: str) -> str:
 
 
 COMPARE_METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
-                   "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed")
+                   "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed",
+                   *OPERATOR_KEYS)
 
 
 def _seeds(extra: dict[str, Any], default: int) -> int:

@@ -25,13 +25,42 @@ class GainBounds(NamedTuple):
     ``predicted`` = (T_full - T_short - T_long) / T_full; ``conservative`` uses the lower
     residual bound of the full batch, the upper bounds of the cohorts and a launch allowance.
     ``in_domain`` is False when the profile has no validated bounds or the batch lies outside
-    its measured domain: callers must not split then.
+    its measured domain: callers must not split then. A paired gain model (``coda.cost.paired``)
+    also marks single cuts outside its measured ranges, with -inf in both arrays.
     """
 
     cuts: np.ndarray
     predicted: np.ndarray
     conservative: np.ndarray
     in_domain: bool
+
+
+#: What the paired gain model (``coda.cost.paired``) sees of a cut, the quantities the Coda paper
+#: names: the context-length ratio (the long cohort's longest context over the short cohort's),
+#: the cut fraction (short cohort's share of the requests) and each cohort's total and maximum
+#: context, totals and maxima as log2 (they span four orders of magnitude).
+CUT_FEATURES = ("log2_ratio", "cut_fraction", "log2_short_total", "log2_long_total", "log2_short_max", "log2_long_max")
+
+
+def cut_features(contexts: np.ndarray | Sequence[int], cuts: np.ndarray) -> dict[str, np.ndarray]:
+    """``CUT_FEATURES`` of each cut of a batch: the ``cut`` shortest contexts form the short cohort.
+
+    Defined for any batch; on a two-level batch (``n - nb`` at ``kvs``, ``nb`` at ``kv_big``) cut at
+    ``n - nb`` they are log2(kv_big / kvs), (n - nb) / n, log2((n - nb) kvs), log2(nb kv_big),
+    log2(kvs) and log2(kv_big).
+    """
+    c = np.sort(np.asarray(contexts, dtype=np.float64))
+    k = np.asarray(cuts, dtype=np.int64)
+    prefix = np.concatenate([[0.0], np.cumsum(c)])
+    short_max, long_max = c[k - 1], np.full(len(k), c[-1])
+    return {
+        "log2_ratio": np.log2(long_max / short_max),
+        "cut_fraction": k / len(c),
+        "log2_short_total": np.log2(prefix[k]),
+        "log2_long_total": np.log2(prefix[-1] - prefix[k]),
+        "log2_short_max": np.log2(short_max),
+        "log2_long_max": np.log2(long_max),
+    }
 
 
 def admissible_cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarray:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from coda.cost.cohorts import CohortPlan, GainBounds, no_split_gains
+from coda.cost.paired import CohortGains
 from coda.cost.profile import Profile
 from coda.errors import CodaError
 
@@ -41,7 +42,7 @@ def step_features(prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Se
     )
 
 
-class EmpiricalCost:
+class EmpiricalCost(CohortGains):
     """``CostModel`` of a ``measured`` profile (its ``step_model`` section)."""
 
     def __init__(self, profile: Profile) -> None:
@@ -74,12 +75,9 @@ class EmpiricalCost:
     def decode_attention_s(self, contexts: np.ndarray) -> float:
         return float(np.sum(contexts)) * self._ctx_s
 
-    def cohort_gain_bounds(
-        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
-    ) -> GainBounds:
+    def unpaired_gain_bounds(self, contexts: np.ndarray, cuts: np.ndarray | None, launch_allowance_s: float) -> GainBounds:
         """Linear attention: a split gains nothing, and nothing about splits was measured (never in domain)."""
-        c = np.asarray(contexts, dtype=np.int64)
-        return no_split_gains(len(c), cuts, self.decode_attention_s(c), 0.0, launch_allowance_s)
+        return no_split_gains(len(contexts), cuts, self.decode_attention_s(contexts), 0.0, launch_allowance_s)
 
     def prefill_only_s(self, new: int, cached: int) -> float:
         return self.step_s([(new, cached)], ()) if new > 0 else 0.0

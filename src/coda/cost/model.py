@@ -21,6 +21,7 @@ from coda.cost.cohorts import CohortPlan, GainBounds, no_split_gains
 from coda.cost.empirical import EmpiricalCost
 from coda.cost.geometry import expected_experts
 from coda.cost.operators import OperatorCost
+from coda.cost.paired import CohortGains
 from coda.cost.parallel import allreduce_s
 from coda.cost.profile import Profile
 
@@ -62,11 +63,12 @@ class CostModel(Protocol):
     def cohort_gain_bounds(
         self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
     ) -> GainBounds:
-        """Predicted and conservative gains of every cut (``None``: 1..n-1)."""
+        """Predicted and conservative gains of every cut (``None``: 1..n-1): the paired model of the
+        profile's ``cohort_gain`` section when it has one (``coda.cost.paired``), else the model's own."""
         ...
 
 
-class AnalyticCost:
+class AnalyticCost(CohortGains):
     """Roofline model from the profile's GPU and model description.
 
     Dense/MoE part: max(weight bytes / bandwidth, 2 x active params x tokens / FLOP/s), where
@@ -116,12 +118,9 @@ class AnalyticCost:
         ordered = np.sort(contexts)
         return self.decode_attention_s(ordered[: plan.cut]) + self.decode_attention_s(ordered[plan.cut :])
 
-    def cohort_gain_bounds(
-        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
-    ) -> GainBounds:
+    def unpaired_gain_bounds(self, contexts: np.ndarray, cuts: np.ndarray | None, launch_allowance_s: float) -> GainBounds:
         """Linear in total context: a split only adds a launch; no validated bounds, so never in domain."""
-        c = np.asarray(contexts, dtype=np.int64)
-        return no_split_gains(len(c), cuts, self.decode_attention_s(c), self._launch, launch_allowance_s)
+        return no_split_gains(len(contexts), cuts, self.decode_attention_s(contexts), self._launch, launch_allowance_s)
 
     def prefill_attention_s(self, new: int, cached: int) -> float:
         if new <= 0:
@@ -215,9 +214,7 @@ class KernelCost(AttentionSteps, AnalyticCost):
     def operators_s(self, tokens: int, sequences: int) -> float:
         return self.dense_s(tokens)
 
-    def cohort_gain_bounds(
-        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
-    ) -> GainBounds:
+    def unpaired_gain_bounds(self, contexts: np.ndarray, cuts: np.ndarray | None, launch_allowance_s: float) -> GainBounds:
         return self.kernel.gain_bounds(contexts, cuts, launch_allowance_s)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from coda.cost.attention import AttentionSteps, KernelAttention
 from coda.cost.cohorts import CohortPlan, GainBounds
 from coda.cost.geometry import GEMMS, Rank, expected_experts
+from coda.cost.paired import CohortGains
 from coda.cost.parallel import allreduce_s
 from coda.cost.profile import Curve, Profile, Residual
 from coda.errors import CodaError
@@ -73,7 +74,7 @@ class Correction:
         return math.exp(sum(w * v[at] for at, w in corners))
 
 
-class OperatorCost(AttentionSteps):
+class OperatorCost(AttentionSteps, CohortGains):
     """``CostModel`` of an ``operators`` profile (see the module docstring)."""
 
     def __init__(self, profile: Profile) -> None:
@@ -155,9 +156,7 @@ class OperatorCost(AttentionSteps):
     def prefill_only_s(self, new: int, cached: int) -> float:
         return self.step_s([(new, cached)], ()) if new > 0 else 0.0
 
-    def cohort_gain_bounds(
-        self, contexts: Sequence[int] | np.ndarray, cuts: np.ndarray | None = None, launch_allowance_s: float = 3e-4
-    ) -> GainBounds:
+    def unpaired_gain_bounds(self, contexts: np.ndarray, cuts: np.ndarray | None, launch_allowance_s: float) -> GainBounds:
         return self.kernel.gain_bounds(contexts, cuts, launch_allowance_s)
 
     def kv_bytes(self, tokens: int) -> int:

@@ -2,7 +2,8 @@
 
 A profile is a JSON file validated by pydantic. Every numeric constant must carry a provenance
 entry (``datasheet: ...``, ``paper: ...``, ``measured: ...``, ``fitted: ...``, ``assumed: ...``)
-under the same dotted name in ``provenance``; a profile without it does not load.
+under the same dotted name in ``provenance``; a profile without it does not load. A
+``cohort_gain`` section is self-contained and carries its own provenance.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
+from coda.cost.cohorts import CUT_FEATURES
 from coda.cost.geometry import Geometry
 from coda.errors import CodaError, invalid
 
@@ -280,6 +282,83 @@ class EngineTime(_Strict):
     request_s: float = Field(ge=0)
 
 
+class GainDomain(_Strict):
+    """Where a paired gain model was measured: batch sizes, contexts, the range of each cut feature
+    over the measured pairs, and the leverage of the fit's design (a cut inside every range may
+    still combine them as no measured pair did, a hidden extrapolation: its leverage then exceeds
+    the largest of the measured pairs'). Outside it the model does not answer (no split)."""
+
+    batch_min: PositiveInt
+    batch_max: PositiveInt
+    context_min: PositiveInt
+    context_max: PositiveInt
+    features: dict[str, tuple[float, float]] = Field(description="measured (min, max) of each feature the terms use")
+    design_r_inverse: list[list[float]] = Field(description="R^-1 of the QR of the fit's design (intercept, then the terms): leverage = |x R^-1|^2")
+    leverage_max: PositiveFloat = Field(description="the largest leverage among the measured pairs")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GainDomain:
+        bad = [k for k, (lo, hi) in self.features.items() if lo > hi]
+        if self.batch_min > self.batch_max or self.context_min > self.context_max or bad:
+            raise ValueError(f"each range needs min <= max{' (features: ' + ', '.join(bad) + ')' if bad else ''}")
+        return self
+
+
+class GainHeldOut(_Strict):
+    """How the paired model did on whole shape groups kept out of its fit (grouped K-fold)."""
+
+    folds: int = Field(ge=2)
+    seed: int = Field(ge=0, description="of the random assignment of groups to folds")
+    groups: PositiveInt = Field(description="shape groups (n, nb, kv_big / kvs)")
+    shapes: PositiveInt
+    coverage: float = Field(ge=0, le=1, description="share of held-out shapes whose measured gain is at least the conservative one")
+    gain_mae: float = Field(ge=0, description="mean |predicted - measured| relative gain")
+    conservative_positive: int = Field(ge=0, description="held-out shapes with a positive conservative gain")
+
+
+class CohortGainSpec(_Strict):
+    """A paired cohort-gain model (``coda.cost.paired``), fitted on measured full-versus-cohort
+    pairs (``coda profile fit-gain``); any profile kind may carry one. Self-contained: its
+    numbers carry their provenance in ``provenance`` (not in the profile's), so the section can
+    move to another profile as it is (``coda profile transfer-gain``, which labels it).
+
+    The model predicts z = ln(T_full / (T_short + T_long)) = intercept + sum of coefficient x
+    term, each term a product of ``CUT_FEATURES`` written ``a*b``; relative gain = 1 - exp(-z).
+    The conservative gain uses z - ``residual_bound``, the ``quantile`` of held-out residuals.
+    """
+
+    kind: Literal["paired"]
+    version: Literal[1]
+    terms: list[str] = Field(min_length=1)
+    intercept: float
+    coefficients: list[float]
+    residual_bound: float = Field(ge=0)
+    quantile: float = Field(gt=0, le=1)
+    held_out: GainHeldOut
+    domain: GainDomain
+    fitted_on: str = Field(min_length=1, description="the measured files the pairs came from")
+    transferred_from: str | None = Field(None, description="the profile it was fitted for, when it was not fitted for this one")
+    provenance: str
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CohortGainSpec:
+        if len(self.coefficients) != len(self.terms) or len(set(self.terms)) != len(self.terms):
+            raise ValueError("terms must be distinct and match coefficients one for one")
+        unknown = sorted({f for t in self.terms for f in t.split("*")} - set(CUT_FEATURES))
+        if unknown:
+            raise ValueError(f"unknown feature(s) {', '.join(unknown)}; known: {', '.join(CUT_FEATURES)}")
+        width = len(self.terms) + 1
+        if len(self.domain.design_r_inverse) != width or any(len(row) != width for row in self.domain.design_r_inverse):
+            raise ValueError(f"domain.design_r_inverse must be {width} x {width} (the intercept and each term)")
+        missing = sorted({f for t in self.terms for f in t.split("*")} - self.domain.features.keys())
+        if missing:
+            raise ValueError(f"domain.features lacks the measured range of {', '.join(missing)}")
+        prefix = "fitted:" if self.transferred_from is None else "transferred:"
+        if not self.provenance.startswith(prefix):
+            raise ValueError(f"provenance must start with {prefix!r} ({'no ' if self.transferred_from is None else ''}transferred_from)")
+        return self
+
+
 MEASURED_SECTIONS = ("step_model",)
 MODEL_SECTIONS = ("gpu", "model", "overheads", "h2d", "d2h", "ssd_read")
 OPERATOR_SECTIONS = ("gpu", "geometry", "operators", "engine", "h2d", "d2h", "ssd_read")
@@ -302,6 +381,7 @@ class Profile(_Strict):
     step_model: StepModel | None = None
     operators: OperatorsSpec | None = None
     engine: EngineTime | None = None
+    cohort_gain: CohortGainSpec | None = None
     provenance: dict[str, str]
 
     @model_validator(mode="after")
@@ -412,7 +492,7 @@ def is_table(value: dict) -> bool:
     return {"knots", "seconds"} <= value.keys() or {"axes", "values"} <= value.keys()
 
 
-BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8"
+BUILTIN_DEFAULT = "a100-qwen3coder30b-fp8-calibrated"
 
 
 def builtin_profiles() -> list[str]:
@@ -420,8 +500,9 @@ def builtin_profiles() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
-def load_profile(name_or_path: str | Path = BUILTIN_DEFAULT) -> Profile:
-    """Load a built-in profile by name or a profile JSON file by path."""
+def profile_data(name_or_path: str | Path = BUILTIN_DEFAULT) -> dict:
+    """The JSON object of a built-in profile (by name) or of a profile file (by path), unvalidated:
+    what a command that rewrites one section starts from."""
     text: str
     source = str(name_or_path)
     path = Path(name_or_path)
@@ -435,8 +516,19 @@ def load_profile(name_or_path: str | Path = BUILTIN_DEFAULT) -> Profile:
             raise CodaError(f"unknown profile {source!r}; built-in profiles: {', '.join(builtin_profiles())}, or a path to a .json file")
         text = res.read_text()
     try:
-        return Profile.model_validate(json.loads(text))
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise CodaError(f"profile {source}: not valid JSON at line {err.lineno}: {err.msg}") from None
+
+
+def validate_profile(data: dict, source: str) -> Profile:
+    """``data`` as a profile, or a one-line error naming ``source`` and the offending field."""
+    try:
+        return Profile.model_validate(data)
     except ValidationError as err:
         raise invalid(f"profile {source}", err) from None
+
+
+def load_profile(name_or_path: str | Path = BUILTIN_DEFAULT) -> Profile:
+    """Load a built-in profile by name or a profile JSON file by path."""
+    return validate_profile(profile_data(name_or_path), str(name_or_path))

@@ -2,24 +2,29 @@
 
 paper-single (the Coda paper's Table 1 / Table 3 shape): one worker, workloads M1-M3 (a quarter
 of the sessions of the 3 / 5 / 7 req/s synthetic workloads, whole sessions kept), systems
-vllm, cachewise, cachewise+ta, coda-single. Every run evaluates ``fewest_blocks`` in shadow on
+vllm, cachewise, cachewise+ta, coda. Every run evaluates ``fewest_blocks`` in shadow on
 the same admission snapshots, so "how often would CacheWise have chosen differently" is a
 per-decision comparison, not two diverged runs. SLO throughput is reported at the default SLOs
-and at an SLO pair whose TTFT bound is set so that cachewise keeps about 7% of its output within
-SLO on M2 (the regime of the paper's Table 1, whose thresholds are not published).
+and at the (TTFT, TBT) pair at which cachewise keeps the paper's published share of its output
+within SLO on M1-M3 (Table 1; the paper does not publish its thresholds), with every gain's
+ratio over a grid of thresholds beside it. CacheWise's output, mean TBT and useful/output ratio
+are printed next to the paper's with their errors (``paper_reference``).
 
 paper-multi (Figures 11, 12, 14, 16 and Table 2): four workers, workloads Q1-Q3 (3 / 5 / 7
 req/s), systems vllm, smetric, cachewise, dynamo, coda and the ablations; the coda runs
 evaluate ``smetric`` in shadow on every routing snapshot and record the context distance of
 both choices.
 
-Warm-up is 1,200 s of a 3,600 s arrival window, longer than the median session lifetime
-(about 750 s measured on these workloads). Gains are ratios of sums over seeds.
+Sessions arrive for 12,000 s and the first 9,600 s are warm-up: session lifetimes are heavy-tailed
+(on M2 p50 646 s, p90 3,089 s, p99 11,885 s measured), so the number of live sessions, and with it
+the request rate and the mix of context lengths, reaches its steady state only after about
+9,600 s; a window that opens earlier sees younger, shorter sessions at a lower rate. Metrics are
+reported over the paper's two windows, the 40 minutes after warm-up (the primary window) and its
+first 10 minutes, from the same runs. Gains are ratios of sums over seeds.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from coda import strict_json
-from coda.metrics import mean_ci, summarize
+from coda.eval.paper_reference import CACHEWISE, SOURCE, TOLERANCE
+from coda.eval.slo_fit import SloFit, SloSample, fit_slo, gain_grid
+from coda.metrics import Window, mean_ci, summarize
 from coda.policy.routing import context_distance
 from coda.policy.shadow import Shadowed
 from coda.sim.cluster import SimResult, Simulation
@@ -39,7 +46,11 @@ from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
 
-TARGET_SLO_SHARE = 0.07
+# The 10-minute window of the paper's evaluation, opening where the primary window opens.
+SHORT_WINDOW_S = 600.0
+# Thresholds of the gain-sign grid: TTFT from interactive to agent-tolerant, TBT around reading speed.
+GRID_TTFT_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+GRID_TBT_S = (0.05, 0.075, 0.1, 0.15)
 
 
 @dataclass(frozen=True)
@@ -63,11 +74,15 @@ class PaperPreset:
     workers: int
     workloads: tuple[PaperWorkload, ...]
     systems: tuple[str, ...]
-    duration_s: float = 3600.0
-    warmup_s: float = 1200.0
+    duration_s: float = 12_000.0
+    warmup_s: float = 9_600.0
     shadow_state: str | None = None
     shadow_router: str | None = None
-    calibrate_on: tuple[str, str] | None = None  # (system, workload label)
+    # The SLO is calibrated on this system's runs so that, on each of the preset's workloads, it
+    # keeps the share of output within SLO that CacheWise keeps in the paper on the paired paper
+    # workload: ((workload label, paper workload label), ...).
+    slo_system: str = "cachewise"
+    slo_targets: tuple[tuple[str, str], ...] = ()
 
     def shadows(self) -> dict[str, Any]:
         """The preset's shadow policies as a ``policies`` override."""
@@ -86,7 +101,7 @@ PRESETS = {
         workloads=(PaperWorkload("M1", 3, 0.25), PaperWorkload("M2", 5, 0.25), PaperWorkload("M3", 7, 0.25)),
         systems=("vllm", "cachewise", "cachewise+ta", "coda"),
         shadow_state="fewest_blocks",
-        calibrate_on=("cachewise", "M2"),
+        slo_targets=(("M1", "M1"), ("M2", "M2"), ("M3", "M3")),
     ),
     "paper-multi": PaperPreset(
         name="paper-multi",
@@ -94,6 +109,7 @@ PRESETS = {
         workloads=(PaperWorkload("Q1", 3), PaperWorkload("Q2", 5), PaperWorkload("Q3", 7)),
         systems=("vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"),
         shadow_router="smetric",
+        slo_targets=(("Q1", "M1"), ("Q2", "M2"), ("Q3", "M3")),
     ),
     # paper-multi at 16 workers: 4 nodes of 4 sharing a DRAM store each (the default profile's
     # node of 4 A100s; the paper's 235B runs, two nodes of 8 GPUs, are two TP8 workers in this
@@ -149,31 +165,34 @@ class Run:
     routes: RouteDistance | None
 
 
-def _slo_metrics(run: Run, ttft: float, tbt: float) -> dict[str, Any]:
+def short_window(run: Run) -> Window:
+    """The paper's 10-minute window: the first ``SHORT_WINDOW_S`` of the run's primary window."""
+    w = run.result.sim.window
+    return Window(w.start_s, min(w.start_s + SHORT_WINDOW_S, w.end_s))
+
+
+def window_metrics(run: Run, window: Window, ttft_s: float, tbt_s: float) -> dict[str, Any]:
+    """``summarize`` over ``window`` at the given SLO. Its mean TBT pools every inter-token gap of
+    the requests in the window, as the simulator's recorder does: a request's mean gap is its ITL,
+    so the pooled mean weights each ITL by the request's ``output_tokens - 1`` gaps."""
+    records = run.result.records
     sim = run.result.sim
-    return summarize(run.result.records, sim.window, ttft_slo_s=ttft, tbt_slo_s=tbt, gaps=sim.recorder.gaps())
+    if window == sim.window:
+        return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=sim.recorder.gaps())
+    inside = [r for r in records if r["tbt_mean_s"] is not None and r["output_tokens"] > 1 and window.start_s <= r["ready_s"] <= window.end_s]
+    gaps = (np.array([r["tbt_mean_s"] for r in inside], dtype=float), np.array([r["output_tokens"] - 1 for r in inside], dtype=float))
+    return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=gaps)
 
 
-def calibrate_ttft(runs: list[Run], tbt_slo_s: float, target: float = TARGET_SLO_SHARE) -> float:
-    """The TTFT SLO at which the runs keep ``target`` of their output within SLO (TBT SLO fixed).
-
-    Only the TTFT side is calibrated: admission policies act on queueing and state preparation,
-    which is what TTFT measures, while the decode step time barely depends on them.
-    """
-
-    def share(ttft: float) -> float:
-        slo = sum(_slo_metrics(r, ttft, tbt_slo_s)["slo_tps"] for r in runs)
-        out = sum(r.summary["output_tps"] for r in runs)
-        return slo / out if out else 0.0
-
-    lo, hi = math.log(1e-4), math.log(1e4)
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if share(math.exp(mid)) < target:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(hi)
+def calibrate_slo(preset: PaperPreset, runs: list[Run]) -> SloFit | None:
+    """The SLO pair at which ``preset.slo_system`` keeps the paper's CacheWise share of output
+    within SLO on each workload (pooled over seeds), in the primary window."""
+    if not preset.slo_targets:
+        return None
+    samples = {label: [SloSample.of(r.result.records, r.result.sim.window) for r in runs if r.system == preset.slo_system and r.workload == label]
+               for label, _ in preset.slo_targets}
+    targets = {label: CACHEWISE[paper].slo_share for label, paper in preset.slo_targets if CACHEWISE[paper].slo_share is not None}
+    return fit_slo(samples, targets)
 
 
 def run_preset(preset: PaperPreset, seeds: list[int], base: SimConfig, progress: Callable[[str, float], None] | None = None) -> list[Run]:
@@ -208,54 +227,44 @@ def _aggregate(runs: list[Run], key: Callable[[Run], dict[str, Any]]) -> dict[st
 
 
 def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[str, Any]:
-    """Aggregate runs into the paper's tables: means with 95% intervals, gains as ratios of sums."""
-    calibrated = None
-    if preset.calibrate_on:
-        sys_name, wl_label = preset.calibrate_on
-        ttft = calibrate_ttft([r for r in runs if r.system == sys_name and r.workload == wl_label], base.slo.tbt_s)
-        calibrated = (ttft, base.slo.tbt_s)
+    """Aggregate runs into the paper's tables: means with 95% intervals, gains as ratios of sums,
+    over the primary window and the 10-minute one, and the baseline next to the paper's."""
+    fit = calibrate_slo(preset, runs)
+    cal = (fit.ttft_s, fit.tbt_s) if fit else None
     cells: dict[str, dict[str, Any]] = {}
+    sums: dict[str, dict[str, float]] = {}
     for wl in preset.workloads:
         for system in preset.systems:
+            key = f"{wl.label}/{system}"
             sel = [r for r in runs if r.workload == wl.label and r.system == system]
-            cell = {"default": _aggregate(sel, lambda r: r.summary)}
-            if calibrated:
-                cal = [_slo_metrics(r, *calibrated) for r in sel]
-                cell["calibrated"] = {"slo_tps": mean_ci(c["slo_tps"] for c in cal), "goodput": mean_ci(c["goodput"] for c in cal)}
-                cell["_cal_slo_sum"] = sum(c["slo_tps"] for c in cal)
-            cell["_sums"] = {m: sum(r.summary[m] for r in sel) for m in ("output_tps", "useful_tps", "slo_tps", "request_tps")}
+            cell: dict[str, Any] = {"default": _aggregate(sel, lambda r: r.summary)}
+            short = [window_metrics(r, short_window(r), base.slo.ttft_s, base.slo.tbt_s) for r in sel]
+            cell["window_10min"] = {m: mean_ci(x[m] for x in short) for m in ("output_tps", "useful_tps", "slo_tps", "tbt_mean_s")}
+            sums[key] = {m: sum(r.summary[m] for r in sel) for m in ("output_tps", "useful_tps", "slo_tps", "request_tps")}
+            sums[key]["output_tps_10min"] = sum(x["output_tps"] for x in short)
+            if cal:
+                long_cal = [window_metrics(r, r.result.sim.window, *cal) for r in sel]
+                short_cal = [window_metrics(r, short_window(r), *cal) for r in sel]
+                cell["calibrated"] = {"slo_tps": mean_ci(c["slo_tps"] for c in long_cal), "goodput": mean_ci(c["goodput"] for c in long_cal)}
+                cell["window_10min"]["slo_tps_calibrated"] = mean_ci(c["slo_tps"] for c in short_cal)
+                sums[key]["slo_tps_calibrated"] = sum(c["slo_tps"] for c in long_cal)
+                sums[key]["slo_tps_calibrated_10min"] = sum(c["slo_tps"] for c in short_cal)
             shadow = [r.summary["shadow"].get("state") for r in sel if r.summary["shadow"].get("state")]
             if shadow:
                 n = sum(s["decisions"] for s in shadow)
                 cell["differs_from_fewest_blocks"] = sum(s["differs"] for s in shadow) / n if n else None
             routes = [r.routes for r in sel if r.routes is not None]
             if routes:
-                chosen = np.concatenate([np.array(r.chosen_d) for r in routes]) if any(r.chosen_d for r in routes) else np.array([])
-                shadow_d = np.concatenate([np.array(r.shadow_d) for r in routes]) if any(r.shadow_d for r in routes) else np.array([])
-                n = sum(r.decisions for r in routes)
-                cell["routing_vs_smetric"] = {
-                    "decisions": n,
-                    "differs_frac": sum(r.differs for r in routes) / n if n else None,
-                    "mean_distance_coda": float(chosen.mean()) if chosen.size else None,
-                    "mean_distance_smetric": float(shadow_d.mean()) if shadow_d.size else None,
-                    "distance_reduction": float(1 - chosen.mean() / shadow_d.mean()) if chosen.size and shadow_d.mean() > 0 else None,
-                }
-            cells[f"{wl.label}/{system}"] = cell
+                cell["routing_vs_smetric"] = _route_summary(routes)
+            cells[key] = cell
     gains: dict[str, dict[str, Any]] = {}
     for wl in preset.workloads:
         for system in preset.systems:
-            c = cells[f"{wl.label}/{system}"]
-            g = {}
-            for ref in ("vllm", "cachewise", "smetric"):
-                if ref in preset.systems and ref != system:
-                    r = cells[f"{wl.label}/{ref}"]
-                    g[ref] = {m: (c["_sums"][m] / r["_sums"][m] if r["_sums"][m] else None) for m in c["_sums"]}
-                    if calibrated:
-                        g[ref]["slo_tps_calibrated"] = c["_cal_slo_sum"] / r["_cal_slo_sum"] if r["_cal_slo_sum"] else None
-            gains[f"{wl.label}/{system}"] = g
-    for c in cells.values():
-        c.pop("_sums")
-        c.pop("_cal_slo_sum", None)
+            c = sums[f"{wl.label}/{system}"]
+            gains[f"{wl.label}/{system}"] = {
+                ref: {m: (c[m] / sums[f"{wl.label}/{ref}"][m] if sums[f"{wl.label}/{ref}"][m] else None) for m in c}
+                for ref in ("vllm", "cachewise", "smetric") if ref in preset.systems and ref != system
+            }
     profile = runs[0].result.sim.profile
     return {
         "preset": preset.name,
@@ -264,14 +273,70 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
         "systems": list(preset.systems),
         "seeds": sorted({r.seed for r in runs}),
         "warmup_s": preset.warmup_s,
+        "windows_s": {"primary": [preset.warmup_s, preset.duration_s], "10min": [preset.warmup_s, min(preset.warmup_s + SHORT_WINDOW_S, preset.duration_s)]},
         "slo_default": {"ttft_s": base.slo.ttft_s, "tbt_s": base.slo.tbt_s},
-        "slo_calibrated": {"ttft_s": calibrated[0], "tbt_s": calibrated[1], "target_share": TARGET_SLO_SHARE,
-                           "calibrated_on": list(preset.calibrate_on or ())} if calibrated else None,
+        "slo_calibrated": {"ttft_s": fit.ttft_s, "tbt_s": fit.tbt_s, "calibrated_on": preset.slo_system, "target_shares": fit.targets,
+                           "shares": fit.shares, "source": SOURCE} if fit else None,
+        "slo_gain_grid": _gain_grid(preset, runs),
+        "paper_baseline": _paper_baseline(preset, runs, cal),
         "profile": {"name": profile.name, "kind": profile.kind, "description": profile.description},
         "cells": cells,
         "gains": gains,
         "versions": versions(),
     }
+
+
+def _route_summary(routes: list[RouteDistance]) -> dict[str, Any]:
+    chosen = np.concatenate([np.array(r.chosen_d) for r in routes]) if any(r.chosen_d for r in routes) else np.array([])
+    shadow_d = np.concatenate([np.array(r.shadow_d) for r in routes]) if any(r.shadow_d for r in routes) else np.array([])
+    n = sum(r.decisions for r in routes)
+    return {
+        "decisions": n,
+        "differs_frac": sum(r.differs for r in routes) / n if n else None,
+        "mean_distance_coda": float(chosen.mean()) if chosen.size else None,
+        "mean_distance_smetric": float(shadow_d.mean()) if shadow_d.size else None,
+        "distance_reduction": float(1 - chosen.mean() / shadow_d.mean()) if chosen.size and shadow_d.mean() > 0 else None,
+    }
+
+
+def _gain_grid(preset: PaperPreset, runs: list[Run]) -> dict[str, Any]:
+    """Every system's SLO-throughput ratio over the SLO-calibration system, per workload, at each
+    threshold pair of ``GRID_TTFT_S`` x ``GRID_TBT_S`` (primary window)."""
+    ref = preset.slo_system
+    if ref not in preset.systems:
+        return {}
+    samples = {(r.workload, r.system): [] for r in runs}
+    for r in runs:
+        samples[(r.workload, r.system)].append(SloSample.of(r.result.records, r.result.sim.window))
+    ratios = {f"{wl.label}/{system}": gain_grid(samples[(wl.label, system)], samples[(wl.label, ref)], GRID_TTFT_S, GRID_TBT_S)
+              for wl in preset.workloads for system in preset.systems if system != ref}
+    return {"vs": ref, "ttft_s": list(GRID_TTFT_S), "tbt_s": list(GRID_TBT_S), "ratios": ratios}
+
+
+def _paper_baseline(preset: PaperPreset, runs: list[Run], cal: tuple[float, float] | None) -> list[dict[str, Any]]:
+    """CacheWise in the simulator next to the paper's published CacheWise, with relative errors."""
+    rows = []
+    for wl in preset.workloads:
+        paper = CACHEWISE.get(wl.label)
+        sel = [r for r in runs if r.workload == wl.label and r.system == "cachewise"]
+        if paper is None or not sel:
+            continue
+        out = sum(r.summary["output_tps"] for r in sel)
+        sim = {"output_tps": out / len(sel),
+               "tbt_mean_s": float(np.mean([r.summary["tbt_mean_s"] for r in sel if r.summary["tbt_mean_s"] is not None])),
+               "useful_per_output": sum(r.summary["useful_tps"] for r in sel) / out if out else None,
+               "slo_tps": float(np.mean([window_metrics(r, r.result.sim.window, *cal)["slo_tps"] for r in sel])) if cal else None}
+        pub = {"output_tps": paper.output_tps, "tbt_mean_s": paper.tbt_mean_s, "useful_per_output": paper.useful_per_output, "slo_tps": paper.slo_tps}
+        for metric, value in pub.items():
+            if value is None or sim[metric] is None:
+                continue
+            err = sim[metric] / value - 1.0
+            rows.append({"workload": wl.label, "metric": metric, "paper": value, "sim": sim[metric], "error": err, "within": abs(err) <= TOLERANCE})
+    return rows
+
+
+def _ms(ci: dict[str, Any] | None) -> str:
+    return f"{ci['mean'] * 1e3:.1f}" if ci and ci.get("mean") is not None else "-"
 
 
 def _fmt(ci: dict[str, Any] | None, digits: int = 1) -> str:
@@ -286,17 +351,27 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# {report['preset']}: {report['workers']} worker(s), seeds {report['seeds']}",
         "",
-        f"Cost profile: {report['profile']['name']} ({report['profile']['kind']}). Warm-up {report['warmup_s']:.0f} s. "
+        f"Cost profile: {report['profile']['name']} ({report['profile']['kind']}): {report['profile']['description']}",
+        "",
+        f"Windows: primary {report['windows_s']['primary'][0]:.0f}-{report['windows_s']['primary'][1]:.0f} s, "
+        f"10-minute {report['windows_s']['10min'][0]:.0f}-{report['windows_s']['10min'][1]:.0f} s (warm-up {report['warmup_s']:.0f} s). "
         f"Default SLO: TTFT <= {report['slo_default']['ttft_s']} s, mean TBT <= {report['slo_default']['tbt_s']} s.",
     ]
     cal = report.get("slo_calibrated")
     if cal:
-        lines.append(
-            f"Calibrated SLO: TTFT <= {cal['ttft_s']:.3g} s, mean TBT <= {cal['tbt_s']:.3g} s "
-            f"(TTFT chosen so that {cal['calibrated_on'][0]} keeps {cal['target_share']:.0%} of its output within SLO on {cal['calibrated_on'][1]})."
-        )
+        shares = ", ".join(f"{k} {cal['shares'][k]:.1%} (paper {t:.1%})" for k, t in cal["target_shares"].items())
+        lines.append(f"Calibrated SLO: TTFT <= {cal['ttft_s']:.3g} s, mean TBT <= {cal['tbt_s'] * 1e3:.0f} ms, the pair at which "
+                     f"{cal['calibrated_on']} keeps the paper's share of its output within SLO: {shares}.")
+    if report.get("paper_baseline"):
+        lines += ["", f"CacheWise against the paper ({SOURCE}); errors over {TOLERANCE:.0%} are marked:", "",
+                  "| workload | metric | paper | simulated | error |", "|---|---|---|---|---|"]
+        for row in report["paper_baseline"]:
+            scale, unit = (1e3, " ms") if row["metric"] == "tbt_mean_s" else (1.0, "")
+            lines.append(f"| {row['workload']} | {row['metric']} | {row['paper'] * scale:.1f}{unit} | {row['sim'] * scale:.1f}{unit} | "
+                         f"{row['error']:+.1%}{'' if row['within'] else ' (miss)'} |")
     lines += ["", "Workloads: " + "; ".join(f"{k} = {v}" for k, v in report["workloads"].items()), ""]
-    head = "| workload | system | output tok/s | useful tok/s | SLO tok/s | " + ("SLO tok/s (calibrated) | " if cal else "") + "goodput | TTFT p95 s | mean TBT ms |"
+    head = ("| workload | system | output tok/s | useful tok/s | SLO tok/s | " + ("SLO tok/s (calibrated) | " if cal else "")
+            + "goodput | TTFT p95 s | mean TBT ms | 10-min output tok/s | 10-min mean TBT ms |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for key, cell in report["cells"].items():
         wl, system = key.split("/", 1)
@@ -305,17 +380,25 @@ def markdown(report: dict[str, Any]) -> str:
         if cal:
             row += f"{_fmt(cell['calibrated']['slo_tps'])} | "
         tbt = d.get("tbt_mean_s")
-        row += f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {(tbt['mean'] * 1e3 if tbt and tbt['mean'] else float('nan')):.1f} |"
+        short = cell["window_10min"]
+        row += (f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | {_ms(short['tbt_mean_s'])} |")
         lines.append(row)
-    lines += ["", "Gains (ratios of sums over seeds):", "", "| workload | system | vs | output | useful | SLO | " + ("SLO (calibrated) |" if cal else ""), "|---|---|---|---|---|---|" + ("---|" if cal else "")]
+    lines += ["", "Gains (ratios of sums over seeds):", "",
+              "| workload | system | vs | output | useful | SLO | " + ("SLO (calibrated) | 10-min SLO (calibrated) | " if cal else "") + "10-min output |",
+              "|---|---|---|---|---|---|---|" + ("---|---|" if cal else "")]
     for key, refs in report["gains"].items():
         wl, system = key.split("/", 1)
         for ref, g in refs.items():
-            row = f"| {wl} | {system} | {ref} | {g['output_tps']:.3f} | {g['useful_tps']:.3f} | {g['slo_tps']:.3f} |" if g["output_tps"] else ""
-            if row and cal:
-                row += f" {g['slo_tps_calibrated']:.3f} |" if g.get("slo_tps_calibrated") else " - |"
-            if row:
-                lines.append(row)
+            cols = ["output_tps", "useful_tps", "slo_tps"] + (["slo_tps_calibrated", "slo_tps_calibrated_10min"] if cal else []) + ["output_tps_10min"]
+            lines.append(f"| {wl} | {system} | {ref} | " + " | ".join("-" if g.get(m) is None else f"{g[m]:.3f}" for m in cols) + " |")
+    grid = report.get("slo_gain_grid")
+    if grid:
+        lines += ["", f"SLO tok/s over {grid['vs']} across SLO thresholds (rows: mean TBT bound; columns: TTFT bound):"]
+        for key, rows in grid["ratios"].items():
+            lines += ["", f"{key} vs {grid['vs']}:", "",
+                      "| TBT \\ TTFT | " + " | ".join(f"{t:g} s" for t in grid["ttft_s"]) + " |", "|---|" + "---|" * len(grid["ttft_s"])]
+            for tbt, row in zip(grid["tbt_s"], rows):
+                lines.append(f"| {tbt * 1e3:.0f} ms | " + " | ".join("-" if x is None else f"{x - 1:+.1%}" for x in row) + " |")
     shadow_rows = [(k, c["differs_from_fewest_blocks"]) for k, c in report["cells"].items() if c.get("differs_from_fewest_blocks") is not None]
     if shadow_rows:
         lines += ["", "Admission choices (in the window) where `fewest_blocks` (CacheWise), evaluated in shadow on the same snapshot, "

@@ -5,22 +5,25 @@ the naive baseline predicts each regime's median measured ratio for every row of
 (an oracle constant, so beating it means the model explains the variation, not just the level).
 Uniform-batch times (``t_mean``, ``t_max``: the base grid) are compared directly. Rows in the
 profile's held-out groups are reported apart: those are the numbers that validate the model.
-Cohort gains measured by pairing rows (the long cohort measured as a uniform batch of ``nb`` at
-``kv_big``, the short one as ``n - nb`` at ``kvs``) check the conservative bounds' coverage.
+Cohort gains measured by pairing rows with uniform batches of their cohorts (``coda.profiling.pairs``)
+check the conservative bounds' coverage: the cost model's own (unpaired) and the paired section's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from coda.cost.cohorts import GainBounds
 from coda.cost.model import KernelCost, build_cost_model
 from coda.cost.operators import OperatorCost
 from coda.cost.profile import Profile
 from coda.errors import CodaError
-from coda.profiling.measured import Batch, SkewRow, read_skew
+from coda.profiling.measured import Batch, read_skew
+from coda.profiling.pairs import PairSet, gain_summary, pairs_of
 
 
 def layer_s(cost: KernelCost | OperatorCost, b: Batch) -> float:
@@ -46,8 +49,9 @@ def _time_err(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.median(np.abs(pred / meas - 1.0)) * 100.0) if len(meas) else float("nan")
 
 
-def check_skew(profile: Profile, skew: Path) -> dict[str, Any]:
-    """The ``coda profile check`` object for one skew CSV."""
+def check_skew(profile: Profile, skew: Path, attention: Path | None = None) -> dict[str, Any]:
+    """The ``coda profile check`` object for one skew CSV; cohort gains pair it with ``attention``
+    (the same setup's attention CSV) when given, else with its own uniform batches."""
     cost = build_cost_model(profile)
     if not isinstance(cost, (KernelCost, OperatorCost)):
         raise CodaError(f"profile {profile.name}: no attention model to check; fit one with `coda profile fit`")
@@ -75,38 +79,35 @@ def check_skew(profile: Profile, skew: Path) -> dict[str, Any]:
     result = block(np.ones(len(rows), dtype=bool))
     result["regime_breakdown"] = {reg: block(regime == reg) for reg in sorted(set(regime))}
     result["held_out"] = {reg: block(held & (regime == reg)) for reg in sorted(set(regime))}
-    result["coverage"] = gain_coverage(cost, rows, held)
+    pairs = pairs_of(rows, skew, attention)
+    held_pairs = np.array([p.n in att.held_out.batches or p.kv_big >= att.held_out.context_from for p in pairs.pairs], dtype=bool)
+    result["coverage"] = gain_coverage(cost, pairs, held_pairs)
     result["profile"] = profile.name
     result["baseline"] = "per-regime median measured ratio (oracle constant)"
     return result
 
 
-def gain_coverage(cost: KernelCost | OperatorCost, rows: list[SkewRow], held: np.ndarray) -> dict[str, Any]:
-    """Measured vs conservative cohort gain on pure rows whose two cohorts were also measured."""
-    uniform = {(r.n, r.kv_big): r.max.seconds for r in rows if r.regime == "pure"}
-    out: dict[str, list[tuple[float, float, float, bool]]] = {"all": [], "held_out": []}
-    for r, h in zip(rows, held):
-        short, long = uniform.get((r.n - r.nb, r.kvs)), uniform.get((r.nb, r.kv_big))
-        if r.regime != "pure" or short is None or long is None:
-            continue
-        measured = (r.skew.seconds - short - long) / r.skew.seconds
-        gb = cost.cohort_gain_bounds(r.skew.decodes, np.array([r.n - r.nb]), 0.0)
-        item = (measured, float(gb.predicted[0]), float(gb.conservative[0]), bool(gb.in_domain))
-        out["all"].append(item)
-        if h:
-            out["held_out"].append(item)
+def bounds_on_pairs(bounds: Callable[..., GainBounds], pairs: PairSet, mask: np.ndarray | None = None) -> dict[str, Any]:
+    """``gain_summary`` of a model's gain bounds (``cohort_gain_bounds`` or ``unpaired_gain_bounds``,
+    without a launch allowance) on the measured pairs in ``mask``, counting those out of its domain apart."""
+    mask = np.ones(len(pairs.pairs), dtype=bool) if mask is None else mask
+    got = [bounds(p.contexts(), np.array([p.cut]), 0.0) for p in pairs.pairs]
+    inside = np.array([gb.in_domain and np.isfinite(gb.predicted[0]) for gb in got], dtype=bool) & mask
+    pred, cons = (np.array([getattr(gb, k)[0] for gb in got]) for k in ("predicted", "conservative"))
+    return gain_summary(pairs.gains()[inside], pred[inside], cons[inside]) | {"out_of_domain": int(np.sum(mask & ~inside))}
 
-    def summary(items: list[tuple[float, float, float, bool]]) -> dict[str, Any]:
-        if not items:
-            return {"shapes": 0}
-        meas, pred, cons, _ = (np.array(x) for x in zip(*items))
-        return {
-            "shapes": len(items),
-            "covered": float(np.mean(meas >= cons)),
-            "measured_gain_median": float(np.median(meas)),
-            "measured_gain_max": float(np.max(meas)),
-            "predicted_gain_mae": float(np.mean(np.abs(pred - meas))),
-            "conservative_positive": int(np.sum(cons > 0)),
-        }
 
-    return {k: summary(v) for k, v in out.items()}
+def gain_coverage(cost: KernelCost | OperatorCost, pairs: PairSet, held: np.ndarray) -> dict[str, Any]:
+    """Measured vs predicted and conservative cohort gains on measured pairs: the cost model's own
+    (unpaired) bounds, and the paired section's where the profile carries one."""
+    out: dict[str, Any] = {
+        "pairs": {"source": pairs.fitted_on, "shapes": len(pairs.pairs), "skipped": pairs.skipped,
+                  "interpolated": sum(p.interpolated for p in pairs.pairs), "time_base_ratio": pairs.scale.factor},
+        "unpaired": {"all": bounds_on_pairs(cost.unpaired_gain_bounds, pairs), "held_out": bounds_on_pairs(cost.unpaired_gain_bounds, pairs, held)},
+        "paired": None,
+    }
+    section = cost.profile.cohort_gain
+    if section is not None:
+        out["paired"] = {"all": bounds_on_pairs(cost.cohort_gain_bounds, pairs), "section_held_out": section.held_out.model_dump(),
+                         "fitted_on": section.fitted_on, "transferred_from": section.transferred_from}
+    return out

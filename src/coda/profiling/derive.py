@@ -93,6 +93,8 @@ def derive(src: Profile, target: Geometry, tp: int, *, name: str | None = None, 
         notes[f"operators.{section}.{op}"] = f"derived: {src.name}'s {op} scaled by roofline time to {target.name} at TP {tp}"
     moe = _moe(src, s_rank, t_rank, floor, notes) if target.moe_layers else None
     data = src.model_dump()
+    # A paired gain section describes the measured model's attention; the derived one has another.
+    data["cohort_gain"] = None
     data.update({
         "name": name or f"{src.name.split('-')[0]}-{target.name.lower().replace('.', '')}" + (f"-tp{tp}" if tp > 1 else ""),
         "description": (f"{gpu.name} serving {target.name} at TP {tp}, derived from the measured operators of {src.name} "

@@ -18,6 +18,7 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
 from coda.metrics import Window, summarize
+from coda.metrics_tasks import alone_times_s
 from coda.policy.build import PolicySet, build_policies
 from coda.policy.ingress import IngressSnapshot, WorkerLoad, ttft_estimate
 from coda.policy.presets import SystemPreset, resolve_policies, system_preset
@@ -553,6 +554,8 @@ class SimResult:
             tbt_slo_s=cfg.slo.tbt_s,
             gaps=sim.recorder.gaps(),
             decode_concurrency=sim.recorder.decode_concurrency(cfg.workers),
+            run_end_s=sim.loop.now,
+            alone_s=self.alone_s(),
         )
         paths: dict[str, int] = {}
         for r in self.records:
@@ -578,6 +581,14 @@ class SimResult:
             }
         )
         return out
+
+    def alone_s(self) -> dict[str, list[float]]:
+        """Each measured session's time alone on an idle worker through each round, under this run's
+        cost model (slowdown's denominator; only sessions whose first round was ready in the window)."""
+        sim, cfg = self.sim, self.sim.config
+        measured = {r["session_id"] for r in self.records if r["round"] == 0 and r["measured"]}
+        return {s.session_id: alone_times_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                            decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions if s.session_id in measured}
 
     def shadow_block(self) -> dict[str, Any]:
         """How often a shadow policy, on the same snapshots in the measurement window, would have decided

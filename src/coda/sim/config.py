@@ -27,7 +27,7 @@ class SimConfig(BaseModel):
     system: str = "vllm"
     workers: PositiveInt = 1
     seed: int = 0
-    profile: str = "a100-qwen3coder30b-fp8"
+    profile: str = "a100-qwen3coder30b-fp8-calibrated"
     chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")
     max_num_seqs: PositiveInt = 256
     max_num_batched_tokens: PositiveInt = 8192

@@ -98,6 +98,7 @@ class SimRequest:
             "request_id": self.rid,
             "session_id": self.sess.session.session_id,
             "round": self.round_idx,
+            "session_rounds": len(self.sess.session.rounds),
             "kind": self.kind,
             "worker": self.worker,
             "measured": self.measured,

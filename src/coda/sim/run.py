@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from coda import __version__, strict_json
 from coda.errors import CodaError, invalid
-from coda.metrics import mean_ci, ratio_ci
+from coda.metrics import OPERATOR_KEYS, mean_ci, ratio_ci
 from coda.policy.presets import system_preset
 from coda.policy.spec import PoliciesOverride
 from coda.sim.cluster import SimResult, Simulation
@@ -23,8 +23,9 @@ from coda.workload.spec import load_workload
 # Metrics summed over seeds for ratio-of-sums gains (throughputs); the rest are averaged.
 RATIO_METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps")
 SUMMARY_METRICS = RATIO_METRICS + (
-    "goodput", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tbt_p50_s", "tbt_p95_s", "tbt_p99_s",
+    "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s", "tbt_p99_s",
     "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed",
+    *OPERATOR_KEYS,
 )
 
 

@@ -3,12 +3,14 @@
 A JSON object, or a path to a JSON or YAML file::
 
     {"system": "vllm+ta", "policies": {"state": {"name": "tiered_aging", "params": {"w_max_s": 30}}},
-     "profile": "a100-qwen3coder30b-fp8", "trace": "/var/log/coda-scheduler.jsonl"}
+     "profile": "a100-qwen3coder30b-fp8-roofline", "trace": "/var/log/coda-scheduler.jsonl"}
 
 ``system`` and ``policies`` select the policies as ``coda sim`` and ``coda serve`` do; inside vLLM
 only the state-admission policy acts (the other kinds are checked, so the same block moved here
 from a simulation fails as it would there). ``profile`` is the cost model state admission ranks
-by; ``trace`` a JSONL file of every step's admissions and decisions (with the shadow's, if any).
+by (by default the analytic roofline of the paper's setup: the base install that vLLM loads has no
+numba, which a profile with a kernel attention section, like the simulator's default, needs; install
+``coda[sim]`` to use one); ``trace`` a JSONL file of every step's admissions and decisions (with the shadow's, if any).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from coda.cost.profile import BUILTIN_DEFAULT
 from coda.errors import CodaError, invalid
 from coda.policy.spec import PoliciesOverride
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
+# A profile the base install can evaluate without numba (see the module docstring).
+DEFAULT_PROFILE = "a100-qwen3coder30b-fp8-roofline"
 
 
 class SchedulerSettings(BaseModel):
@@ -32,7 +35,7 @@ class SchedulerSettings(BaseModel):
 
     system: str = "vllm+ta"
     policies: PoliciesOverride | None = None
-    profile: str = BUILTIN_DEFAULT
+    profile: str = DEFAULT_PROFILE
     trace: str | None = None
 
 
