@@ -103,6 +103,7 @@ def test_paper_multi_16_is_paper_multi_on_four_nodes_of_four_at_four_times_the_l
 
     multi, wide = PRESETS["paper-multi"], PRESETS["paper-multi-16"]
     assert wide.workers == 4 * multi.workers and wide.systems == multi.systems and wide.shadow_router == multi.shadow_router
+    assert wide.slo_targets == multi.slo_targets
     assert [(w.label, w.rate) for w in wide.workloads] == [(w.label, 4 * w.rate) for w in multi.workloads]
     sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(workers=wide.workers))
     assert [sum(w.dram is store for w in sim.workers) for store in sim.dram_stores] == [4, 4, 4, 4]

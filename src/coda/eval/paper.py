@@ -120,6 +120,7 @@ PRESETS = {
         workloads=(PaperWorkload("Q1", 12), PaperWorkload("Q2", 20), PaperWorkload("Q3", 28)),
         systems=("vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"),
         shadow_router="smetric",
+        slo_targets=(("Q1", "M1"), ("Q2", "M2"), ("Q3", "M3")),
     ),
 }
 
