@@ -82,6 +82,7 @@ def scale_table(systems: list[str], sizes: list[int], duration_s: float, repeats
                 "CPU ms / request", f"vs {first} workers "):
         table.add_column(col, justify="right")
     for system in systems:
+        per_request_ms(system, first, 60.0, seed=1)  # warm-up: imports and compiled kernels stay out of the first row
         base: tuple[float, float] | None = None
         for n in sizes:
             runs = [per_request_ms(system, n, duration_s, seed=0) for _ in range(repeats)]
