@@ -119,7 +119,10 @@ def alone_times_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_n
     so nothing is evicted or restored. The first token comes with the step that ends the prefill,
     each further token with one decode step at batch 1, in runs of at most ``decode_run_max``
     steps as the simulator advances them (``cost.decode_steps_s`` interpolates step times within
-    a run, so shorter runs would change the sum).
+    a run, so shorter runs would change the sum). With a step cost linear in a step's tokens (the
+    roofline) no simulated run is faster; under a step cost that is not linear in them (the calibrated
+    kernel model) a differently split prefill can run slightly faster (0.02% seen), so slowdowns
+    just under 1 are possible there.
     """
     C = chunk_tokens
     first = session.rounds[0]

@@ -82,7 +82,7 @@ def lone_session(group: bool) -> Session:
     return Session(session_id="a", start_s=3.0, rounds=rounds, prefix_group="g" if group else None)
 
 
-@pytest.mark.parametrize("profile", ["a100-qwen3coder30b-fp8", "vllm-cpu-tiny"])
+@pytest.mark.parametrize("profile", ["a100-qwen3coder30b-fp8-calibrated", "vllm-cpu-tiny"])
 def test_time_alone_agrees_with_a_one_session_simulation(profile):
     """The analytic time alone and a simulation of the session by itself follow the same steps
     (chunked prefill over the cached prefix, decode runs at batch 1, the engine's per-request
