@@ -35,7 +35,7 @@ import numpy as np
 from coda import strict_json
 from coda.eval.paper_reference import CACHEWISE, SOURCE, TOLERANCE
 from coda.eval.slo_fit import SloFit, SloSample, fit_slo, gain_grid
-from coda.metrics import Window, mean_ci, summarize
+from coda.metrics import Window, mean_ci, ratio_ci, summarize
 from coda.policy.routing import context_distance
 from coda.policy.shadow import Shadowed
 from coda.sim.cluster import SimResult, Simulation
@@ -237,19 +237,19 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
     for wl in preset.workloads:
         for system in preset.systems:
             key = f"{wl.label}/{system}"
-            sel = [r for r in runs if r.workload == wl.label and r.system == system]
+            sel = sorted((r for r in runs if r.workload == wl.label and r.system == system), key=lambda r: r.seed)
             cell: dict[str, Any] = {"default": _aggregate(sel, lambda r: r.summary)}
             short = [window_metrics(r, short_window(r), base.slo.ttft_s, base.slo.tbt_s) for r in sel]
             cell["window_10min"] = {m: mean_ci(x[m] for x in short) for m in ("output_tps", "useful_tps", "slo_tps", "tbt_mean_s")}
-            sums[key] = {m: sum(r.summary[m] for r in sel) for m in ("output_tps", "useful_tps", "slo_tps", "request_tps")}
-            sums[key]["output_tps_10min"] = sum(x["output_tps"] for x in short)
+            sums[key] = {m: [r.summary[m] for r in sel] for m in ("output_tps", "useful_tps", "slo_tps", "request_tps")}
+            sums[key]["output_tps_10min"] = [x["output_tps"] for x in short]
             if cal:
                 long_cal = [window_metrics(r, r.result.sim.window, *cal) for r in sel]
                 short_cal = [window_metrics(r, short_window(r), *cal) for r in sel]
                 cell["calibrated"] = {"slo_tps": mean_ci(c["slo_tps"] for c in long_cal), "goodput": mean_ci(c["goodput"] for c in long_cal)}
                 cell["window_10min"]["slo_tps_calibrated"] = mean_ci(c["slo_tps"] for c in short_cal)
-                sums[key]["slo_tps_calibrated"] = sum(c["slo_tps"] for c in long_cal)
-                sums[key]["slo_tps_calibrated_10min"] = sum(c["slo_tps"] for c in short_cal)
+                sums[key]["slo_tps_calibrated"] = [c["slo_tps"] for c in long_cal]
+                sums[key]["slo_tps_calibrated_10min"] = [c["slo_tps"] for c in short_cal]
             shadow = [r.summary["shadow"].get("state") for r in sel if r.summary["shadow"].get("state")]
             if shadow:
                 n = sum(s["decisions"] for s in shadow)
@@ -263,8 +263,7 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
         for system in preset.systems:
             c = sums[f"{wl.label}/{system}"]
             gains[f"{wl.label}/{system}"] = {
-                ref: {m: (c[m] / sums[f"{wl.label}/{ref}"][m] if sums[f"{wl.label}/{ref}"][m] else None) for m in c}
-                for ref in ("vllm", "cachewise", "smetric") if ref in preset.systems and ref != system
+                ref: _gains(c, sums[f"{wl.label}/{ref}"]) for ref in ("vllm", "cachewise", "smetric") if ref in preset.systems and ref != system
             }
     profile = runs[0].result.sim.profile
     return {
@@ -285,6 +284,16 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
         "gains": gains,
         "versions": versions(),
     }
+
+
+def _gains(system: dict[str, list[float]], ref: dict[str, list[float]]) -> dict[str, Any]:
+    """Per metric: the ratio of sums over seeds and, as ``<metric>_ci95``, its jackknife interval."""
+    out: dict[str, Any] = {}
+    for m, values in system.items():
+        ci = ratio_ci(values, ref[m])
+        out[m] = ci.ratio
+        out[f"{m}_ci95"] = None if ci.lo is None else [ci.lo, ci.hi]
+    return out
 
 
 def _route_summary(routes: list[RouteDistance]) -> dict[str, Any]:
@@ -336,6 +345,14 @@ def _paper_baseline(preset: PaperPreset, runs: list[Run], cal: tuple[float, floa
     return rows
 
 
+def _gain_cell(gains: dict[str, Any], metric: str) -> str:
+    """``+4.6% [+1.0, +8.0]``: a gain as a change, with its jackknife interval where there is one."""
+    g, ci = gains.get(metric), gains.get(f"{metric}_ci95")
+    if g is None:
+        return "-"
+    return f"{g - 1:+.1%}" + (f" [{(ci[0] - 1) * 100:+.1f}, {(ci[1] - 1) * 100:+.1f}]" if ci else "")
+
+
 def _ms(ci: dict[str, Any] | None) -> str:
     return f"{ci['mean'] * 1e3:.1f}" if ci and ci.get("mean") is not None else "-"
 
@@ -384,14 +401,14 @@ def markdown(report: dict[str, Any]) -> str:
         short = cell["window_10min"]
         row += (f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | {_ms(short['tbt_mean_s'])} |")
         lines.append(row)
-    lines += ["", "Gains (ratios of sums over seeds):", "",
+    lines += ["", "Gains (ratios of sums over seeds, as changes, with jackknife 95% intervals over seeds):", "",
               "| workload | system | vs | output | useful | SLO | " + ("SLO (calibrated) | 10-min SLO (calibrated) | " if cal else "") + "10-min output |",
               "|---|---|---|---|---|---|---|" + ("---|---|" if cal else "")]
     for key, refs in report["gains"].items():
         wl, system = key.split("/", 1)
         for ref, g in refs.items():
             cols = ["output_tps", "useful_tps", "slo_tps"] + (["slo_tps_calibrated", "slo_tps_calibrated_10min"] if cal else []) + ["output_tps_10min"]
-            lines.append(f"| {wl} | {system} | {ref} | " + " | ".join("-" if g.get(m) is None else f"{g[m]:.3f}" for m in cols) + " |")
+            lines.append(f"| {wl} | {system} | {ref} | " + " | ".join(_gain_cell(g, m) for m in cols) + " |")
     grid = report.get("slo_gain_grid")
     if grid:
         lines += ["", f"SLO tok/s over {grid['vs']} across SLO thresholds (rows: mean TBT bound; columns: TTFT bound):"]
