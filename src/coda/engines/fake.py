@@ -111,7 +111,7 @@ class FakeEngine:
         if config.max_model_len is not None and config.max_model_len > capacity - self.C:
             raise CodaError(f"max_model_len={config.max_model_len} does not fit one worker's HBM KV of {capacity} tokens; lower it or raise hbm_kv_gib")
         self.max_model_len = config.max_model_len or capacity - self.C
-        self.metrics = EngineMetrics(config.model)
+        self.metrics = EngineMetrics(config.model, self.C, self.tiers.hbm_chunks)
         self.loop: RealtimeLoop | None = None
         self.worker: Worker | None = None
         self.publisher: KVEventPublisher | None = None
