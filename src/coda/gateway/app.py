@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from coda.api_errors import ApiError
-from coda.gateway.admission import Admission, DecisionLog
+from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
@@ -58,13 +58,16 @@ class Gateway:
         self.state = GatewayState(config, make_tokenizer(config.indexer.tokenizer))
         self.ids = Identities(config)
         self.metrics = GatewayMetrics()
-        self.decisions = DecisionLog(config.decision_log)
+        self.decisions = JsonlLog(config.decision_log)
+        self.access = JsonlLog(config.access_log.path, config.access_log.sample)
         self.admission = Admission(self.state, self.metrics, self.decisions)
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
-        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.ids.label)
+        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.access, self.ids.label,
+                           config.midstream_failure)
         self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
         self.consumers = {
-            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if self.state.uses_events(w)
+            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick, self.state.kv_batch)
+            for w in self.state.workers if self.state.expects_events(w)
         }
         self.drop_credentials = config.auth.enabled
         if any(w.cfg.kv_events for w in self.state.workers) and not self.state.tokenizer.exact:
@@ -83,6 +86,7 @@ class Gateway:
             await c.close()
         await self.upstream.close()
         self.decisions.close()
+        self.access.close()
 
     def _readmitted(self, w: Worker) -> None:
         if w.id in self.consumers:
@@ -116,6 +120,9 @@ class Gateway:
             ticket = self._plan(path, request, tenant, body, await self._engine_tokens(path, body))
         except ApiError as err:
             self.metrics.requests.labels(path, str(err.status)).inc()
+            if self.access.enabled:
+                self.access.write({"ts": round(time.time(), 6), "rid": None, "path": path, "status": err.status, "outcome": err.code or "error",
+                                   "total_s": round(time.perf_counter() - t0, 6)})
             return err.response(path)
         except ClientDisconnect:
             return Response(status_code=499)
@@ -199,12 +206,15 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _: Request) -> Response:
+        """Ready while some engine is healthy; details name what degrades routing (KV events that never came)."""
         healthy = sum(w.healthy for w in self.state.workers)
         ok = healthy > 0 and not self.state.draining
-        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy}, status_code=200 if ok else 503)
+        missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
+        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing},
+                            status_code=200 if ok else 503)
 
     async def prometheus(self, _: Request) -> Response:
-        stats = {i: (c.stats.batches, c.stats.gaps) for i, c in self.consumers.items()}
+        stats = {i: (c.stats.batches, c.stats.gaps, c.w.kv_missing) for i, c in self.consumers.items()}
         return Response(self.metrics.render(self.state, stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def debug_state(self, request: Request) -> Response:
@@ -226,7 +236,7 @@ class Gateway:
                 "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
                 "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
                 "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
-                "kv_events": vars(c.stats) | {"last_seq": c.last_seq} if c is not None else None,
+                "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,
             })
         sessions = list(s.sessions.items())[-SESSION_LIST_MAX:]
         return {

@@ -34,6 +34,10 @@ class BackendConfig(_Strict):
     kv_events_replay: str | None = Field(None, description="the engine's ZMQ replay (ROUTER) endpoint, e.g. tcp://10.0.0.5:5558")
     kv_events_topic: str = ""
     max_model_len: PositiveInt | None = Field(None, description="override the engine's /v1/models max_model_len")
+    max_num_seqs: PositiveInt | None = Field(None, description="the engine's --max-num-seqs (vLLM does not publish it): the seats "
+                                             "default ingress thresholds are derived from; without it seats do not bind")
+    kv_capacity_tokens: PositiveInt | None = Field(None, description="override the KV capacity read from the engine's "
+                                                   "vllm:cache_config_info (num_gpu_blocks x block_size)")
 
     @field_validator("url")
     @classmethod
@@ -81,6 +85,17 @@ class IndexerConfig(_Strict):
                                            "seen dropped first; a dropped session's next prompt is hashed in full)")
 
 
+class KVEventsConfig(_Strict):
+    expect_within_s: PositiveFloat = Field(
+        10.0, description="a worker with kv_events whose first batch has not come this long after its first request is flagged "
+        "(/ready, coda_worker_kv_events_missing, one log line) and routed with the gateway's own index until one comes")
+
+
+class AccessLogConfig(_Strict):
+    path: str | None = Field(None, description="JSONL file with one line per request, no prompt text ('-': stderr; absent: off)")
+    sample: float = Field(1.0, gt=0.0, le=1.0, description="share of requests logged, each kept at random")
+
+
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -90,11 +105,16 @@ class GatewayConfig(_Strict):
     system: str = Field("coda", description="the system preset whose policies block the gateway starts from (see `coda systems`)")
     policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block: ingress (with defer), router, ...")
     decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
+    access_log: AccessLogConfig = AccessLogConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     indexer: IndexerConfig = IndexerConfig()
+    kv_events: KVEventsConfig = KVEventsConfig()
     max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
     connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
     first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")
+    midstream_failure: Literal["abort", "error_event"] = Field(
+        "abort", description="an engine failing mid-response: abort the client's connection (a transport error clients retry), or end "
+        "an event stream with an SSE error event")
     drain_timeout_s: NonNegativeFloat = Field(30.0, description="on SIGTERM, how long in-flight requests may finish")
 
     @field_validator("backends", mode="before")

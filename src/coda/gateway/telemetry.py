@@ -25,18 +25,27 @@ log = logging.getLogger("coda.gateway")
 
 GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
-_WANTED = GAUGES + COUNTERS
+#: an info gauge whose labels carry the engine's cache configuration (vLLM's CacheConfig)
+CACHE_INFO = "vllm:cache_config_info"
+#: the KV capacity in tokens, computed from CACHE_INFO's labels
+KV_CAPACITY = "kv_capacity_tokens"
+_WANTED = (*GAUGES, *COUNTERS, CACHE_INFO)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The vLLM metrics the gateway reads: counts summed over engines (data-parallel ranks),
-    usage fractions averaged. Other lines are dropped before parsing, so a large exposition
+    usage fractions averaged, and the KV capacity (``num_gpu_blocks`` x ``block_size`` of each
+    rank's cache config, summed). Other lines are dropped before parsing, so a large exposition
     (histograms of every request latency) costs a string scan, not a parse."""
-    keep = "\n".join(line for line in text.splitlines() if any(name in line[:64] for name in _WANTED))
+    keep = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED) or line.startswith("# TYPE ") and any(n in line for n in _WANTED))
     values: dict[str, list[float]] = {}
     for fam in text_string_to_metric_families(keep + "\n"):
         for s in fam.samples:
-            if s.name in _WANTED or s.name.removesuffix("_total") in _WANTED:
+            if s.name == CACHE_INFO:
+                blocks, size = s.labels.get("num_gpu_blocks", ""), s.labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit():
+                    values.setdefault(KV_CAPACITY, []).append(int(blocks) * int(size))
+            elif s.name in _WANTED or s.name.removesuffix("_total") in _WANTED:
                 values.setdefault(s.name.removesuffix("_total"), []).append(s.value)
     return {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
 
@@ -46,6 +55,7 @@ def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
     w.queue_depth = int(values.get("vllm:num_requests_waiting", 0))
     w.running = int(values.get("vllm:num_requests_running", 0))
     w.kv_usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
+    w.kv_capacity_tokens = w.cfg.kv_capacity_tokens or int(values.get(KV_CAPACITY, 0))
     w.scraped_at = now
 
 
@@ -128,6 +138,11 @@ class Telemetry:
     async def _health_loop(self, w: Worker) -> None:
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
+            if self.state.check_kv_events(w):
+                log.warning("backend %s: no KV event batch from %s within %g s of its first request; vLLM binds the endpoint its "
+                            "--kv-events-config names when the host is '*' (tcp://*:PORT) and connects to it otherwise, so give vLLM "
+                            "tcp://*:PORT and the gateway tcp://ENGINE_HOST:PORT; routing uses the gateway's own index for this worker "
+                            "meanwhile", w.label, w.cfg.kv_events, self.state.config.kv_events.expect_within_s)
             try:
                 ok = (await self._get(w, "/health")).status_code == 200
             except httpx.HTTPError:
