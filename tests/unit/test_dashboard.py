@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from coda.gateway.metrics import GatewayMetrics
 from tests.integration.vllm.support import vllm_python_path
 

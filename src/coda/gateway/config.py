@@ -69,6 +69,9 @@ class TelemetryConfig(_Strict):
     stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
     stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
     health_interval_s: PositiveFloat = Field(1.0, description="how often each engine's /health is checked")
+    idle_interval_s: PositiveFloat = Field(5.0, description="with no request in flight and none for this long, scrapes and health "
+                                           "checks run this often instead; the next request wakes them (and waits for one scrape when "
+                                           "its policy reads stale scraped signals)")
     eject_after: PositiveInt = Field(2, description="consecutive failures (health checks or connections) that eject a worker")
     readmit_after: PositiveInt = Field(2, description="consecutive passing health checks that re-admit it")
     startup_timeout_s: PositiveFloat = Field(30.0, description="how long startup waits for every engine to answer")

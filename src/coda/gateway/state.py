@@ -164,6 +164,7 @@ class GatewayState:
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
         self.draining = False
+        self.last_active_s = -math.inf  # when a request last began or ended
         self._seq = 0
 
     def expects_events(self, w: Worker) -> bool:
@@ -201,6 +202,10 @@ class GatewayState:
 
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))
+
+    def idle(self, now: float) -> bool:
+        """No request in flight and none for ``telemetry.idle_interval_s``: telemetry may slow down."""
+        return now - self.last_active_s > self.config.telemetry.idle_interval_s and not any(w.inflight for w in self.workers)
 
     def stale(self, w: Worker, now: float) -> bool:
         scraped = bool(self.needed_signals & SCRAPED_SIGNALS.keys())
@@ -326,8 +331,9 @@ class GatewayState:
         """``t`` is about to be sent to ``w``: count it in flight there and record its blocks."""
         assert t.worker is None
         t.worker = w
+        self.last_active_s = self.clock()
         if w.first_sent_s is None:
-            w.first_sent_s = self.clock()
+            w.first_sent_s = self.last_active_s
         n = t.prompt_tokens
         w.inflight[t.rid] = n
         w.inflight_tokens += n
@@ -346,6 +352,7 @@ class GatewayState:
         w, t.worker = t.worker, None
         if w is None:
             return
+        self.last_active_s = self.clock()
         if completed and t.session_id is not None and (s := self.sessions.get(t.session_id)) is not None:
             s.completed_rounds += 1
         n = w.inflight.pop(t.rid, 0)

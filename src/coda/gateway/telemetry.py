@@ -5,6 +5,10 @@ Scrapes run every ``scrape_interval_s`` (default 250 ms); a worker whose last go
 older than ``stale_after_s`` is stale, and admission counts it as saturated. Health checks eject
 a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
 passes (its models are read again then: it may have restarted with another configuration).
+
+An idle gateway (nothing in flight for ``idle_interval_s``) scrapes and checks health every
+``idle_interval_s`` instead, so it costs next to no CPU; a request wakes the loops, and one whose
+policy reads scraped signals first waits for a scrape of every stale worker (``fresh``).
 """
 
 from __future__ import annotations
@@ -76,6 +80,31 @@ class Telemetry:
         self.on_readmit = on_readmit
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(max(2.0, self.cfg.stale_after_s)), trust_env=False)
         self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+
+    async def _pause(self, busy_s: float) -> None:
+        """Sleep ``busy_s`` while there is traffic, ``idle_interval_s`` while idle (a request wakes it)."""
+        if not self.state.idle(self.state.clock()):
+            await asyncio.sleep(busy_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.cfg.idle_interval_s)
+
+    async def fresh(self) -> None:
+        """A request arrived: wake idle loops; when its policy reads scraped signals, scrape every
+        stale worker now (bounded by ``stale_after_s``) so it is not decided on old numbers."""
+        self._wake.set()
+        self._wake = asyncio.Event()
+        state = self.state
+        now = state.clock()
+        stale = [w for w in state.workers if w.healthy and state.stale(w, now)]
+        if stale:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(self._scrape_once(w) for w in stale)), self.cfg.stale_after_s)
+
+    async def _scrape_once(self, w: Worker) -> None:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            await self.scrape(w)
 
     async def _get(self, w: Worker, path: str) -> httpx.Response:
         return await self.client.get(w.cfg.url + path, headers=w.auth())
@@ -128,7 +157,7 @@ class Telemetry:
 
     async def _scrape_loop(self, w: Worker) -> None:
         while True:
-            await asyncio.sleep(self.cfg.scrape_interval_s)
+            await self._pause(self.cfg.scrape_interval_s)
             try:
                 await self.scrape(w)
             except (httpx.HTTPError, ValueError):
@@ -137,7 +166,7 @@ class Telemetry:
 
     async def _health_loop(self, w: Worker) -> None:
         while True:
-            await asyncio.sleep(self.cfg.health_interval_s)
+            await self._pause(self.cfg.health_interval_s)
             if self.state.check_kv_events(w):
                 log.warning("backend %s: no KV event batch from %s within %g s of its first request; vLLM binds the endpoint its "
                             "--kv-events-config names when the host is '*' (tcp://*:PORT) and connects to it otherwise, so give vLLM "
