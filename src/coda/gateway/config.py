@@ -81,6 +81,10 @@ class IndexerConfig(_Strict):
     tokenizer: Literal["chars", "words", "engine"] = Field(
         "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
         "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)")
+    tokenizer_path: str | None = Field(None, description="with tokenizer: engine, the model's folder (tokenizer.json and its chat "
+                                       "template) or tokenizer.json: tokenize in the gateway instead of asking the engine's /tokenize")
+    tokenize_timeout_s: PositiveFloat = Field(0.5, description="longest wait for an engine's /tokenize; then the prompt is hashed "
+                                              "by its text (its blocks do not match the engine's events)")
     block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
     approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")

@@ -28,6 +28,8 @@ class GatewayMetrics:
                                       "responses", ("worker",), buckets=TTFT_BUCKETS, registry=r)
         self.backend_e2e = Histogram("coda_backend_e2e_seconds", "Upstream request sent to its last response byte, responses that "
                                      "completed", ("worker",), buckets=E2E_BUCKETS, registry=r)
+        self.tokenized = Counter("coda_gateway_tokenized_prompts", "Prompts tokenized with the engine tokenizer, by how: local (the "
+                                 "gateway's copy), engine (/tokenize), text (neither answered: hashed by text)", ("how",), registry=r)
         self.tenant_requests = Counter("coda_tenant_requests", "Requests admitted per tenant", ("tenant",), registry=r)
         self.tenant_input = Counter("coda_tenant_input_tokens", "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)", ("tenant",), registry=r)
         self.tenant_output = Counter("coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r)
