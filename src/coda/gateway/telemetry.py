@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,25 +34,29 @@ COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 CACHE_INFO = "vllm:cache_config_info"
 #: the KV capacity in tokens, computed from CACHE_INFO's labels
 KV_CAPACITY = "kv_capacity_tokens"
-_WANTED = (*GAUGES, *COUNTERS, CACHE_INFO)
+# one sample line of a wanted metric (any labels), anchored at a line start: a C-speed scan of the
+# exposition, whose histograms of every request latency make up most of its size
+_NAMES = "|".join(map(re.escape, GAUGES + COUNTERS))
+_SAMPLE = re.compile("^(" + _NAMES + r")(?:_total)?(?:\{[^}\n]*\})? (\S+)", re.M)
+_CACHE_INFO_LINE = re.compile("^" + re.escape(CACHE_INFO) + r"\{[^}\n]*\} \S+$", re.M)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The vLLM metrics the gateway reads: counts summed over engines (data-parallel ranks),
-    usage fractions averaged, and the KV capacity (``num_gpu_blocks`` x ``block_size`` of each
-    rank's cache config, summed). Other lines are dropped before parsing, so a large exposition
-    (histograms of every request latency) costs a string scan, not a parse."""
-    keep = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED) or line.startswith("# TYPE ") and any(n in line for n in _WANTED))
+    """The vLLM metrics the gateway reads on every scrape: counts summed over engines
+    (data-parallel ranks), usage fractions averaged; and, when the exposition has vLLM's cache
+    config, the KV capacity (``num_gpu_blocks`` x ``block_size`` of each rank, summed)."""
     values: dict[str, list[float]] = {}
-    for fam in text_string_to_metric_families(keep + "\n"):
-        for s in fam.samples:
-            if s.name == CACHE_INFO:
-                blocks, size = s.labels.get("num_gpu_blocks", ""), s.labels.get("block_size", "")
-                if blocks.isdigit() and size.isdigit():
-                    values.setdefault(KV_CAPACITY, []).append(int(blocks) * int(size))
-            elif s.name in _WANTED or s.name.removesuffix("_total") in _WANTED:
-                values.setdefault(s.name.removesuffix("_total"), []).append(s.value)
-    return {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
+    for m in _SAMPLE.finditer(text):
+        with contextlib.suppress(ValueError):
+            values.setdefault(m.group(1), []).append(float(m.group(2)))
+    out = {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
+    info = "\n".join(m.group(0) for m in _CACHE_INFO_LINE.finditer(text))
+    if info:  # an info gauge with every CacheConfig field as a label: parsed by prometheus_client, only its lines
+        caps = [int(b) * int(z) for fam in text_string_to_metric_families(info + "\n") for smp in fam.samples
+                if (b := smp.labels.get("num_gpu_blocks", "")).isdigit() and (z := smp.labels.get("block_size", "")).isdigit()]
+        if caps:
+            out[KV_CAPACITY] = sum(caps)
+    return out
 
 
 def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
