@@ -127,6 +127,11 @@ class FakeEngine:
         if self.loop is not None:
             return
         cfg, c = self.config.engine, self.config
+        # Load the cost model's compiled kernels (numba's on-disk cache) before serving: on the
+        # first request that load stalls the real-time loop for seconds, so its whole output would
+        # be released at once and a disconnect could no longer stop it early.
+        self.cost.step_s([(self.C, 0)], [self.C])
+        self.cost.step_s([], [self.C])
         self.loop = RealtimeLoop(c.speedup, self._flush)
         versions = Versions()
         self.owner = versions.new_owner()
