@@ -44,7 +44,9 @@ def rss_mib(pid: int) -> float:
 
 def bench(endpoint: str, args: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "coda.cli", "bench", "--endpoint", endpoint, "--out", str(out), "--json", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:  # bench's own one-line reason, not a CalledProcessError traceback
+        raise SystemExit(f"coda bench {' '.join(args)} failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
     return json.loads(proc.stdout)
 
 
