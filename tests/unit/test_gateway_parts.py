@@ -11,11 +11,12 @@ from starlette.datastructures import Headers
 
 from coda.api_errors import ApiError
 from coda.errors import CodaError
+from coda.gateway.admission import JsonlLog
 from coda.gateway.config import BackendConfig, build_config
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
-from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, strip_hop_by_hop, usage_of
+from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
 from coda.gateway.state import Worker
 from coda.gateway.telemetry import apply_metrics, parse_metrics
 from coda.integrations.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
@@ -88,14 +89,19 @@ def test_hop_by_hop_headers_are_stripped():
     assert (b"Content-Length", b"10") in strip_hop_by_hop(raw, HOP_BY_HOP)
 
 
-def test_usage_from_the_tail_of_a_response():
+def test_usage_from_the_final_event_of_a_stream_or_the_json_body():
     chat = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n'
-    assert usage_of(chat) == (12, 5)
+    assert stream_usage(chat) == (12, 5)
+    assert stream_usage(b"ge more text\n\n" + chat.replace(b"\n", b"\r\n")) == (12, 5)  # a tail cut mid-event, CRLF line ends
     anthropic = (b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":7,"output_tokens":3}}\n\n'
                  b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
-    assert usage_of(anthropic) == (7, 3)
-    assert usage_of(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n') is None
-    assert usage_of(b'"usage": {"prompt_tokens": 1') is None  # cut off
+    assert stream_usage(anthropic) == (7, 3)
+    assert stream_usage(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n') is None
+    assert stream_usage(b'data: {"usage": {"prompt_tokens": 1') is None  # cut off
+    # a "usage" key inside generated text is not the response's usage
+    body = b'{"choices":[{"message":{"content":"\\"usage\\": {\\"prompt_tokens\\": 1, \\"completion_tokens\\": 2}"}}],"usage":{"prompt_tokens":9,"completion_tokens":4}}'
+    assert usage_of(body) == (9, 4)
+    assert usage_of(b'{"choices":[]}') is None and usage_of(b"not json") is None
 
 
 METRICS = """# HELP vllm:num_requests_running Number of requests
@@ -113,16 +119,22 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
 vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
 # TYPE vllm:e2e_request_latency_seconds histogram
 vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 7.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1000",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="1",num_gpu_blocks="500",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 
 def test_parse_vllm_metrics():
     values = parse_metrics(METRICS)
+    # a metric whose name extends a wanted one (waiting_by_reason) is not it; the KV capacity sums the ranks' caches
     assert values == {"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 2.0, "vllm:kv_cache_usage_perc": 0.375,
-                      "vllm:prefix_cache_queries": 100.0}
+                      "vllm:prefix_cache_queries": 100.0, "kv_capacity_tokens": 32 * 1500}
     w = Worker(0, BackendConfig(url=URL), WorkerTiers(0, "hbm:0"))
     apply_metrics(w, values, 5.0)
-    assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at) == (2, 4, 0.375, 5.0)
+    assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at, w.kv_capacity_tokens) == (2, 4, 0.375, 5.0, 48_000)
     assert w.supplies("queue_depth") and w.supplies("kv_usage") and w.supplies("tenant_share")
     legacy = parse_metrics('# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n')
     apply_metrics(w, legacy, 6.0)
@@ -171,3 +183,14 @@ def test_kv_events_are_renamed_to_local_hashes_that_prompts_match():
     assert tr.skipped == 2
     tr.apply(KVEventBatch(ts=3.0, events=[AllBlocksCleared()]))
     assert idx.match(local, [tiers])[0].hbm_blocks == 0 and not idx.locations
+
+
+def test_the_access_log_keeps_a_sample_of_its_records(tmp_path):
+    path = tmp_path / "access.jsonl"
+    log = JsonlLog(str(path), sample=0.25)
+    for i in range(400):
+        log.write({"rid": i})
+    log.close()
+    kept = [msgspec.json.decode(line)["rid"] for line in path.read_text().splitlines()]
+    assert 0 < len(kept) < 400 and kept == sorted(kept)  # some, not all, in order
+    assert not JsonlLog(None).enabled

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.api_errors import ApiError
-from coda.gateway.admission import Admission, DecisionLog
+from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import build_config
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.prompt import CharTokenizer
@@ -145,7 +145,7 @@ def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
         s = make_state(policies={"ingress": {"name": "queue_limit+tenant_share", "params": {"queue_limit": {"max_waiting": 2}},
                                              "defer": {"max_wait_s": 0.05, "max_queue": 5}}})
         metrics = GatewayMetrics()
-        adm = Admission(s, metrics, DecisionLog(None))
+        adm = Admission(s, metrics, JsonlLog(None))
         outcomes: list[str] = []
 
         async def one(q: int, tenant: str) -> None:

@@ -41,6 +41,26 @@ def test_queue_limit_defers_only_when_no_worker_has_room():
     assert p.decide(snap(WorkerLoad(0, queue_depth=5), WorkerLoad(1, stale=True))).action == "defer"
 
 
+def test_default_thresholds_come_from_each_engine_s_limits():
+    q, over = make_policy("ingress", "queue_limit"), make_policy("ingress", "overload")
+    # 4 seats: a 5th request in flight could not start at once, so queue_limit defers it and overload rejects it
+    full = WorkerLoad(0, inflight_requests=4, inflight_tokens=400, max_num_seqs=4)
+    assert q.decide(snap(full)).action == "defer" and over.decide(snap(full)).action == "reject"
+    assert q.decide(snap(dataclasses.replace(full, inflight_requests=3))).action == "admit"
+    # a 1,000-token KV cache holding 950 prompt tokens in flight: a 100-token prompt does not fit, a 50-token one does
+    kv = WorkerLoad(0, inflight_requests=2, inflight_tokens=950, kv_capacity_tokens=1000)
+    assert q.decide(snap(kv, prompt_tokens=100)).action == "defer" and q.decide(snap(kv, prompt_tokens=50)).action == "admit"
+    assert q.decide(snap(dataclasses.replace(kv, inflight_requests=0, inflight_tokens=0), prompt_tokens=5000)).action == "admit"  # idle: always fits
+    # the same load on a worker whose limits are unknown: nothing binds but the engine's queue
+    assert q.decide(snap(WorkerLoad(0, inflight_requests=400, inflight_tokens=10**7))).action == "admit"
+    # overload's queue limit is a quarter of the seats; explicit counts win over the seats
+    assert over.limits(WorkerLoad(0, max_num_seqs=256)) == (256, 64) and over.limits(WorkerLoad(0)) == (64, 16)
+    assert make_policy("ingress", "overload", {"max_inflight": 8, "queue_reject": 2}).limits(WorkerLoad(0, max_num_seqs=256)) == (8, 2)
+    # session and tenant_share count a worker that cannot start the request as saturated
+    s = make_policy("ingress", "session")
+    assert s.decide(snap(full, session_id="new")).reason == "new_session_deferred"
+
+
 def test_kv_headroom_and_overload():
     kv = make_policy("ingress", "kv_headroom", {"max_kv_usage": 0.8})
     assert kv.decide(snap(WorkerLoad(0, kv_usage=0.79))).action == "admit"
@@ -88,7 +108,7 @@ def test_deadline_rejects_what_cannot_meet_it():
 
 def test_composition_takes_the_most_severe_decision_and_unions_needs():
     p = make_policy("ingress", "queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
-    assert p.name == "queue_limit+tenant_share" and p.needs == {"queue_depth", "kv_usage", "tenant_share"}
+    assert p.name == "queue_limit+tenant_share" and p.needs == {"queue_depth", "kv_usage", "tenant_share", "inflight_requests", "inflight_tokens"}
     busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
     assert p.decide(snap(*busy, tenant_inflight_tokens=0, active_weight=2.0)).action == "defer"  # queue full, tenant light
     d = p.decide(snap(*busy, tenant_inflight_tokens=800, active_weight=2.0))

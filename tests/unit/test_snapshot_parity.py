@@ -24,6 +24,7 @@ from coda.gateway.config import build_config
 from coda.gateway.prompt import make_tokenizer
 from coda.gateway.state import GatewayState, Ticket
 from coda.gateway.state import Session as GatewaySession
+from coda.gateway.telemetry import apply_metrics, parse_metrics
 from coda.integrations.vllm.snapshot import admission_snapshot
 from coda.kvindex import BlockHasher
 from coda.sim.cluster import Simulation
@@ -91,13 +92,15 @@ def sim_state() -> tuple[Simulation, SimRequest]:
 
 
 def gateway_state(sim: Simulation) -> tuple[GatewayState, Ticket]:
-    cfg = build_config({"backends": ["http://127.0.0.1:1", "http://127.0.0.1:2"], "system": "coda", "policies": {"ingress": "deadline"},
+    seats = sim.config.max_num_seqs  # the engines' --max-num-seqs, which vLLM does not publish: the gateway's config says it
+    cfg = build_config({"backends": [{"url": f"http://127.0.0.1:{i}", "max_num_seqs": seats} for i in (1, 2)], "system": "coda",
+                        "policies": {"ingress": "deadline"},
                         "tenants": {"t": {"deadline_ms": DEADLINE_MS}}, "indexer": {"block_tokens": C}}, {}, {})
     s = GatewayState(cfg, make_tokenizer("words"), Clock())  # one unit per token, so 16-token blocks
     for w, kv, ttft in zip(s.workers, (12 / 100, 21 / 100), TTFT):  # scraped telemetry: what vLLM's /metrics says
         w.models = {"m": {"id": "m"}}
-        w.scraped_at = NOW
-        w.kv_usage = kv
+        apply_metrics(w, parse_metrics(f'vllm:kv_cache_usage_perc{{engine="0"}} {kv}\n'
+                                       f'vllm:cache_config_info{{block_size="{C}",num_gpu_blocks="100",engine="0"}} 1.0\n'), NOW)
         w.ttft_s = ttft
     s.workers[0].queue_depth = 1  # B waits in engine 0's queue
 
@@ -142,6 +145,7 @@ def test_ingress_snapshots_are_equal(shells):
     assert a.prefix_hit == 0.0  # the deadline policy does not read it, so neither shell computes it
     assert a.deadline_slack_s == pytest.approx(1.0 - 0.2) and a.session_active and a.active_sessions == 1
     assert [w.kv_usage for w in a.workers] == [0.12, 0.21] and [w.inflight_tokens for w in a.workers] == [160 + 64, 320]
+    assert [(w.max_num_seqs, w.kv_capacity_tokens) for w in a.workers] == [(256, 100 * C)] * 2  # the engines' limits
 
 
 def test_admission_snapshots_of_the_simulator_and_the_vllm_plugin_are_equal(shells):

@@ -111,7 +111,7 @@ class FakeEngine:
         if config.max_model_len is not None and config.max_model_len > capacity - self.C:
             raise CodaError(f"max_model_len={config.max_model_len} does not fit one worker's HBM KV of {capacity} tokens; lower it or raise hbm_kv_gib")
         self.max_model_len = config.max_model_len or capacity - self.C
-        self.metrics = EngineMetrics(config.model)
+        self.metrics = EngineMetrics(config.model, self.C, self.tiers.hbm_chunks)
         self.loop: RealtimeLoop | None = None
         self.worker: Worker | None = None
         self.publisher: KVEventPublisher | None = None
@@ -127,6 +127,11 @@ class FakeEngine:
         if self.loop is not None:
             return
         cfg, c = self.config.engine, self.config
+        # Load the cost model's compiled kernels (numba's on-disk cache) before serving: on the
+        # first request that load stalls the real-time loop for seconds, so its whole output would
+        # be released at once and a disconnect could no longer stop it early.
+        self.cost.step_s([(self.C, 0)], [self.C])
+        self.cost.step_s([], [self.C])
         self.loop = RealtimeLoop(c.speedup, self._flush)
         versions = Versions()
         self.owner = versions.new_owner()

@@ -15,7 +15,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class EngineMetrics:
     """vLLM's metric names (``vllm:...``), labelled ``model_name`` and ``engine`` as vLLM labels them."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, block_size: int, num_blocks: int) -> None:
         self.registry = CollectorRegistry()
         labels = ("model_name", "engine")
         values = (model, "0")
@@ -37,6 +37,10 @@ class EngineMetrics:
         self.itl = make(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency", buckets=ITL_BUCKETS)
         self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency", buckets=E2E_BUCKETS)
         self.success = Counter("vllm:request_success", "Successful requests", (*labels, "finished_reason"), registry=self.registry)
+        # vLLM's info gauge of its CacheConfig (every field a label; these are the ones that size the cache)
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ("block_size", "num_gpu_blocks", "engine"),
+                     registry=self.registry)
+        info.labels(str(block_size), str(num_blocks), "0").set(1)
         # Not a vLLM metric: how late the real-time loop ran an event (the machine could not keep up).
         self.late = make(Gauge, "coda:fake_engine_late_max_seconds", "Worst wall-clock lateness of a simulated event")
         self._values = values

@@ -1,5 +1,6 @@
 """Enforcing ingress decisions: admit, hold deferred requests in a bounded queue, reject; and
-the JSONL decision log (one record per request, with the signal values behind its decision).
+the JSONL logs: decisions (one record per request, with the signal values behind its decision)
+and the optional, sampled access log.
 
 A deferred request is decided again whenever something that could free room happens (a
 request ends, telemetry arrives) until ``max_wait_s``; then it gets ``503`` + ``Retry-After``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import random
 import sys
 import time
 from dataclasses import asdict
@@ -32,19 +34,25 @@ MESSAGES = {
 }
 
 
-class DecisionLog:
-    """JSONL records, buffered (flushed about once a second and on close)."""
+class JsonlLog:
+    """JSONL records, buffered (flushed about once a second and on close); ``sample``: the share
+    of records written (each kept independently at random)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, sample: float = 1.0) -> None:
         self._out: TextIO | None = None
+        self.sample = sample
         if path == "-":
             self._out = sys.stderr
         elif path:
             self._out = io.open(path, "a", buffering=1 << 16)  # noqa: UP020  (explicit buffer size)
         self._flushed = time.monotonic()
 
+    @property
+    def enabled(self) -> bool:
+        return self._out is not None
+
     def write(self, record: dict[str, Any]) -> None:
-        if self._out is None:
+        if self._out is None or (self.sample < 1.0 and random.random() >= self.sample):
             return
         self._out.write(strict_json.dumps(record) + "\n")
         now = time.monotonic()
@@ -71,7 +79,7 @@ def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | Non
 
 
 class Admission:
-    def __init__(self, state: GatewayState, metrics: GatewayMetrics, log: DecisionLog) -> None:
+    def __init__(self, state: GatewayState, metrics: GatewayMetrics, log: JsonlLog) -> None:
         self.state = state
         self.defer = state.defer
         self.metrics = metrics

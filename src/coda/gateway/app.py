@@ -32,7 +32,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from coda.api_errors import ApiError
-from coda.gateway.admission import Admission, DecisionLog
+from coda.errors import CodaError
+from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
 from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
@@ -47,7 +48,14 @@ log = logging.getLogger("coda.gateway")
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 DEADLINE_HEADER = "x-coda-deadline-ms"
 SESSION_LIST_MAX = 100
+IDLE_TICK_S = 1.0  # the server's own check for exit, beside the signal's wake-up
 _decode = msgspec.json.Decoder()
+#: prompts tokenized both ways at startup to check the local tokenizer against the engine's
+PROBES = (
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "You are a coding agent.\nUse the tools."},
+                                           {"role": "user", "content": "Fix the failing test in src/main.py:\n  def main():\n      return 1"}]}),
+    ("/v1/completions", {"prompt": "def main():\n    return 0\n\nif __name__ == '__main__':\n    main()\n"}),
+)
 
 
 class Gateway:
@@ -55,16 +63,23 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.state = GatewayState(config, make_tokenizer(config.indexer.tokenizer))
+        ix = config.indexer
+        if ix.tokenizer_path is not None and ix.tokenizer != "engine":
+            raise CodaError(f"indexer.tokenizer_path is set but indexer.tokenizer is {ix.tokenizer!r}; set indexer.tokenizer: engine "
+                            "to tokenize with the engine's own tokenizer, or drop tokenizer_path")
+        self.state = GatewayState(config, make_tokenizer(ix.tokenizer, ix.tokenizer_path, ix.session_cache_mib))
         self.ids = Identities(config)
         self.metrics = GatewayMetrics()
-        self.decisions = DecisionLog(config.decision_log)
+        self.decisions = JsonlLog(config.decision_log)
+        self.access = JsonlLog(config.access_log.path, config.access_log.sample)
         self.admission = Admission(self.state, self.metrics, self.decisions)
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
-        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.ids.label)
+        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.access, self.ids.label,
+                           config.midstream_failure)
         self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
         self.consumers = {
-            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick) for w in self.state.workers if self.state.uses_events(w)
+            w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick, self.state.kv_batch)
+            for w in self.state.workers if self.state.expects_events(w)
         }
         self.drop_credentials = config.auth.enabled
         if any(w.cfg.kv_events for w in self.state.workers) and not self.state.tokenizer.exact:
@@ -73,6 +88,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.telemetry.startup()
+        await self._check_local_tokenizer()
         self.telemetry.start()
         for c in self.consumers.values():
             c.start()
@@ -83,6 +99,7 @@ class Gateway:
             await c.close()
         await self.upstream.close()
         self.decisions.close()
+        self.access.close()
 
     def _readmitted(self, w: Worker) -> None:
         if w.id in self.consumers:
@@ -111,11 +128,16 @@ class Gateway:
             if self.state.draining:
                 raise ApiError(503, "the gateway is shutting down; retry (another gateway replica will answer)", "draining", retry_after_s=1.0)
             tenant = self.ids.tenant(request.headers)
+            await self.telemetry.fresh()
             raw = await self._body(request)
             body = self._json(raw)
-            ticket = self._plan(path, request, tenant, body, await self._engine_tokens(path, body))
+            sid = session_id(request.headers, body)
+            ticket = self._plan(path, request, tenant, body, sid, await self._engine_tokens(path, body, sid))
         except ApiError as err:
             self.metrics.requests.labels(path, str(err.status)).inc()
+            if self.access.enabled:
+                self.access.write({"ts": round(time.time(), 6), "rid": None, "path": path, "status": err.status, "outcome": err.code or "error",
+                                   "total_s": round(time.perf_counter() - t0, 6)})
             return err.response(path)
         except ClientDisconnect:
             return Response(status_code=499)
@@ -136,28 +158,61 @@ class Gateway:
             raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         return body
 
-    async def _engine_tokens(self, path: str, body: dict[str, Any]) -> Prompt | None:
-        """With the ``engine`` tokenizer: the prompt's token ids from a serving engine's /tokenize."""
+    async def _engine_tokens(self, path: str, body: dict[str, Any], session: str | None) -> Prompt | None:
+        """With the ``engine`` tokenizer: the prompt's token ids, locally when the gateway has the
+        model's tokenizer, else from a serving engine's /tokenize (bounded by tokenize_timeout_s)."""
         tok = self.state.tokenizer
         if not isinstance(tok, EngineTokenizer):
             return None
+        local = tok.local_prompt(path, body, session)
+        if local is not None:
+            self.metrics.tokenized.labels("local").inc()
+            return local
         req = tok.request(path, body)
         if req is None:
             return None
-        for w in self.state.serving(body.get("model") if isinstance(body.get("model"), str) else None):
+        ids = await self._tokenize(req, body.get("model") if isinstance(body.get("model"), str) else None)
+        self.metrics.tokenized.labels("engine" if ids is not None else "text").inc()
+        return tok.from_response(ids) if ids is not None else None
+
+    async def _tokenize(self, req: dict[str, Any], model: str | None) -> dict[str, Any] | None:
+        """A serving engine's /tokenize answer, or ``None`` when none answers in time."""
+        for w in self.state.serving(model):
             if not w.healthy:
                 continue
             try:
-                resp = await self.upstream.client.post(w.cfg.url + "/tokenize", json=req, headers=w.auth(), timeout=10.0)
+                resp = await self.upstream.client.post(w.cfg.url + "/tokenize", json=req, headers=w.auth(),
+                                                       timeout=self.config.indexer.tokenize_timeout_s)
             except httpx.HTTPError:
                 continue
             if resp.status_code == 400:  # the engine rejects the prompt itself: the client's mistake
                 raise ApiError(400, f"the engine could not tokenize the prompt: {resp.text[:300]}", "invalid_request")
             if resp.status_code == 200:
-                return tok.from_response(resp.json())
+                return resp.json()
         return None
 
-    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any], tokens: Prompt | None = None) -> Ticket:
+    async def _check_local_tokenizer(self) -> None:
+        """The local tokenizer must name tokens as the engine does: a probe chat and completion,
+        tokenized both ways, must agree, else the gateway asks the engine for every prompt."""
+        tok = self.state.tokenizer
+        if not isinstance(tok, EngineTokenizer) or tok.local is None:
+            return
+        model = next(iter(self.state.model_cards()), {}).get("id")
+        for path, body in PROBES:
+            body = {"model": model, **body}
+            mine = tok.local_prompt(path, body, None)
+            req = tok.request(path, body)
+            theirs = await self._tokenize(req, model) if req is not None else None
+            if theirs is None:
+                log.warning("indexer.tokenizer_path: no engine answered /tokenize, so the local tokenizer is used unchecked")
+                return
+            if mine is None or list(mine.units) != theirs.get("tokens"):
+                tok.local = None
+                log.warning("indexer.tokenizer_path: the local tokenizer disagrees with the engine's /tokenize on a probe %s prompt; "
+                            "point tokenizer_path at the served model's folder. The gateway asks the engine's /tokenize meanwhile", path)
+                return
+
+    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any], sid: str | None, tokens: Prompt | None = None) -> Ticket:
         state = self.state
         model = body.get("model")
         if model is not None and not isinstance(model, str):
@@ -175,7 +230,6 @@ class Gateway:
                            f"{prompt.min_tokens + max(out, 1)} tokens ({est}{prompt.min_tokens} in the prompt, {max(out, 1)} for the "
                            "completion; checked by the gateway). Please reduce the length of the messages or completion.",
                            "context_length_exceeded", "messages")
-        sid = session_id(request.headers, body)
         hashes = state.block_hashes(sid, prompt.units)
         deadline_ms = request.headers.get(DEADLINE_HEADER)
         deadline_s = self.config.tenant(tenant).deadline_ms
@@ -199,12 +253,15 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _: Request) -> Response:
+        """Ready while some engine is healthy; details name what degrades routing (KV events that never came)."""
         healthy = sum(w.healthy for w in self.state.workers)
         ok = healthy > 0 and not self.state.draining
-        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy}, status_code=200 if ok else 503)
+        missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
+        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing},
+                            status_code=200 if ok else 503)
 
     async def prometheus(self, _: Request) -> Response:
-        stats = {i: (c.stats.batches, c.stats.gaps) for i, c in self.consumers.items()}
+        stats = {i: (c.stats.batches, c.stats.gaps, c.w.kv_missing) for i, c in self.consumers.items()}
         return Response(self.metrics.render(self.state, stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def debug_state(self, request: Request) -> Response:
@@ -226,7 +283,7 @@ class Gateway:
                 "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
                 "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
                 "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
-                "kv_events": vars(c.stats) | {"last_seq": c.last_seq} if c is not None else None,
+                "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,
             })
         sessions = list(s.sessions.items())[-SESSION_LIST_MAX:]
         return {
@@ -273,10 +330,22 @@ class _DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
         super().__init__(config)
         self.gw = gw
+        self._exit: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.gw.state.draining = True
         super().handle_exit(sig, frame)
+        if self._loop is not None and self._exit is not None:
+            self._loop.call_soon_threadsafe(self._exit.set)  # a signal handler: wake the loop through its self-pipe
+
+    async def main_loop(self) -> None:
+        """Wait for the exit signal instead of uvicorn's 10 Hz tick (which updates a date header
+        the gateway does not send), so an idle gateway costs next to no CPU."""
+        self._loop, self._exit = asyncio.get_running_loop(), asyncio.Event()
+        while not self.should_exit:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), IDLE_TICK_S)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -34,6 +34,10 @@ class BackendConfig(_Strict):
     kv_events_replay: str | None = Field(None, description="the engine's ZMQ replay (ROUTER) endpoint, e.g. tcp://10.0.0.5:5558")
     kv_events_topic: str = ""
     max_model_len: PositiveInt | None = Field(None, description="override the engine's /v1/models max_model_len")
+    max_num_seqs: PositiveInt | None = Field(None, description="the engine's --max-num-seqs (vLLM does not publish it): the seats "
+                                             "default ingress thresholds are derived from; without it seats do not bind")
+    kv_capacity_tokens: PositiveInt | None = Field(None, description="override the KV capacity read from the engine's "
+                                                   "vllm:cache_config_info (num_gpu_blocks x block_size)")
 
     @field_validator("url")
     @classmethod
@@ -65,6 +69,9 @@ class TelemetryConfig(_Strict):
     stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
     stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
     health_interval_s: PositiveFloat = Field(1.0, description="how often each engine's /health is checked")
+    idle_interval_s: PositiveFloat = Field(5.0, description="with no request in flight and none for this long, scrapes and health "
+                                           "checks run this often instead; the next request wakes them (and waits for one scrape when "
+                                           "its policy reads stale scraped signals)")
     eject_after: PositiveInt = Field(2, description="consecutive failures (health checks or connections) that eject a worker")
     readmit_after: PositiveInt = Field(2, description="consecutive passing health checks that re-admit it")
     startup_timeout_s: PositiveFloat = Field(30.0, description="how long startup waits for every engine to answer")
@@ -74,11 +81,26 @@ class IndexerConfig(_Strict):
     tokenizer: Literal["chars", "words", "engine"] = Field(
         "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
         "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)")
+    tokenizer_path: str | None = Field(None, description="with tokenizer: engine, the model's folder (tokenizer.json and its chat "
+                                       "template) or tokenizer.json: tokenize in the gateway instead of asking the engine's /tokenize")
+    tokenize_timeout_s: PositiveFloat = Field(0.5, description="longest wait for an engine's /tokenize; then the prompt is hashed "
+                                              "by its text (its blocks do not match the engine's events)")
     block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
     approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")
     session_cache_mib: PositiveInt = Field(64, description="memory for the sessions' last prompts and block hashes (least recently "
                                            "seen dropped first; a dropped session's next prompt is hashed in full)")
+
+
+class KVEventsConfig(_Strict):
+    expect_within_s: PositiveFloat = Field(
+        10.0, description="a worker with kv_events whose first batch has not come this long after its first request is flagged "
+        "(/ready, coda_worker_kv_events_missing, one log line) and routed with the gateway's own index until one comes")
+
+
+class AccessLogConfig(_Strict):
+    path: str | None = Field(None, description="JSONL file with one line per request, no prompt text ('-': stderr; absent: off)")
+    sample: float = Field(1.0, gt=0.0, le=1.0, description="share of requests logged, each kept at random")
 
 
 class GatewayConfig(_Strict):
@@ -90,11 +112,16 @@ class GatewayConfig(_Strict):
     system: str = Field("coda", description="the system preset whose policies block the gateway starts from (see `coda systems`)")
     policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block: ingress (with defer), router, ...")
     decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
+    access_log: AccessLogConfig = AccessLogConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     indexer: IndexerConfig = IndexerConfig()
+    kv_events: KVEventsConfig = KVEventsConfig()
     max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
     connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
     first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")
+    midstream_failure: Literal["abort", "error_event"] = Field(
+        "abort", description="an engine failing mid-response: abort the client's connection (a transport error clients retry), or end "
+        "an event stream with an SSE error event")
     drain_timeout_s: NonNegativeFloat = Field(30.0, description="on SIGTERM, how long in-flight requests may finish")
 
     @field_validator("backends", mode="before")

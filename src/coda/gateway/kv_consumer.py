@@ -117,8 +117,10 @@ class BlockTranslator:
 class KVEventConsumer:
     """One asyncio task per worker with ``kv_events`` configured."""
 
-    def __init__(self, w: Worker, indexer: KVIndexer, block_tokens: int, on_batch: Callable[[], None] | None = None) -> None:
+    def __init__(self, w: Worker, indexer: KVIndexer, block_tokens: int, on_batch: Callable[[], None] | None = None,
+                 before_batch: Callable[[Worker], bool] | None = None) -> None:
         self.w = w
+        self.before_batch = before_batch
         self.translator = BlockTranslator(w, indexer, block_tokens)
         self.stats = ConsumerStats()
         self.on_batch = on_batch
@@ -177,6 +179,8 @@ class KVEventConsumer:
         self._apply(seq, batch)
 
     def _apply(self, seq: int, batch: KVEventBatch) -> None:
+        if self.before_batch is not None and self.before_batch(self.w):
+            log.warning("backend %s: KV events arrived from %s; routing uses them again", self.w.label, self.w.cfg.kv_events)
         self.translator.apply(batch)
         self.last_seq = seq
         self.stats.batches += 1

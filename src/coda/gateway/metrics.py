@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from coda.engines.metrics import E2E_BUCKETS, TTFT_BUCKETS
 from coda.gateway.state import GatewayState
 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -22,6 +23,13 @@ class GatewayMetrics:
         self.retries = Counter("coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r)
         self.upstream_errors = Counter("coda_upstream_errors", "Failed upstream attempts", ("worker", "kind"), registry=r)
         self.overhead = Histogram("coda_gateway_overhead_seconds", "Time from request received to upstream request sent", buckets=OVERHEAD_BUCKETS, registry=r)
+        # per backend, from the upstream request sent: vLLM's buckets, so the panels line up with the engines' own histograms
+        self.backend_ttft = Histogram("coda_backend_ttft_seconds", "Upstream request sent to its first response byte, streamed "
+                                      "responses", ("worker",), buckets=TTFT_BUCKETS, registry=r)
+        self.backend_e2e = Histogram("coda_backend_e2e_seconds", "Upstream request sent to its last response byte, responses that "
+                                     "completed", ("worker",), buckets=E2E_BUCKETS, registry=r)
+        self.tokenized = Counter("coda_gateway_tokenized_prompts", "Prompts tokenized with the engine tokenizer, by how: local (the "
+                                 "gateway's copy), engine (/tokenize), text (neither answered: hashed by text)", ("how",), registry=r)
         self.tenant_requests = Counter("coda_tenant_requests", "Requests admitted per tenant", ("tenant",), registry=r)
         self.tenant_input = Counter("coda_tenant_input_tokens", "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)", ("tenant",), registry=r)
         self.tenant_output = Counter("coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r)
@@ -35,8 +43,11 @@ class GatewayMetrics:
         self.w_kv = Gauge("coda_worker_kv_usage", "Engine KV-cache usage fraction (scraped)", w, registry=r)
         self.w_kv_batches = Gauge("coda_worker_kv_event_batches", "KV event batches applied", w, registry=r)
         self.w_kv_gaps = Gauge("coda_worker_kv_event_gaps", "KV event sequence gaps seen", w, registry=r)
+        self.w_kv_missing = Gauge("coda_worker_kv_events_missing", "1 while a worker configured with kv_events has delivered no batch "
+                                  "within kv_events_expect_within_s of its first request (routing uses the gateway's own index for it)",
+                                  w, registry=r)
 
-    def render(self, state: GatewayState, kv_stats: dict[int, tuple[int, int]]) -> bytes:
+    def render(self, state: GatewayState, kv_stats: dict[int, tuple[int, int, bool]]) -> bytes:
         """The exposition text with per-worker gauges read now."""
         now = state.clock()
         for w in state.workers:
@@ -50,5 +61,6 @@ class GatewayMetrics:
             if w.id in kv_stats:
                 self.w_kv_batches.labels(lab).set(kv_stats[w.id][0])
                 self.w_kv_gaps.labels(lab).set(kv_stats[w.id][1])
+                self.w_kv_missing.labels(lab).set(int(kv_stats[w.id][2]))
         self.queue.set(state.queued)
         return generate_latest(self.registry)

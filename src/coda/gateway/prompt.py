@@ -14,23 +14,29 @@ Two tokenizers:
 - ``words``: the fake engine's whitespace tokenizer and chat template (``coda.engines``), exact
   for ``coda fake-engine``: counts are exact and block hashes equal the ones its KV events
   carry, so the gateway can consume them.
-- ``engine``: the engine's own tokenizer and chat template, through its ``/tokenize`` endpoint
-  (vLLM), so the gateway names prompt blocks exactly as vLLM's KV events do (by their token
-  ids) whatever the model. It costs one loopback round trip per request; a completions prompt
-  given as token ids needs none. Routes ``/tokenize`` cannot render (responses, messages) fall
-  back to ``chars`` units, which never match an engine's blocks.
+- ``engine``: the engine's own tokenizer and chat template, so the gateway names prompt blocks
+  exactly as vLLM's KV events do (by their token ids) whatever the model. With
+  ``indexer.tokenizer_path`` (the model's folder or its ``tokenizer.json``) they run in the
+  gateway (``coda.gateway.local_tokenizer``: incremental per session); otherwise, or for a prompt
+  they cannot render, the engine's ``/tokenize`` answers, one loopback round trip bounded by
+  ``indexer.tokenize_timeout_s``. A completions prompt given as token ids needs neither. Routes
+  neither can render (responses, messages), and a ``/tokenize`` that times out, fall back to
+  ``chars`` units, which never match an engine's blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
 
 from coda.api_errors import ApiError
+
+if TYPE_CHECKING:
+    from coda.gateway.local_tokenizer import LocalTokenizer
 
 BYTES_PER_TOKEN = 4
 UNIT_BYTES = 256
@@ -129,8 +135,22 @@ class EngineTokenizer:
     tokens_per_unit = 1
     exact = True
 
-    def __init__(self) -> None:
+    def __init__(self, local: LocalTokenizer | None = None) -> None:
         self._fallback = CharTokenizer()
+        self.local = local
+
+    def local_prompt(self, path: str, body: dict[str, Any], session: str | None) -> Prompt | None:
+        """The prompt's token ids from the local tokenizer, or ``None`` when it cannot render it."""
+        if self.local is None:
+            return None
+        ids: Sequence[int] | None = None
+        if path == "/v1/completions" and isinstance(body.get("prompt"), str):
+            ids = self.local.encode(body["prompt"], special=True, session=session)
+        elif path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            text = self.local.render_chat(body["messages"], tools)
+            ids = self.local.encode(text, special=False, session=session) if text is not None else None
+        return Prompt(ids, len(ids), len(ids)) if ids is not None else None
 
     def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
         """Without a round trip: token-id prompts only (others use ``tokenize``)."""
@@ -167,9 +187,14 @@ def _token_ids(path: str, body: dict[str, Any]) -> list[int] | None:
     return None
 
 
-def make_tokenizer(name: str) -> Tokenizer:
+def make_tokenizer(name: str, path: str | None = None, cache_mib: int = 64) -> Tokenizer:
+    """``path``: the model's tokenizer for ``engine`` (a folder with ``tokenizer.json``, or the file)."""
     if name == "words":
         return WordTokenizer()
     if name == "engine":
-        return EngineTokenizer()
+        if path is None:
+            return EngineTokenizer()
+        from coda.gateway.local_tokenizer import LocalTokenizer
+
+        return EngineTokenizer(LocalTokenizer(path, cache_mib * 2**20))
     return CharTokenizer()

@@ -4,24 +4,27 @@
 upstream call as one task while a second task watches for the client's disconnect, so a client
 that goes away at any point (queued, waiting for the first byte, mid-stream) cancels the task,
 which closes the upstream connection (the engine aborts the request and frees its KV). A
-failure before the engine's first byte is retried once on another worker; a failure after it
-ends an event stream with an error event. In-flight accounting ends in ``finally``.
+failure before the engine's first byte is retried once on another worker. A failure after it
+aborts the client's connection, as a dead server's would, so clients see a transport error and
+retry (the ``openai`` client raises ``APIConnectionError``); ``midstream_failure: error_event``
+ends an event stream with an SSE error event instead. In-flight accounting ends in ``finally``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import msgspec
 
 from coda.api_errors import ApiError
-from coda.gateway.admission import Admission, DecisionLog
+from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.state import GatewayState, Ticket, Worker
 
@@ -33,6 +36,9 @@ CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 TAIL_BYTES = 4096
 UpstreamFailure = (httpx.TransportError, httpx.RemoteProtocolError)
+#: the message uvicorn logs when a response ends without its last body message: how a relay aborts
+ABORT_MESSAGE = "ASGI callable returned without completing response."
+log = logging.getLogger("coda.gateway")
 
 
 def strip_hop_by_hop(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
@@ -41,40 +47,65 @@ def strip_hop_by_hop(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> 
     return [(k, v) for k, v in raw if (lk := k.lower()) not in drop and lk not in named]
 
 
-def usage_of(tail: bytes) -> tuple[int, int] | None:
-    """(input, output) tokens from the last ``"usage"`` object in a response's tail, if any."""
-    i = tail.rfind(b'"usage":')
-    if i < 0:
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None  # Anthropic's names
+    output_tokens: int | None = None
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_usage = msgspec.json.Decoder(_WithUsage)
+
+
+def usage_of(body: bytes) -> tuple[int, int] | None:
+    """(input, output) tokens of a whole JSON response body, decoded with msgspec (other fields skipped)."""
+    try:
+        u = _usage.decode(body).usage
+    except msgspec.DecodeError:
         return None
-    j = tail.find(b"{", i)
-    depth = 0
-    for k in range(j, len(tail)) if j >= 0 else ():
-        depth += {123: 1, 125: -1}.get(tail[k], 0)
-        if depth == 0:
-            try:
-                u = msgspec.json.decode(tail[j : k + 1])
-            except msgspec.DecodeError:
-                return None
-            inp = u.get("prompt_tokens", u.get("input_tokens"))
-            out = u.get("completion_tokens", u.get("output_tokens"))
-            return (inp, out) if isinstance(inp, int) and isinstance(out, int) else None
+    if u is None:
+        return None
+    inp = u.prompt_tokens if u.prompt_tokens is not None else u.input_tokens
+    out = u.completion_tokens if u.completion_tokens is not None else u.output_tokens
+    return (inp, out) if inp is not None and out is not None else None
+
+
+def stream_usage(tail: bytes) -> tuple[int, int] | None:
+    """(input, output) tokens of the last complete server-sent event in ``tail`` that carries usage
+    (OpenAI's final chunk with ``include_usage``, Anthropic's ``message_delta``)."""
+    for ev in reversed(tail.replace(b"\r\n", b"\n").split(b"\n\n")):  # a piece cut at the tail's start fails to decode
+        data = b"\n".join(line[5:].lstrip(b" ") for line in ev.split(b"\n") if line.startswith(b"data:"))
+        if data.startswith(b"{") and (u := usage_of(data)) is not None:
+            return u
     return None
 
 
+def _quiet_aborts(record: logging.LogRecord) -> bool:
+    return record.getMessage() != ABORT_MESSAGE
+
+
+logging.getLogger("uvicorn.error").addFilter(_quiet_aborts)  # the gateway logs each abort itself, naming the backend
+
+
 class Upstream:
-    """The pooled HTTP client to every engine."""
+    """The pooled HTTP connections to every engine. Proxied requests go straight to the transport:
+    the client layer's cookies, auth flows, redirects and hooks are not wanted there, and skipping
+    them saves a share of the gateway's CPU per request; side calls (``/tokenize``) use the client,
+    on the same pool."""
 
     def __init__(self, connect_s: float, first_byte_s: float) -> None:
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_s, read=first_byte_s, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-            trust_env=False,
-        )
+        self.timeout = {"connect": connect_s, "read": first_byte_s, "write": 60.0, "pool": None}
+        self.transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+        self.client = httpx.AsyncClient(transport=self.transport, timeout=httpx.Timeout(**self.timeout), trust_env=False)
 
     async def open(self, w: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
         headers = [*headers, *((k.encode(), v.encode()) for k, v in w.auth().items())]
-        req = self.client.build_request("POST", w.cfg.url + path, content=body, headers=headers)
-        return await self.client.send(req, stream=True)
+        req = httpx.Request("POST", w.cfg.url + path, content=body, headers=headers, extensions={"timeout": self.timeout})
+        return await self.transport.handle_async_request(req)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -89,8 +120,11 @@ class Relay:
     admission: Admission
     upstream: Upstream
     metrics: GatewayMetrics
-    decisions: DecisionLog
+    decisions: JsonlLog
+    access: JsonlLog
     tenant_label: Callable[[str], str]
+    #: what a client sees when its engine fails mid-response: its connection aborted, or an SSE error event
+    midstream_failure: Literal["abort", "error_event"] = "abort"
 
 
 class Exchange:
@@ -104,6 +138,13 @@ class Exchange:
         self.stream = stream
         self.t0 = t0
         self.status = 0
+        # for the access log
+        self.worker: str | None = None
+        self.tries = 0
+        self.ttft_s: float | None = None
+        self.e2e_s: float | None = None
+        self.usage: tuple[int, int] | None = None
+        self.outcome = "ok"
 
     async def __call__(self, scope: Any, receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
         work = asyncio.ensure_future(self._run(send))
@@ -116,8 +157,19 @@ class Exchange:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await work  # re-raises a bug in _run; a client that left is not an error
         if not watch.cancelled() and watch.done() and not work.done():
-            self.status = 499
+            self.status, self.outcome = 499, "client_disconnected"
         self.relay.metrics.requests.labels(self.t.path, str(self.status or 499)).inc()
+        if self.relay.access.enabled:
+            self.relay.access.write(self.access_record())
+
+    def access_record(self) -> dict[str, Any]:
+        """One access-log line: who, where, how it ended and how long it took; never prompt text."""
+        t = self.t
+        return {"ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "status": self.status or 499, "outcome": self.outcome,
+                "tenant": t.tenant, "session": t.session_id, "model": t.model, "stream": self.stream, "worker": self.worker,
+                "tries": self.tries, "prompt_tokens": t.prompt_tokens, "usage": list(self.usage) if self.usage else None,
+                "prefix_hit": round(t.prefix_hit, 4), "ttft_s": _ms(self.ttft_s), "e2e_s": _ms(self.e2e_s),
+                "total_s": _ms(time.perf_counter() - self.t0)}
 
     async def _run(self, send: Callable[[Any], Any]) -> None:
         relay, t = self.relay, self.t
@@ -135,6 +187,8 @@ class Exchange:
 
     async def _error(self, send: Callable[[Any], Any], err: ApiError) -> None:
         self.status = err.status
+        if self.outcome == "ok":
+            self.outcome = err.code or "error"
         headers = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in err.headers().items())]
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": err.body(self.t.path), "more_body": False})
@@ -157,6 +211,7 @@ class Exchange:
             else:
                 metrics.retries.labels(w.label).inc()
             tried.add(w.id)
+            self.worker, self.tries = w.label, len(tried)
             state.begin(t, w)
             sent = time.perf_counter()
             metrics.overhead.observe(sent - self.t0)
@@ -185,13 +240,20 @@ class Exchange:
                 error = f"backend {w.label} answered {resp.status_code}"
                 continue
             ttft = time.perf_counter() - sent if self.stream else None
+            if ttft is not None:
+                metrics.backend_ttft.labels(w.label).observe(ttft)
+                self.ttft_s = ttft
             completed = False
             try:
                 completed = await self._relay(send, w, resp, first, chunks)
             finally:
                 await resp.aclose()
                 state.end(t, ttft, completed)
+            if completed:
+                self.e2e_s = time.perf_counter() - sent
+                metrics.backend_e2e.labels(w.label).observe(self.e2e_s)
             return
+        self.outcome = "upstream_failed"
         await self._error(send, ApiError(502, f"{error}; tried {len(tried)} worker(s); check the engines (GET /debug/state)", "upstream_failed"))
 
     async def _relay(self, send: Callable[[Any], Any], w: Worker, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> bool:
@@ -202,38 +264,49 @@ class Exchange:
         self.status = resp.status_code
         sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
-        tail = first[-TAIL_BYTES:]
+        # usage: from the last events of a stream, or from the whole body of a JSON answer
+        tail, body = first[-TAIL_BYTES:], [first]
         await send({"type": "http.response.body", "body": first, "more_body": True})
         if sse:
             relay.state.streamed(t, first.count(b"data:"))
         try:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = (tail + chunk)[-TAIL_BYTES:]
                 if sse:
+                    tail = (tail + chunk)[-TAIL_BYTES:]
                     relay.state.streamed(t, chunk.count(b"data:"))
+                else:
+                    body.append(chunk)
         except UpstreamFailure as err:
             relay.metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
-            if sse:
+            self.outcome = "upstream_failed_midstream"
+            if sse and relay.midstream_failure == "error_event":
                 msg = f"backend {w.label} failed mid-stream ({type(err).__name__}); the response is incomplete, retry the request"
                 await send({"type": "http.response.body", "body": ApiError(502, msg, "upstream_failed").sse_event(t.path), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:  # returning without the last body message makes the server close the connection unfinished
+                self.outcome = "aborted"
+                log.warning("backend %s failed mid-response (%s): aborted the client's connection", w.label, type(err).__name__)
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if resp.status_code == 200:
-            self._usage(tail)
+            self._usage(stream_usage(tail) if sse else usage_of(b"".join(body)))
         return resp.status_code == 200
 
-    def _usage(self, tail: bytes) -> None:
+    def _usage(self, usage: tuple[int, int] | None) -> None:
         relay, t = self.relay, self.t
+        self.usage = usage
         metrics, label = relay.metrics, relay.tenant_label(t.tenant)
-        usage = usage_of(tail)
         if usage is None:
             metrics.tenant_input.labels(label).inc(t.prompt_tokens)
             metrics.tenant_unreported.labels(label).inc()
         else:
             metrics.tenant_input.labels(label).inc(usage[0])
             metrics.tenant_output.labels(label).inc(usage[1])
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds, 6) if seconds is not None else None
 
 
 async def _disconnected(receive: Callable[[], Any]) -> None:

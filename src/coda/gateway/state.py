@@ -60,11 +60,16 @@ class Worker:
     metric_names: frozenset[str] = frozenset()
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_model_len: int | None = None
+    kv_capacity_tokens: int = 0  # from its /metrics (vllm:cache_config_info) or the config; 0 when unknown
     inflight: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens
     inflight_tokens: int = 0
     decoding: dict[int, Ticket] = field(default_factory=dict)  # in-flight requests whose first token has come
     streamed_tokens: int = 0  # output tokens relayed so far for the in-flight requests
     ttft_s: float | None = None
+    first_sent_s: float | None = None  # when the gateway first sent this worker a request
+    kv_batches: int = 0  # KV event batches applied
+    #: configured KV events that have not come (``GatewayState.check_kv_events``): its blocks come from the gateway's own index
+    kv_missing: bool = False
 
     @property
     def label(self) -> str:
@@ -159,11 +164,35 @@ class GatewayState:
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
         self.draining = False
+        self.last_active_s = -math.inf  # when a request last began or ended
         self._seq = 0
 
-    def uses_events(self, w: Worker) -> bool:
+    def expects_events(self, w: Worker) -> bool:
         """KV events name blocks by token ids: usable only when prompts are tokenized exactly."""
         return bool(w.cfg.kv_events) and self.tokenizer.exact
+
+    def uses_events(self, w: Worker) -> bool:
+        """The worker's blocks come from its KV events (else from what the gateway sent it)."""
+        return self.expects_events(w) and not w.kv_missing
+
+    def check_kv_events(self, w: Worker) -> bool:
+        """Flag a worker whose KV events have not come within ``kv_events.expect_within_s`` of its
+        first request (a misconfigured endpoint delivers nothing and says nothing); returns True
+        when this flags it. Until a batch comes, routing indexes what the gateway sends it."""
+        if w.kv_missing or not self.expects_events(w) or w.kv_batches or w.first_sent_s is None:
+            return False
+        w.kv_missing = self.clock() - w.first_sent_s > self.config.kv_events.expect_within_s
+        return w.kv_missing
+
+    def kv_batch(self, w: Worker) -> bool:
+        """A KV event batch from ``w`` is about to be applied; returns True when it ends the
+        worker's flag (the gateway's own entries for it are dropped: its events take over)."""
+        w.kv_batches += 1
+        if not w.kv_missing:
+            return False
+        w.kv_missing = False
+        self.approx.forget(w.tiers.hbm)
+        return True
 
     # --- signals ---------------------------------------------------------------------------
     @property
@@ -173,6 +202,10 @@ class GatewayState:
 
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))
+
+    def idle(self, now: float) -> bool:
+        """No request in flight and none for ``telemetry.idle_interval_s``: telemetry may slow down."""
+        return now - self.last_active_s > self.config.telemetry.idle_interval_s and not any(w.inflight for w in self.workers)
 
     def stale(self, w: Worker, now: float) -> bool:
         scraped = bool(self.needed_signals & SCRAPED_SIGNALS.keys())
@@ -218,7 +251,8 @@ class GatewayState:
     def ingress_snapshot(self, t: Ticket) -> IngressSnapshot:
         now = self.clock()
         loads = tuple(
-            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight), w.inflight_tokens)
+            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight), w.inflight_tokens,
+                       w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
             for w in t.candidates
         )
         hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0
@@ -297,6 +331,9 @@ class GatewayState:
         """``t`` is about to be sent to ``w``: count it in flight there and record its blocks."""
         assert t.worker is None
         t.worker = w
+        self.last_active_s = self.clock()
+        if w.first_sent_s is None:
+            w.first_sent_s = self.last_active_s
         n = t.prompt_tokens
         w.inflight[t.rid] = n
         w.inflight_tokens += n
@@ -315,6 +352,7 @@ class GatewayState:
         w, t.worker = t.worker, None
         if w is None:
             return
+        self.last_active_s = self.clock()
         if completed and t.session_id is not None and (s := self.sessions.get(t.session_id)) is not None:
             s.completed_rounds += 1
         n = w.inflight.pop(t.rid, 0)

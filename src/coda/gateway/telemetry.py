@@ -5,6 +5,10 @@ Scrapes run every ``scrape_interval_s`` (default 250 ms); a worker whose last go
 older than ``stale_after_s`` is stale, and admission counts it as saturated. Health checks eject
 a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
 passes (its models are read again then: it may have restarted with another configuration).
+
+An idle gateway (nothing in flight for ``idle_interval_s``) scrapes and checks health every
+``idle_interval_s`` instead, so it costs next to no CPU; a request wakes the loops, and one whose
+policy reads scraped signals first waits for a scrape of every stale worker (``fresh``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,20 +30,33 @@ log = logging.getLogger("coda.gateway")
 
 GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
-_WANTED = GAUGES + COUNTERS
+#: an info gauge whose labels carry the engine's cache configuration (vLLM's CacheConfig)
+CACHE_INFO = "vllm:cache_config_info"
+#: the KV capacity in tokens, computed from CACHE_INFO's labels
+KV_CAPACITY = "kv_capacity_tokens"
+# one sample line of a wanted metric (any labels), anchored at a line start: a C-speed scan of the
+# exposition, whose histograms of every request latency make up most of its size
+_NAMES = "|".join(map(re.escape, GAUGES + COUNTERS))
+_SAMPLE = re.compile("^(" + _NAMES + r")(?:_total)?(?:\{[^}\n]*\})? (\S+)", re.M)
+_CACHE_INFO_LINE = re.compile("^" + re.escape(CACHE_INFO) + r"\{[^}\n]*\} \S+$", re.M)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The vLLM metrics the gateway reads: counts summed over engines (data-parallel ranks),
-    usage fractions averaged. Other lines are dropped before parsing, so a large exposition
-    (histograms of every request latency) costs a string scan, not a parse."""
-    keep = "\n".join(line for line in text.splitlines() if any(name in line[:64] for name in _WANTED))
+    """The vLLM metrics the gateway reads on every scrape: counts summed over engines
+    (data-parallel ranks), usage fractions averaged; and, when the exposition has vLLM's cache
+    config, the KV capacity (``num_gpu_blocks`` x ``block_size`` of each rank, summed)."""
     values: dict[str, list[float]] = {}
-    for fam in text_string_to_metric_families(keep + "\n"):
-        for s in fam.samples:
-            if s.name in _WANTED or s.name.removesuffix("_total") in _WANTED:
-                values.setdefault(s.name.removesuffix("_total"), []).append(s.value)
-    return {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
+    for m in _SAMPLE.finditer(text):
+        with contextlib.suppress(ValueError):
+            values.setdefault(m.group(1), []).append(float(m.group(2)))
+    out = {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
+    info = "\n".join(m.group(0) for m in _CACHE_INFO_LINE.finditer(text))
+    if info:  # an info gauge with every CacheConfig field as a label: parsed by prometheus_client, only its lines
+        caps = [int(b) * int(z) for fam in text_string_to_metric_families(info + "\n") for smp in fam.samples
+                if (b := smp.labels.get("num_gpu_blocks", "")).isdigit() and (z := smp.labels.get("block_size", "")).isdigit()]
+        if caps:
+            out[KV_CAPACITY] = sum(caps)
+    return out
 
 
 def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
@@ -46,6 +64,7 @@ def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
     w.queue_depth = int(values.get("vllm:num_requests_waiting", 0))
     w.running = int(values.get("vllm:num_requests_running", 0))
     w.kv_usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
+    w.kv_capacity_tokens = w.cfg.kv_capacity_tokens or int(values.get(KV_CAPACITY, 0))
     w.scraped_at = now
 
 
@@ -66,6 +85,31 @@ class Telemetry:
         self.on_readmit = on_readmit
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(max(2.0, self.cfg.stale_after_s)), trust_env=False)
         self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+
+    async def _pause(self, busy_s: float) -> None:
+        """Sleep ``busy_s`` while there is traffic, ``idle_interval_s`` while idle (a request wakes it)."""
+        if not self.state.idle(self.state.clock()):
+            await asyncio.sleep(busy_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.cfg.idle_interval_s)
+
+    async def fresh(self) -> None:
+        """A request arrived: wake idle loops; when its policy reads scraped signals, scrape every
+        stale worker now (bounded by ``stale_after_s``) so it is not decided on old numbers."""
+        self._wake.set()
+        self._wake = asyncio.Event()
+        state = self.state
+        now = state.clock()
+        stale = [w for w in state.workers if w.healthy and state.stale(w, now)]
+        if stale:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(self._scrape_once(w) for w in stale)), self.cfg.stale_after_s)
+
+    async def _scrape_once(self, w: Worker) -> None:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            await self.scrape(w)
 
     async def _get(self, w: Worker, path: str) -> httpx.Response:
         return await self.client.get(w.cfg.url + path, headers=w.auth())
@@ -118,7 +162,7 @@ class Telemetry:
 
     async def _scrape_loop(self, w: Worker) -> None:
         while True:
-            await asyncio.sleep(self.cfg.scrape_interval_s)
+            await self._pause(self.cfg.scrape_interval_s)
             try:
                 await self.scrape(w)
             except (httpx.HTTPError, ValueError):
@@ -127,7 +171,12 @@ class Telemetry:
 
     async def _health_loop(self, w: Worker) -> None:
         while True:
-            await asyncio.sleep(self.cfg.health_interval_s)
+            await self._pause(self.cfg.health_interval_s)
+            if self.state.check_kv_events(w):
+                log.warning("backend %s: no KV event batch from %s within %g s of its first request; vLLM binds the endpoint its "
+                            "--kv-events-config names when the host is '*' (tcp://*:PORT) and connects to it otherwise, so give vLLM "
+                            "tcp://*:PORT and the gateway tcp://ENGINE_HOST:PORT; routing uses the gateway's own index for this worker "
+                            "meanwhile", w.label, w.cfg.kv_events, self.state.config.kv_events.expect_within_s)
             try:
                 ok = (await self._get(w, "/health")).status_code == 200
             except httpx.HTTPError:

