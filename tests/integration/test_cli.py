@@ -25,7 +25,7 @@ def test_sim_json_has_the_design_keys_and_is_deterministic():
     b = json.loads(coda("sim", "--workload", SMALL, "--workers", "2", "--json").stdout)
     assert SIM_KEYS <= a.keys()
     assert a["config"]["workers"] == 2 and a["config"]["slo"] == {"ttft_s": 5.0, "tbt_s": 0.1}
-    assert a["config"]["profile"]["name"] == "a100-qwen3coder30b-fp8-roofline" and a["seed"] == 0
+    assert a["config"]["profile"]["name"] == "a100-qwen3coder30b-fp8-calibrated" and a["seed"] == 0
     for k in ("wall_s", "speed_x"):
         a.pop(k), b.pop(k)
     assert a == b
