@@ -205,7 +205,8 @@ def fresh_loads(sim: Simulation) -> tuple[WorkerLoad, ...]:
     """The reference ingress loads, built afresh."""
     return tuple(WorkerLoad(worker_id=w.id, queue_depth=len(w.waiting), kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
                             inflight_requests=len(w.running) + w.n_restoring + len(w.waiting),
-                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0)) for w in sim.workers)
+                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0), max_num_seqs=w.max_num_seqs,
+                            kv_capacity_tokens=w.hbm.capacity * w.C) for w in sim.workers)
 
 
 @settings(max_examples=30)
