@@ -55,7 +55,8 @@ def _pct(arr: np.ndarray, p: float) -> float | None:
     return float(np.percentile(arr, p)) if arr.size else None
 
 
-def _col(records: Sequence[Mapping[str, Any]], key: str, default: float = math.nan) -> np.ndarray:
+def column(records: Sequence[Mapping[str, Any]], key: str, default: float = math.nan) -> np.ndarray:
+    """One field of every record as floats, ``default`` where it is missing or None."""
     return np.array([default if r.get(key) is None else r[key] for r in records], dtype=float)
 
 
@@ -80,14 +81,14 @@ def summarize(
     stopped) the records also carry ``session_id`` and ``session_rounds`` and the task metrics are
     added, slowdowns too when ``alone_s`` gives each session's time alone through each round.
     """
-    ready = _col(records, "ready_s")
-    first = _col(records, "first_token_s")
-    finish = _col(records, "finish_s")
-    out = _col(records, "output_tokens", 0.0)
-    prompt = _col(records, "prompt_tokens", 0.0)
-    new_in = _col(records, "new_input_tokens", 0.0)
-    rnd = _col(records, "round", 1.0)
-    tbt = _col(records, "tbt_mean_s")
+    ready = column(records, "ready_s")
+    first = column(records, "first_token_s")
+    finish = column(records, "finish_s")
+    out = column(records, "output_tokens", 0.0)
+    prompt = column(records, "prompt_tokens", 0.0)
+    new_in = column(records, "new_input_tokens", 0.0)
+    rnd = column(records, "round", 1.0)
+    tbt = column(records, "tbt_mean_s")
     state = np.array([r.get("state", "completed") for r in records], dtype=object)
     completed = np.array([s == "completed" and r.get("finish_s") is not None for s, r in zip(state, records)], dtype=bool)
     t0, t1 = window.start_s, window.end_s
@@ -127,7 +128,7 @@ def summarize(
     q = weighted_quantiles(gaps[0], gaps[1], (0.5, 0.95, 0.99))
     res["tbt_p50_s"], res["tbt_p95_s"], res["tbt_p99_s"] = q
     res["tbt_mean_s"] = float(np.average(gaps[0], weights=gaps[1])) if gaps[0].size and gaps[1].sum() > 0 else None
-    hits = {k: _col(records, f"{k}_hit_tokens", 0.0) for k in ("hbm", "dram", "ssd")}
+    hits = {k: column(records, f"{k}_hit_tokens", 0.0) for k in ("hbm", "dram", "ssd")}
     denom = max(prompt[lat].sum(), 1.0)
     res["reuse_rate"] = float(sum(h[lat].sum() for h in hits.values()) / denom)
     res["reuse_hbm"] = float(hits["hbm"][lat].sum() / denom)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from coda.metrics import Window, within_slo
+from coda.metrics import Window, column, within_slo
 
 # Search grid of the calibration: TTFT bounds 10 ms-3,000 s (log-spaced, ~5% apart) and TBT
 # bounds 20-300 ms (1 ms apart); chosen to cover every SLO an interactive or agent service uses.
@@ -36,14 +36,11 @@ class SloSample:
 
     @classmethod
     def of(cls, records: Sequence[Mapping[str, Any]], window: Window) -> SloSample:
-        def col(key: str) -> np.ndarray:
-            return np.array([np.nan if r.get(key) is None else float(r[key]) for r in records], dtype=float)
-
-        finish, ready, first = col("finish_s"), col("ready_s"), col("first_token_s")
+        finish, ready, first = column(records, "finish_s"), column(records, "ready_s"), column(records, "first_token_s")
         done = np.array([r.get("state", "completed") == "completed" and r.get("finish_s") is not None for r in records], dtype=bool)
         done &= (finish >= window.start_s) & (finish <= window.end_s)
-        out = np.nan_to_num(col("output_tokens"))
-        return cls(out[done], (first - ready)[done], col("tbt_mean_s")[done], window.length_s)
+        out = column(records, "output_tokens", 0.0)
+        return cls(out[done], (first - ready)[done], column(records, "tbt_mean_s")[done], window.length_s)
 
     def slo_tps(self, ttft_s: float, tbt_s: float) -> float:
         ok = within_slo(np.ones(self.output.size, dtype=bool), self.ttft, self.itl, self.output, ttft_s, tbt_s)
