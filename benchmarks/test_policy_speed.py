@@ -31,10 +31,15 @@ def cost():
     return build_cost_model(load_profile())
 
 
-@pytest.mark.parametrize("policy", ["fifo", "tiered_aging"])
+#: the paper's configuration and the throughput-and-tail one (tau 60 s, W_max 1,800 s)
+POLICIES = {"fifo": lambda cost: Fifo(), "tiered_aging": TieredAging,
+            "tiered_aging_tail": lambda cost: TieredAging(cost, tau_s=60.0, w_max_s=1800.0, admission="every_slot")}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
 def test_state_decision_64(benchmark, cost, policy):
     snap = frontier()
-    pol = Fifo() if policy == "fifo" else TieredAging(cost)
+    pol = POLICIES[policy](cost)
     pol.choose(snap)  # warm the memo of link and prefill times, as in steady state
     benchmark(pol.choose, snap)
 

@@ -150,14 +150,16 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
 
 @settings(max_examples=40)
 @given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]),
-       hold=st.booleans(), admission=st.sampled_from(["promote_one", "every_slot"]))
-def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max, hold, admission):
+       hold=st.booleans(), admission=st.sampled_from(["promote_one", "every_slot"]), tau=st.sampled_from([5.0, 60.0]),
+       cost_unit=st.sampled_from(["seconds", "blocks"]))
+def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max, hold, admission, tau, cost_unit):
     """Once a waiting request has waited W_max, no younger request on its worker is admitted before
-    it while it fits (the paper's guard over the feasible set); with ``hold_queue``, not even while
-    it does not fit."""
+    it while it fits (the paper's guard over the feasible set), whatever the aging and the cost
+    (the paper's configuration and the throughput-and-tail one alike); with ``hold_queue``, not even
+    while it does not fit."""
     wl = build(sessions)
     need = largest_chunks(wl, 64)
-    params = {"w_max_s": w_max, "hold_queue": hold, "admission": admission}
+    params = {"w_max_s": w_max, "hold_queue": hold, "admission": admission, "tau_s": tau, "cost_unit": cost_unit}
     cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
                     warmup_s=0, policies={"state": {"params": params}})
     sim = Simulation(wl, cfg)

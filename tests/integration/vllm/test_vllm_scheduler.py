@@ -1,11 +1,17 @@
 """Coda's Tiered-Aging scheduler inside a real vLLM-CPU engine, against vLLM's own FCFS.
 
+The engine runs the throughput-and-tail configuration of Tiered-Aging (the state cost aged with
+tau 60 s, asked for every admission slot) with a short bound, W_max 1 s, so that both of its
+rules act in one scenario: the age-adjusted cost bypasses a blocked cold request, and the bound
+admits that request first once it fits.
+
 Scenario (block size 32, 250 KV blocks): a long request A holds 126-157 blocks while it decodes;
 a large cold request B (128 blocks) arrives and cannot fit until A finishes; then three
 continuations C1-C3 arrive whose 320-token prefixes are in the prefix cache and which need 3 new
 blocks each.
 FCFS holds C1-C3 behind B (head-of-line blocking) until A ends. Tiered-Aging's feasible set is
-{C1, C2, C3}, so it admits them at once, with their cached prefixes. The assertions read what
+{C1, C2, C3}, so it admits them at once, with their cached prefixes; when A ends, B (waiting far
+longer than W_max) fits and the bound admits it. The assertions read what
 vLLM actually scheduled (the scheduler's per-step trace of SchedulerOutput.scheduled_new_reqs
 and their num_computed_tokens) and when each completion returned.
 """
@@ -29,6 +35,9 @@ ARGS = ("--enable-prompt-tokens-details", "--block-size", str(BLOCK), "--num-gpu
         "--max-num-batched-tokens", "4096")
 
 
+PARAMS = {"tau_s": 60.0, "w_max_s": 1.0, "admission": "every_slot"}
+
+
 def ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(10, 990) for _ in range(n)]
@@ -41,7 +50,7 @@ def engines(tmp_path_factory):
     model = build_tiny_model(tmp / "model")
     trace = tmp / "trace.jsonl"
     # read by CodaScheduler only: the policies block every shell reads, FCFS in shadow
-    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": {"state": {"params": {"w_max_s": 60.0}, "shadow": "fifo"}}})}
+    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": {"state": {"params": PARAMS, "shadow": "fifo"}}})}
     args = [list(ARGS), [*ARGS, "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler"]]
     with vllm_servers(model, args, env=env, logs=[tmp / "fcfs.log", tmp / "coda.log"]) as (fcfs, coda):
         yield fcfs, coda, trace
@@ -100,13 +109,20 @@ def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_reques
     assert [cached_tokens(coda["results"][f"C{i}"]) for i in range(3)] == [320, 320, 320]
 
     header, *steps = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert header["policies"]["state"] == {"name": "tiered_aging", "params": {"w_max_s": 60.0}, "shadow": {"name": "fifo", "params": {}}}
+    assert header["policies"]["state"] == {"name": "tiered_aging", "params": PARAMS, "shadow": {"name": "fifo", "params": {}}}
     admitted = {rid: cached for s in steps for rid, cached in s["scheduled_new"]}
+    decisions = [d for s in steps for d in s["decisions"]]
     # the scheduler chose requests other than the FCFS head (B, blocked) ...
-    bypass = [(chosen, head) for s in steps for chosen, head, _ in s["decisions"] if chosen != head]
+    bypass = [(chosen, head) for chosen, head, _, _ in decisions if chosen != head]
     # FCFS in shadow, on the same snapshots, would have admitted nothing while the blocked head did not fit
-    assert {shadow for s in steps for chosen, head, shadow in s["decisions"] if chosen != head} == {None}
+    assert {shadow for chosen, head, shadow, _ in decisions if chosen != head} == {None}
     assert len({chosen for chosen, _ in bypass}) == 3 and len({head for _, head in bypass}) == 1
+    # ... while B waited, nothing else fitting, and once A ended the bound admitted B (by then it
+    # had waited A's 1,000 decode steps, far longer than W_max)
+    b = bypass[0][1]
+    assert {rule for chosen, _, _, rule in decisions if chosen == b} <= {"nothing fits", "W_max: oldest feasible"}
+    assert [rule for chosen, _, _, rule in decisions if chosen == b][-1] == "W_max: oldest feasible"
+    assert b in admitted
     # ... and ran them with their 320-token prefixes from cache (10 blocks of 32)
     assert [admitted[chosen] for chosen, _ in bypass[:3]] == [320, 320, 320]
     # probing candidates did not inflate vLLM's prefix-cache query counter

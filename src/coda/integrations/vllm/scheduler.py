@@ -32,6 +32,7 @@ from coda.integrations.vllm.snapshot import admission_snapshot
 from coda.policy.build import build_policies
 from coda.policy.presets import resolve_policies
 from coda.policy.shadow import Shadowed
+from coda.policy.state import explain
 
 try:  # only importable inside a vLLM process
     import vllm
@@ -44,13 +45,14 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 class PolicyQueue(RequestQueue):
     """vLLM's waiting queue, ordered at each peek by a state-admission policy."""
 
-    def __init__(self, scheduler: Scheduler, policy: Any) -> None:
+    def __init__(self, scheduler: Scheduler, policy: Any, explain_rules: bool = False) -> None:
         self._s = scheduler
         self.policy = policy
+        self.explain_rules = explain_rules  # the trace names the rule of each decision (one more evaluation per decision)
         self._items: list[Any] = []  # arrival order (preempted requests return to the front)
         self._head: Any = None
         self._hits: dict[str, tuple[int, int, int]] = {}  # request_id -> (num_tokens, hit_tokens, idle_hit_blocks)
-        self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice]
+        self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice, the rule that decided]
         self.promote_one = getattr(policy, "admission", "every_slot") == "promote_one"
         self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
@@ -77,10 +79,12 @@ class PolicyQueue(RequestQueue):
         front = self._items[: self.policy.frontier]
         bs = self._s.block_size
         free = self._s.kv_cache_manager.block_pool.get_num_free_blocks()
-        idx = self.policy.choose(admission_snapshot(time.time(), front, lambda r: self._hit(r, bs), bs, free))
+        snap = admission_snapshot(time.time(), front, lambda r: self._hit(r, bs), bs, free)
+        idx = self.policy.choose(snap)
         chosen = front[0] if idx is None else front[idx]
         shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
-        self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None])
+        rule = explain(self.policy, snap).rule if self.explain_rules else None
+        self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None, rule])
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)
             self._items.insert(0, chosen)
@@ -160,7 +164,7 @@ class CodaScheduler(Scheduler):
         self._coda_trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the engine
         if self._coda_trace is not None:
             self._coda_trace.write(json.dumps({"policies": spec.describe(), "profile": settings.profile}) + "\n")
-        queue = PolicyQueue(self, self.coda_policies.state)
+        queue = PolicyQueue(self, self.coda_policies.state, explain_rules=self._coda_trace is not None)
         for req in self.waiting:
             queue.add_request(req)
         self.waiting = queue

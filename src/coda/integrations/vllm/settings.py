@@ -10,7 +10,7 @@ only the state-admission policy acts (the other kinds are checked, so the same b
 from a simulation fails as it would there). ``profile`` is the cost model state admission ranks
 by (by default the analytic roofline of the paper's setup: the base install that vLLM loads has no
 numba, which a profile with a kernel attention section, like the simulator's default, needs; install
-``coda[sim]`` to use one); ``trace`` a JSONL file of every step's admissions and decisions (with the shadow's, if any).
+``coda[sim]`` to use one); ``trace`` a JSONL file of every step's admissions and decisions (with the shadow's, if any, and the rule that decided).
 """
 
 from __future__ import annotations
