@@ -7,6 +7,7 @@ preset), so a mix needs no new preset; these name the systems the evaluation com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from coda.errors import CodaError
 from coda.policy.spec import BASELINE, PoliciesOverride, PoliciesSpec, PolicySpec
@@ -27,8 +28,9 @@ class SystemPreset:
         return f"{' + '.join(p for p in parts if p)}; CPU-shadow {'on' if self.cpu_shadow else 'off'}"
 
 
-def _preset(name: str, router: str, state: str, execution: str, eviction: str, description: str) -> SystemPreset:
-    block = BASELINE.model_copy(update={"router": PolicySpec(name=router), "state": PolicySpec(name=state),
+def _preset(name: str, router: str, state: str, execution: str, eviction: str, description: str,
+            state_params: dict[str, Any] | None = None) -> SystemPreset:
+    block = BASELINE.model_copy(update={"router": PolicySpec(name=router), "state": PolicySpec(name=state, params=state_params or {}),
                                         "execution": PolicySpec(name=execution), "eviction": PolicySpec(name=eviction)})
     return SystemPreset(name, description, block)
 
@@ -49,6 +51,11 @@ SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
             "CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks"),
     _preset("coda", "coda", "tiered_aging", "cohort", "tool_aware",
             "Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim"),
+    # tau and W_max chosen on one M3 seed, evaluated on others (docs/evaluation.md, "Throughput against the tail")
+    _preset("coda-tail", "coda", "tiered_aging", "cohort", "tool_aware",
+            "Coda with Tiered-Aging set for throughput and the tail: the state cost aged with tau 60 s, asked for every admission "
+            "slot, the oldest feasible request first after 1,800 s",
+            state_params={"tau_s": 60.0, "w_max_s": 1800.0, "admission": "every_slot"}),
     _preset("coda-route-only", "coda", "fifo", "full", "lru", "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
     _preset("coda-admit-only", "smetric", "tiered_aging", "cohort", "tool_aware", "ablation: Coda's engine admission behind the SMetric router"),
 )}
