@@ -231,3 +231,13 @@ def test_replicas_on_one_store_take_seats_as_one():
         return outcomes
 
     assert asyncio.run(run()) == ["admit"] * 3 + ["queue_full"] * 3
+
+
+@pytest.mark.parametrize("url, why", [("http://127.0.0.1:6379", "must start with redis://"), ("redis://h:port/0", "Port could not be cast"),
+                                      ("redis://h:6379/0?socket_timeout=9", "no query parameters")])
+def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
+    from coda.errors import CodaError
+
+    with pytest.raises(CodaError, match=f"store.url: .*{why}") as exc:
+        build_config({"backends": URLS, "store": {"url": url}}, {}, {})
+    assert "\n" not in str(exc.value)

@@ -132,13 +132,14 @@ class Admission:
         plan = state.route(t, set())
         synced = None
         for attempt in range(PLAN_TRIES):
+            read = state.others
             state.pending = (t, plan[0]) if plan[0] is not None else None
             try:
                 synced = await self.replica.publish()
             finally:
                 state.pending = None
-            if synced is None or plan[0] is None or attempt == PLAN_TRIES - 1:
-                break
+            if synced is None or plan[0] is None or state.others is read or attempt == PLAN_TRIES - 1:
+                break  # nothing new was read (always so in-process): the pick stands
             fresh = state.route(t, set())
             if fresh[0] is plan[0]:
                 break
