@@ -241,3 +241,22 @@ def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
     with pytest.raises(CodaError, match=f"store.url: .*{why}") as exc:
         build_config({"backends": URLS, "store": {"url": url}}, {}, {})
     assert "\n" not in str(exc.value)
+
+
+def test_with_a_shared_store_a_worker_s_load_is_at_least_what_its_engine_runs_and_queues():
+    """The other replicas' requests count even when no table says so (the store away): through the
+    engine's fresh /metrics; a stale scrape is not trusted, and one replica alone counts its own."""
+    clock = Clock()
+    shared = make_state(clock, store={"url": "redis://127.0.0.1:6379/0"}, telemetry={"stale_after_s": 1.0})
+    alone = make_state(clock)
+    for s in (shared, alone):
+        s.workers[0].running, s.workers[0].queue_depth = 3, 1
+    t = ticket(shared, "a", None, 640)
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 4
+    assert shared.routing_snapshot(t, set()).workers[0].active_requests == 4
+    assert alone.ingress_snapshot(ticket(alone, "a", None, 640)).workers[0].inflight_requests == 0
+    shared.others = {f"n|{shared.workers[0].label}": 6.0}  # the tables say more: they stand
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 6
+    shared.others = {}
+    clock.t = 5.0  # the scrape is stale now
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 0
