@@ -112,8 +112,7 @@ class LocalStore:
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         now = self.clock()
-        for sid, age in ages:
-            self.ledger.merge(sid, now - age)
+        self.ledger.merge([(sid, now - age) for sid, age in ages])
 
     async def drop(self, replica: str) -> None:
         self._tables.pop(replica, None)

@@ -421,11 +421,11 @@ class SessionLedger:
         if self._seen.get(session_id) == seen_s:
             del self._seen[session_id]
 
-    def merge(self, session_id: str, seen_s: float) -> None:
-        """A slot given elsewhere at ``seen_s`` (another store's record): the later time stands."""
-        if self._seen.get(session_id, -math.inf) >= seen_s:
-            return
-        self._seen[session_id] = seen_s
+    def merge(self, seen: Sequence[tuple[str, float]]) -> None:
+        """Slots given elsewhere, as (session, last admitted): for each session the later time stands."""
+        for sid, t in seen:
+            if self._seen.get(sid, -math.inf) < t:
+                self._seen[sid] = t
         self._seen = OrderedDict(sorted(self._seen.items(), key=lambda kv: kv[1]))
 
     def ages(self, now_s: float) -> list[tuple[str, float]]:
