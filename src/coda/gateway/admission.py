@@ -23,7 +23,7 @@ from coda.api_errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.replica import Replica, open_store
 from coda.gateway.state import GatewayState, Ticket, Worker
-from coda.gateway.store import Synced
+from coda.gateway.store import Sessions, Synced
 from coda.policy.ingress import Decision, IngressSnapshot
 
 MESSAGES = {
@@ -104,47 +104,53 @@ class Admission:
         self._changed = asyncio.Event()
 
     async def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
-        """Decide with every replica's counts, atomically among replicas: claim the session's slot
-        (learning whether it held one), count the request on the worker the router picks for it,
-        publish that with this replica's table while reading the others', decide, and undo the
-        claim when not admitted. An admitted request keeps its worker (``Ticket.plan``); the caller
-        begins it there before this replica decides again."""
+        """Decide with every replica's counts, atomically among replicas: count the request on the
+        worker the router picks for it and claim its session's slot, in one publication of this
+        replica's table that reads the others' back (``_count_where_routed``); decide on that; undo
+        the claim when not admitted. An admitted request keeps its worker (``Ticket.plan``); the
+        caller begins it there before this replica decides again."""
         state, replica, sid = self.state, self.replica, t.session_id
         async with replica.decide_lock:
-            claimed = await replica.claim(sid) if sid is not None else None
-            t.session_seen = claimed is not None and claimed.sessions.active
-            (w, shadow_worker), synced = await self._count_where_routed(t)
-            sessions = claimed.sessions if claimed is not None else synced.sessions if synced is not None else None
+            (w, shadow_worker), synced, claimed = await self._count_where_routed(t)
+            # a session's slots as its claim found them; else the count the last publication read
+            sessions = claimed if claimed is not None else synced.sessions if synced is not None and sid is None else None
             d, snap, shadow = state.decide(t, sessions)
             if not replica.up and replica.closed_when_down:
                 d = Decision("defer", d.policy, "store_unreachable", 503, STORE_RETRY_AFTER_S)
             if d.action == "admit":
                 t.plan = (w, shadow_worker) if w is not None else None
-            elif sid is not None and claimed is not None and not claimed.sessions.active:
-                await replica.release(sid, claimed.sessions.stamp)
+            elif sid is not None and claimed is not None and not claimed.active:
+                await replica.release(sid, claimed.stamp)
         return d, snap, shadow
 
-    async def _count_where_routed(self, t: Ticket) -> tuple[tuple[Worker | None, int | None], Synced | None]:
-        """Publish the table with ``t`` counted on the worker the router picks, routing again on
-        the counts that come back until the pick stands (other replicas' counts may have changed
-        since the last read); the last pick published, and what the store answered."""
+    async def _count_where_routed(self, t: Ticket) -> tuple[tuple[Worker | None, int | None], Synced | None, Sessions | None]:
+        """Publish the table with ``t`` counted on the worker the router picks (the first
+        publication also claims the session's slot), routing again on what comes back (the other
+        replicas' counts, whether the session was known) until the pick stands; the last pick
+        published, the store's last answer, and the claim (``None`` without one)."""
         state = self.state
         plan = state.route(t, set())
-        synced = None
+        synced: Synced | None = None
+        claimed: Sessions | None = None
         for attempt in range(PLAN_TRIES):
-            read = state.others
+            read, seen = state.others, t.session_seen
             state.pending = (t, plan[0]) if plan[0] is not None else None
             try:
-                synced = await self.replica.publish()
+                synced = await self.replica.publish(t.session_id if attempt == 0 else None)
             finally:
                 state.pending = None
-            if synced is None or plan[0] is None or state.others is read or attempt == PLAN_TRIES - 1:
+            if synced is None:
+                break
+            if attempt == 0 and t.session_id is not None:
+                claimed = synced.sessions
+                t.session_seen = claimed.active  # an earlier round went somewhere: a continuation for the router
+            if plan[0] is None or (state.others is read and t.session_seen == seen) or attempt == PLAN_TRIES - 1:
                 break  # nothing new was read (always so in-process): the pick stands
             fresh = state.route(t, set())
             if fresh[0] is plan[0]:
                 break
             plan = fresh
-        return plan, synced
+        return plan, synced, claimed
 
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);

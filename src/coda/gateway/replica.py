@@ -84,12 +84,9 @@ class Replica:
                 await self.store.drop(self.id)
         await self.store.close()
 
-    async def claim(self, session: str) -> Synced | None:
-        """Publish the table and claim ``session``'s slot; ``None`` while the store is away."""
+    async def publish(self, session: str | None = None) -> Synced | None:
+        """Publish the table (and claim ``session``'s slot); ``None`` while the store is away."""
         return await self._publish(session)
-
-    async def publish(self) -> Synced | None:
-        return await self._publish(None)
 
     async def release(self, session: str, stamp: float) -> None:
         with contextlib.suppress(StoreUnavailable):
