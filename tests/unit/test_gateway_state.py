@@ -260,3 +260,74 @@ def test_with_a_shared_store_a_worker_s_load_is_at_least_what_its_engine_runs_an
     shared.others = {}
     clock.t = 5.0  # the scrape is stale now
     assert shared.ingress_snapshot(t).workers[0].inflight_requests == 0
+
+
+class Yielding:
+    """A store whose every step gives the event loop away first, ``pauses`` times (drawn), so the
+    replicas' decisions interleave as they would over a network."""
+
+    def __init__(self, inner, pauses) -> None:
+        self.inner, self.pauses, self.kind = inner, pauses, "redis"
+
+    async def _pause(self) -> None:
+        for _ in range(next(self.pauses)):
+            await asyncio.sleep(0)
+
+    async def sync(self, *args):
+        await self._pause()
+        got = await self.inner.sync(*args)
+        await self._pause()
+        return got
+
+    async def settle(self, *args):
+        await self._pause()
+        return await self.inner.settle(*args)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 3), min_size=8, max_size=8), st.lists(st.tuples(st.integers(0, 2), st.sampled_from([None, "s0", "s1", "s2"])),
+                                                                      min_size=1, max_size=12))
+def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_there_are(pause_cycle, arrivals):
+    """Three replicas on one store, their store steps interleaved in any order: however the
+    requests arrive, no more requests run than the workers have seats, and no more sessions hold a
+    slot than ``max_sessions``."""
+    import itertools
+
+    from coda.gateway.replica import Replica
+    from coda.gateway.store import LocalStore
+    from coda.policy.ingress import SessionLedger
+
+    async def run() -> None:
+        clock = Clock()
+        ledger = SessionLedger(300.0)
+        store = Yielding(LocalStore(ledger, clock, 10.0), itertools.cycle(pause_cycle))
+        admissions = []
+        for rid in ("a", "b", "c"):
+            cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in URLS[:2]], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
+                   "policies": {"router": "least_loaded", "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}},
+                                            "defer": {"max_wait_s": 0}}}}
+            s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
+            for w in s.workers:
+                w.models = {"m": {"id": "m"}}
+                w.scraped_at = 0.0
+            metrics = GatewayMetrics()
+            admissions.append(Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics)))
+        admitted: list[Ticket] = []
+
+        async def one(replica: int, session: str | None) -> None:
+            adm = admissions[replica]
+            t = ticket(adm.state, "a", session, 640)
+            try:
+                await adm.admit(t)
+            except ApiError:
+                return
+            assert t.plan is not None
+            adm.state.begin(t, t.plan[0])
+            admitted.append(t)
+
+        await asyncio.gather(*(one(r, sid) for r, sid in arrivals))
+        assert 1 <= len(admitted) <= 2  # two workers, one seat each
+        assert len({t.session_id for t in admitted} - {None}) <= 1  # one session slot
+        assert ledger.count(clock()) <= 1  # and the claims of refused sessions were dropped
+
+    asyncio.run(run())

@@ -416,6 +416,10 @@ class SessionLedger:
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
 
+    def last_seen(self, session_id: str) -> float:
+        """When the session last took its slot (``-inf`` when it holds none)."""
+        return self._seen.get(session_id, -math.inf)
+
     def release(self, session_id: str, seen_s: float) -> None:
         """Undo the touch at ``seen_s`` (its request was not admitted); a later touch stands."""
         if self._seen.get(session_id) == seen_s:
