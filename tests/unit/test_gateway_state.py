@@ -331,3 +331,8 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
         assert ledger.count(clock()) <= 1  # and the claims of refused sessions were dropped
 
     asyncio.run(run())
+
+
+def test_the_store_url_comes_from_the_environment_too():
+    cfg = build_config({"backends": URLS}, {}, {"CODA_SERVE_STORE__URL": "redis://redis:6379/0", "CODA_SERVE_STORE__ON_UNREACHABLE": "closed"})
+    assert (cfg.store.url, cfg.store.on_unreachable, cfg.store.publish_interval_s) == ("redis://redis:6379/0", "closed", 0.5)
