@@ -108,9 +108,10 @@ class Admission:
     async def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
         """Decide with every replica's counts, atomically among replicas: count the request on the
         worker the router picks for it and claim its session's slot, in one publication of this
-        replica's table that reads the others' back (``_count_where_routed``); decide on that; a
-        new session's tentative claim is settled (one more step: the slot taken or dropped). An admitted request keeps its worker (``Ticket.plan``); the
-        caller begins it there before this replica decides again."""
+        replica's table that reads the others' back (``_count_where_routed``); decide on that;
+        settle a new session's tentative claim (one more step: the slot taken or dropped). An
+        admitted request keeps its worker (``Ticket.plan``); the caller begins it there before
+        this replica decides again."""
         state, replica, sid = self.state, self.replica, t.session_id
         async with replica.decide_lock:
             (w, shadow_worker), synced, claimed, stands = await self._count_where_routed(t)

@@ -48,6 +48,8 @@ def _shown(url: str | None) -> str:
 
 
 class Replica:
+    """The gateway's link to the store: its id, whether the store answers, the decision lock, the publisher."""
+
     def __init__(self, state: GatewayState, store: Store, metrics: GatewayMetrics) -> None:
         self.state = state
         self.store = store
