@@ -259,8 +259,7 @@ class GatewayState:
     def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
         return self.indexer.match(hashes, [w.tiers for w in candidates])
 
-    # --- ingress ---------------------------------------------------------------------------
-    # --- what replicas share --------------------------------------------------------------
+    # --- what replicas share ----------------------------------------------------------------
     def published(self) -> dict[str, float]:
         """This replica's count table for the store: per worker ``n|`` in-flight requests, ``tok|``
         their prompt tokens, ``kv|`` those plus the output relayed, ``ttft|`` the TTFT estimate
