@@ -17,7 +17,8 @@ from coda.policy.ingress import SessionLedger
 from tests.integration.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 from tests.waiting import wait_until
 
-TTL_S = 0.3  # a table's life without a refresh
+TTL_S = 60.0  # a table's life without a refresh: longer than any test takes
+SHORT_TTL_S = 2.0  # the expiry test's, which waits for it to pass (long enough for two steps on a busy machine)
 SESSION_TTL_S = 300.0
 
 
@@ -31,11 +32,10 @@ class Clock:
 
 @dataclass
 class Backend:
-    """Makes a store inside the running event loop, and lets a table's TTL pass."""
+    """Makes a store (with a table TTL) inside the running event loop, and lets that TTL pass."""
 
-    make: Callable[[], Store]
+    make: Callable[[float], Store]
     expire: Callable[[Store], Awaitable[None]]
-    tick: Callable[[], Awaitable[None]]  # the store's clock moves on (a later claim gets a later stamp)
 
 
 @pytest.fixture(params=["local", "redis"])
@@ -44,12 +44,9 @@ def backend(request) -> Iterator[Backend]:
         clock = Clock()
 
         async def later(_: Store) -> None:
-            clock.t += 2 * TTL_S
+            clock.t += 2 * SHORT_TTL_S
 
-        async def tick() -> None:
-            clock.t += 0.01
-
-        yield Backend(lambda: LocalStore(SessionLedger(SESSION_TTL_S), clock, TTL_S), later, tick)
+        yield Backend(lambda ttl: LocalStore(SessionLedger(SESSION_TTL_S), clock, ttl), later)
         return
     server: RedisServer = request.getfixturevalue("redis_server")
 
@@ -57,15 +54,12 @@ def backend(request) -> Iterator[Backend]:
         keys = server.client()
         await asyncio.to_thread(wait_until, lambda: not keys.exists("test:replica:b"), "replica b's table expires")
 
-    async def next_ms() -> None:
-        await asyncio.sleep(0.005)  # the server's clock, in ms, moves past the last claim's
-
-    yield Backend(lambda: RedisStore(server.url, "test", TTL_S, SESSION_TTL_S), gone, next_ms)
+    yield Backend(lambda ttl: RedisStore(server.url, "test", ttl, SESSION_TTL_S), gone)
 
 
-def run(backend: Backend, body: Callable[[Store], Awaitable[None]]) -> None:
+def run(backend: Backend, body: Callable[[Store], Awaitable[None]], ttl_s: float = TTL_S) -> None:
     async def main() -> None:
-        store = backend.make()
+        store = backend.make(ttl_s)
         try:
             await body(store)
         finally:
@@ -97,7 +91,7 @@ def test_a_table_not_refreshed_expires(backend):
         await backend.expire(s)
         assert (await s.sync("a", 2, {}, None)).others == {}  # b died without a goodbye: its counts are gone, not leaked
 
-    run(backend, body)
+    run(backend, body, SHORT_TTL_S)
 
 
 def test_session_slots_are_claimed_settled_and_restored(backend):
