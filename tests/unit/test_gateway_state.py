@@ -193,26 +193,31 @@ def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backend
     assert make_state().routing_snapshot(ticket(make_state(), "a", "s", 640), set()).request.home_worker is None  # one replica: its own index
 
 
+def replica_admission(rid: str, store, clock: Clock, urls: list[str], policies: dict) -> Admission:
+    """One replica (its own state, one seat per worker) deciding through ``store``."""
+    from coda.gateway.replica import Replica
+
+    cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in urls], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
+           "policies": policies}
+    s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
+    for w in s.workers:
+        w.models = {"m": {"id": "m"}}
+        w.scraped_at = 0.0
+    metrics = GatewayMetrics()
+    return Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics))
+
+
 def test_replicas_on_one_store_take_seats_as_one():
     """Two replicas deciding in turn on one store: each sees the other's requests, so the three
     seats (one per worker) are given once, not once per replica."""
-    from coda.gateway.replica import Replica
     from coda.gateway.store import LocalStore
     from coda.policy.ingress import SessionLedger
 
     async def run() -> list[str]:
         clock = Clock()
         store = LocalStore(SessionLedger(300.0), clock, 10.0)
-        admissions = []
-        for rid in ("a", "b"):
-            cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in URLS], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
-                   "policies": {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}}
-            s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
-            for w in s.workers:
-                w.models = {"m": {"id": "m"}}
-                w.scraped_at = 0.0
-            metrics = GatewayMetrics()
-            admissions.append(Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics)))
+        policies = {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}
+        admissions = [replica_admission(rid, store, clock, URLS, policies) for rid in ("a", "b")]
         outcomes = []
         for i in range(6):
             adm = admissions[i % 2]
@@ -293,7 +298,6 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
     slot than ``max_sessions``."""
     import itertools
 
-    from coda.gateway.replica import Replica
     from coda.gateway.store import LocalStore
     from coda.policy.ingress import SessionLedger
 
@@ -301,17 +305,9 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
         clock = Clock()
         ledger = SessionLedger(300.0)
         store = Yielding(LocalStore(ledger, clock, 10.0), itertools.cycle(pause_cycle))
-        admissions = []
-        for rid in ("a", "b", "c"):
-            cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in URLS[:2]], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
-                   "policies": {"router": "least_loaded", "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}},
-                                            "defer": {"max_wait_s": 0}}}}
-            s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
-            for w in s.workers:
-                w.models = {"m": {"id": "m"}}
-                w.scraped_at = 0.0
-            metrics = GatewayMetrics()
-            admissions.append(Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics)))
+        policies = {"router": "least_loaded",
+                    "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}}, "defer": {"max_wait_s": 0}}}
+        admissions = [replica_admission(rid, store, clock, URLS[:2], policies) for rid in ("a", "b", "c")]
         admitted: list[Ticket] = []
 
         async def one(replica: int, session: str | None) -> None:
