@@ -416,6 +416,27 @@ class SessionLedger:
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
 
+    def last_seen(self, session_id: str) -> float:
+        """When the session last took its slot (``-inf`` when it holds none)."""
+        return self._seen.get(session_id, -math.inf)
+
+    def release(self, session_id: str, seen_s: float) -> None:
+        """Undo the touch at ``seen_s`` (its request was not admitted); a later touch stands."""
+        if self._seen.get(session_id) == seen_s:
+            del self._seen[session_id]
+
+    def merge(self, seen: Sequence[tuple[str, float]]) -> None:
+        """Slots given elsewhere, as (session, last admitted): for each session the later time stands."""
+        for sid, t in seen:
+            if self._seen.get(sid, -math.inf) < t:
+                self._seen[sid] = t
+        self._seen = OrderedDict(sorted(self._seen.items(), key=lambda kv: kv[1]))
+
+    def ages(self, now_s: float) -> list[tuple[str, float]]:
+        """Every session holding a slot, with the seconds since it was last admitted."""
+        self._expire(now_s)
+        return [(sid, now_s - t) for sid, t in self._seen.items()]
+
 
 def compose(parts: Sequence[IngressPolicy]) -> IngressPolicy:
     return parts[0] if len(parts) == 1 else AllOf(tuple(parts))
