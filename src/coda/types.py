@@ -151,6 +151,10 @@ class RouteRequest:
     prompt_tokens: int
     #: the prompt's full KV blocks
     prompt_blocks: int
+    #: the session's home worker where no KV events say where its context lives and replicas must
+    #: agree without talking: the rendezvous hash of the session id over the healthy candidates
+    #: (``coda.policy.routing.rendezvous``); ``None`` without a session, or where the shell knows residency
+    home_worker: int | None = None
 
 
 @dataclass(slots=True, frozen=True)

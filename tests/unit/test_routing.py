@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from coda.errors import CodaError
 from coda.policy.build import make_policy
-from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric, context_distance
+from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric, context_distance, rendezvous
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
 
@@ -114,3 +114,35 @@ def test_the_coda_rule_skips_idle_load_eligible_workers_and_falls_back_only_when
     assert strict.explain(s).rule.startswith("least loaded") and strict.route(s) == SMetric().route(s)
     idle = [W(0, load=1), W(1, load=1)]
     assert CodaRouter().explain(snap(idle, cont=False)).rule == "least loaded (no eligible worker decoding)"
+
+
+names_st = st.lists(st.text(st.characters(codec="utf-8"), min_size=1, max_size=12), min_size=1, max_size=8, unique=True)
+
+
+@given(names=names_st, key=st.text(max_size=20), order=st.randoms(use_true_random=False))
+def test_rendezvous_agrees_whatever_order_each_replica_lists_the_workers_in(names, key, order):
+    shuffled = list(names)
+    order.shuffle(shuffled)
+    assert names[rendezvous(key, names)] == shuffled[rendezvous(key, shuffled)]
+
+
+@given(names=names_st.filter(lambda n: len(n) > 1), keys=st.lists(st.text(max_size=20), max_size=40), gone=st.integers(0, 7))
+def test_rendezvous_moves_only_the_keys_of_a_worker_that_leaves(names, keys, gone):
+    left = names[gone % len(names)]
+    rest = [n for n in names if n != left]
+    for k in keys:
+        before, after = names[rendezvous(k, names)], rest[rendezvous(k, rest)]
+        assert after == before or before == left
+
+
+def home_snap(workers, home, cont=False):
+    req = RouteRequest(seq=0, session_id="s", is_continuation=cont, prompt_tokens=2560, prompt_blocks=10, home_worker=home)
+    return RoutingSnapshot(0.0, req, tuple(workers))
+
+
+@pytest.mark.parametrize("router", [SMetric(), CodaRouter()])
+def test_a_session_goes_to_its_home_worker_within_the_load_bound_and_a_prefix_hit_comes_first(router):
+    assert router.route(home_snap([W(0, load=1), W(1, load=2)], home=1)) == 1  # its first request too: every replica agrees
+    assert router.route(home_snap([W(0, load=0), W(1, load=3)], home=1)) == 0  # home over the bound (0 + slack 2): least loaded
+    assert router.route(home_snap([W(0, load=1, hbm=5), W(1)], home=1, cont=True)) == 0  # a known prefix outranks the hash
+    assert router.route(home_snap([W(0, load=1), W(1, healthy=False)], home=1)) == 0  # an ejected home is no candidate

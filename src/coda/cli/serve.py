@@ -28,6 +28,7 @@ def serve(
     max_wait_s: Annotated[float | None, typer.Option("--max-wait-s", help="longest a deferred request waits before its 503")] = None,
     scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="engine /metrics scrape period (default 0.25)")] = None,
     drain_timeout_s: Annotated[float | None, typer.Option("--drain-timeout-s", help="on SIGTERM, how long in-flight requests may finish")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="redis://host:port/db that every replica of the gateway shares (default: in-process, one replica)")] = None,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages in front of the
     engines, with ingress admission and KV-aware routing; also /v1/models, /health, /ready,
@@ -51,7 +52,7 @@ def serve(
         policies.setdefault(kind, {})["shadow"] = {"name": shadow}
     if policies:
         cli["policies"] = policies
-    nested = {"indexer": dict(tokenizer=tokenizer), "telemetry": dict(scrape_interval_s=scrape_interval_s)}
+    nested = {"indexer": dict(tokenizer=tokenizer), "telemetry": dict(scrape_interval_s=scrape_interval_s), "store": dict(url=store)}
     for section, values in nested.items():
         given = {k: v for k, v in values.items() if v is not None}
         if given:
@@ -62,7 +63,8 @@ def serve(
     def ready(url: str, gw: Any) -> None:
         s = gw.state
         out_console.print(f"coda serve listening on {url}", highlight=False, soft_wrap=True)
-        err_console.print(f"ingress {s.ingress.name}, router {s.router.name}, {len(s.workers)} backend(s): "
+        err_console.print(f"ingress {s.ingress.name}, router {s.router.name}, store {gw.replica.detail} (replica {gw.replica.id}), "
+                          f"{len(s.workers)} backend(s): "
                           + ", ".join(f"{w.label} ({', '.join(sorted(w.models))})" for w in s.workers), highlight=False, soft_wrap=True)
 
     try:

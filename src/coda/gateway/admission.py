@@ -3,7 +3,9 @@ the JSONL logs: decisions (one record per request, with the signal values behind
 and the optional, sampled access log.
 
 A deferred request is decided again whenever something that could free room happens (a
-request ends, telemetry arrives) until ``max_wait_s``; then it gets ``503`` + ``Retry-After``.
+request ends, telemetry arrives, another replica's counts change) until ``max_wait_s``; then it
+gets ``503`` + ``Retry-After``. Each decision reads every replica's counts and takes its share
+atomically through the store (``Admission.decide``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, TextIO
 from coda import strict_json
 from coda.api_errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.replica import Replica, open_store
 from coda.gateway.state import GatewayState, Ticket
 from coda.policy.ingress import Decision, IngressSnapshot
 
@@ -31,7 +34,10 @@ MESSAGES = {
     "new_session_deferred": "the cluster is saturated, so new agent sessions wait while running ones finish",
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
+    "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
 }
+#: Retry-After of a request deferred while the store is away (assumed: about a store restart)
+STORE_RETRY_AFTER_S = 1.0
 
 
 class JsonlLog:
@@ -79,11 +85,13 @@ def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | Non
 
 
 class Admission:
-    def __init__(self, state: GatewayState, metrics: GatewayMetrics, log: JsonlLog) -> None:
+    def __init__(self, state: GatewayState, metrics: GatewayMetrics, log: JsonlLog, replica: Replica | None = None) -> None:
         self.state = state
         self.defer = state.defer
         self.metrics = metrics
         self.log = log
+        self.replica = replica or Replica(state, open_store(state), metrics)
+        self.replica.on_change = self.kick
         self._changed = asyncio.Event()
 
     def kick(self) -> None:
@@ -91,11 +99,37 @@ class Admission:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
+        """Decide with every replica's counts, atomically among replicas: claim the session's slot
+        (learning whether it held one), count the request on the worker the router picks for it,
+        publish that with this replica's table while reading the others', decide, and undo the
+        claim when not admitted. An admitted request keeps its worker (``Ticket.plan``); the caller
+        begins it there before this replica decides again."""
+        state, replica, sid = self.state, self.replica, t.session_id
+        async with replica.decide_lock:
+            claimed = await replica.claim(sid) if sid is not None else None
+            t.session_seen = claimed is not None and claimed.sessions.active
+            w, shadow_worker = state.route(t, set())
+            state.pending = (t, w) if w is not None else None
+            try:
+                synced = await replica.publish()
+            finally:
+                state.pending = None
+            sessions = claimed.sessions if claimed is not None else synced.sessions if synced is not None else None
+            d, snap, shadow = state.decide(t, sessions)
+            if not replica.up and replica.closed_when_down:
+                d = Decision("defer", d.policy, "store_unreachable", 503, STORE_RETRY_AFTER_S)
+            if d.action == "admit":
+                t.plan = (w, shadow_worker) if w is not None else None
+            elif sid is not None and claimed is not None and not claimed.sessions.active:
+                await replica.release(sid, claimed.sessions.stamp)
+        return d, snap, shadow
+
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);
         raises ``ApiError`` (503 / 429 / 529 with Retry-After) for a request that is not admitted."""
         state = self.state
-        d, snap, shadow = state.decide(t)
+        d, snap, shadow = await self.decide(t)
         start = time.monotonic()
         deferred = d.action == "defer"
         if deferred:
@@ -111,7 +145,7 @@ class Admission:
                             await asyncio.wait_for(self._changed.wait(), left)
                         except TimeoutError:
                             pass
-                        d, snap, shadow = state.decide(t)
+                        d, snap, shadow = await self.decide(t)
                 finally:
                     state.queued -= 1
         waited = time.monotonic() - start

@@ -40,6 +40,7 @@ from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
 from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upstream, strip_hop_by_hop
+from coda.gateway.replica import Replica, open_store
 from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.telemetry import Telemetry
 from coda.listen import listen
@@ -72,7 +73,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.decisions = JsonlLog(config.decision_log)
         self.access = JsonlLog(config.access_log.path, config.access_log.sample)
-        self.admission = Admission(self.state, self.metrics, self.decisions)
+        self.replica = Replica(self.state, open_store(self.state), self.metrics)
+        self.admission = Admission(self.state, self.metrics, self.decisions, self.replica)
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
         self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.access, self.ids.label,
                            config.midstream_failure)
@@ -89,12 +91,14 @@ class Gateway:
     async def start(self) -> None:
         await self.telemetry.startup()
         await self._check_local_tokenizer()
+        await self.replica.start()
         self.telemetry.start()
         for c in self.consumers.values():
             c.start()
 
     async def close(self) -> None:
         await self.telemetry.close()
+        await self.replica.close()
         for c in self.consumers.values():
             await c.close()
         await self.upstream.close()
@@ -253,12 +257,13 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _: Request) -> Response:
-        """Ready while some engine is healthy; details name what degrades routing (KV events that never came)."""
+        """Ready while some engine is healthy; details name what degrades routing (KV events that
+        never came, a shared store that does not answer: the replica serves on its own state)."""
         healthy = sum(w.healthy for w in self.state.workers)
         ok = healthy > 0 and not self.state.draining
         missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
-        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing},
-                            status_code=200 if ok else 503)
+        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing,
+                             "store": self.replica.detail}, status_code=200 if ok else 503)
 
     async def prometheus(self, _: Request) -> Response:
         stats = {i: (c.stats.batches, c.stats.gaps, c.w.kv_missing) for i, c in self.consumers.items()}
@@ -289,6 +294,7 @@ class Gateway:
         return {
             "policies": s.policies.spec.describe(), "policy": s.ingress.name, "router": s.router.name, "draining": s.draining,
             "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
+            "replica": {"id": self.replica.id, "store": self.replica.detail, "others": dict(s.others)},
             "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
             "session_cache_mib": round(s.session_bytes / 2**20, 3),
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],

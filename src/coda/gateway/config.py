@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, field_validator
@@ -103,6 +104,32 @@ class AccessLogConfig(_Strict):
     sample: float = Field(1.0, gt=0.0, le=1.0, description="share of requests logged, each kept at random")
 
 
+class StoreConfig(_Strict):
+    """Where replicas of the gateway keep what must be global (in-flight counts per worker and
+    tenant, session slots, deferred requests, TTFT estimates); one replica needs none."""
+
+    url: str | None = Field(None, description="absent: in-process (one replica); redis://host:port/db (or rediss://): a Redis "
+                            "server every replica shares")
+    on_unreachable: Literal["open", "closed"] = Field("open", description="the store down: admit by this replica's own state "
+                                                      "(open) or defer every request until it returns (closed)")
+    key_prefix: str = Field("coda", min_length=1, description="prefix of every key the gateway writes")
+    replica_id: str | None = Field(None, min_length=1, description="this replica's name in the store (default: hostname-pid)")
+    publish_interval_s: PositiveFloat = Field(0.5, description="how often this replica publishes its counts without a change; they "
+                                              "expire after a few intervals, so a dead replica's counts do not leak")
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://")):
+            raise ValueError(f"store url must start with redis:// or rediss://, e.g. redis://127.0.0.1:6379/0, got {v!r}")
+        if v is not None:
+            try:
+                _ = urlsplit(v).port  # a port that is not a number raises
+            except ValueError as err:
+                raise ValueError(f"store url {v!r}: {err}") from None
+        return v
+
+
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -116,6 +143,7 @@ class GatewayConfig(_Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     indexer: IndexerConfig = IndexerConfig()
     kv_events: KVEventsConfig = KVEventsConfig()
+    store: StoreConfig = StoreConfig()
     max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
     connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
     first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")

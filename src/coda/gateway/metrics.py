@@ -34,6 +34,8 @@ class GatewayMetrics:
         self.tenant_input = Counter("coda_tenant_input_tokens", "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)", ("tenant",), registry=r)
         self.tenant_output = Counter("coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r)
         self.tenant_unreported = Counter("coda_tenant_usage_unreported", "Responses without a usage block (stream without include_usage)", ("tenant",), registry=r)
+        self.store_up = Gauge("coda_store_up", "1 while the store the replicas share answers (always 1 in-process)", registry=r)
+        self.store_errors = Counter("coda_store_errors", "Store steps that failed (each one served on the replica's own state)", registry=r)
         w = ("worker",)
         self.w_inflight = Gauge("coda_worker_inflight_requests", "Requests in flight through the gateway", w, registry=r)
         self.w_tokens = Gauge("coda_worker_inflight_tokens", "Prompt tokens in flight through the gateway", w, registry=r)

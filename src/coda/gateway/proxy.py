@@ -199,7 +199,9 @@ class Exchange:
         tried: set[int] = set()
         error = "no healthy worker serves this model"
         while len(tried) < 2:
-            w, shadow_worker = state.route(t, tried)
+            # the first attempt goes where admission counted it (other replicas see it there)
+            plan, t.plan = t.plan, None
+            w, shadow_worker = plan if plan is not None and not tried and plan[0].healthy else state.route(t, tried)
             if w is None:
                 break
             if not tried:

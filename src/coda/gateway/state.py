@@ -16,6 +16,7 @@ from typing import Any
 
 from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.prompt import Tokenizer
+from coda.gateway.store import Sessions
 from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
 from coda.policy.build import build_policies
 from coda.policy.ingress import (
@@ -30,7 +31,7 @@ from coda.policy.ingress import (
     ttft_estimate,
 )
 from coda.policy.presets import resolve_policies
-from coda.policy.routing import Router
+from coda.policy.routing import Router, rendezvous
 from coda.policy.shadow import Shadowed
 from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
@@ -108,6 +109,8 @@ class Ticket:
     deadline_s: float | None = None
     worker: Worker | None = None  # while an upstream attempt is in flight
     streamed: int = 0  # output tokens relayed (SSE data events: an estimate of the tokens generated)
+    session_seen: bool = False  # the store says the session held a slot: an earlier round went somewhere
+    plan: tuple[Worker, int | None] | None = None  # the worker (and shadow router's choice) its admission counted it on
 
     @property
     def prefix_hit(self) -> float:
@@ -163,6 +166,15 @@ class GatewayState:
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
+        #: replicas share a store: each one's own view (the approximate index) would diverge, so
+        #: sessions go to their rendezvous home where no KV events say where their context lives
+        self.shared = config.store.url is not None
+        #: the other live replicas' count tables, summed (``published`` names the entries)
+        self.others: dict[str, float] = {}
+        #: the request being decided and the worker it would go to, counted in ``published`` only
+        self.pending: tuple[Ticket, Worker] | None = None
+        #: called when in-flight counts change (the replica publishes them)
+        self.changed: Callable[[], None] = lambda: None
         self.draining = False
         self.last_active_s = -math.inf  # when a request last began or ended
         self._seq = 0
@@ -248,35 +260,79 @@ class GatewayState:
         return self.indexer.match(hashes, [w.tiers for w in candidates])
 
     # --- ingress ---------------------------------------------------------------------------
-    def ingress_snapshot(self, t: Ticket) -> IngressSnapshot:
+    # --- what replicas share --------------------------------------------------------------
+    def published(self) -> dict[str, float]:
+        """This replica's count table for the store: per worker ``n|`` in-flight requests, ``tok|``
+        their prompt tokens, ``kv|`` those plus the output relayed, ``ttft|`` the TTFT estimate
+        (``ttftn|`` 1 beside it, so summing gives a mean); per tenant ``t|`` in-flight tokens; ``q``
+        deferred requests. The request being decided is counted on the worker it would go to."""
+        out: dict[str, float] = {"q": self.queued}
+        for w in self.workers:
+            out[f"n|{w.label}"] = len(w.inflight)
+            out[f"tok|{w.label}"] = w.inflight_tokens
+            out[f"kv|{w.label}"] = w.inflight_tokens + w.streamed_tokens
+            if w.ttft_s is not None:
+                out[f"ttft|{w.label}"], out[f"ttftn|{w.label}"] = w.ttft_s, 1
+        for tenant, n in self.tenant_inflight.items():
+            out[f"t|{tenant}"] = n
+        if self.pending is not None:
+            t, w = self.pending
+            for key, n in ((f"n|{w.label}", 1), (f"tok|{w.label}", t.prompt_tokens), (f"kv|{w.label}", t.prompt_tokens), (f"t|{t.tenant}", t.prompt_tokens)):
+                out[key] = out.get(key, 0) + n
+        return out
+
+    def other(self, kind: str, name: str) -> int:
+        """The other replicas' sum of one entry of ``published`` (0 without a shared store)."""
+        return round(self.others.get(f"{kind}|{name}", 0.0))
+
+    def ttft_of(self, w: Worker) -> float | None:
+        """The worker's TTFT estimate: the mean of every replica's that has one."""
+        own = (w.ttft_s, 1) if w.ttft_s is not None else (0.0, 0)
+        total, n = own[0] + self.others.get(f"ttft|{w.label}", 0.0), own[1] + self.others.get(f"ttftn|{w.label}", 0.0)
+        return total / n if n else None
+
+    def tenants_inflight(self) -> dict[str, int]:
+        """In-flight tokens per tenant over every replica."""
+        out = dict(self.tenant_inflight)
+        for key, v in self.others.items():
+            if key.startswith("t|") and round(v) > 0:
+                out[key[2:]] = out.get(key[2:], 0) + round(v)
+        return out
+
+    # --- ingress ---------------------------------------------------------------------------
+    def ingress_snapshot(self, t: Ticket, sessions: Sessions | None = None) -> IngressSnapshot:
+        """``sessions``: the slots as the store found them (absent: this replica's own ledger)."""
         now = self.clock()
         loads = tuple(
-            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight), w.inflight_tokens,
-                       w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
+            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight) + self.other("n", w.label),
+                       w.inflight_tokens + self.other("tok", w.label), w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
             for w in t.candidates
         )
         hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0
-        active_tenants = {name for name, n in self.tenant_inflight.items() if n > 0} | {t.tenant}
-        slack = deadline_slack_s(t.deadline_s, [w.ttft_s for w in t.candidates if w.healthy])
+        tenants = self.tenants_inflight()
+        active_tenants = {name for name, n in tenants.items() if n > 0} | {t.tenant}
+        slack = deadline_slack_s(t.deadline_s, [self.ttft_of(w) for w in t.candidates if w.healthy])
+        if sessions is None:
+            sessions = Sessions(self.ledger.active(t.session_id, now), self.ledger.count(now))
         return IngressSnapshot(
             now_s=now,
             tenant=t.tenant,
             prompt_tokens=t.prompt_tokens,
             workers=loads,
             session_id=t.session_id,
-            session_active=self.ledger.active(t.session_id, now),
-            active_sessions=self.ledger.count(now),
+            session_active=sessions.active,
+            active_sessions=sessions.count,
             prefix_hit=hit,
-            tenant_inflight_tokens=self.tenant_inflight.get(t.tenant, 0),
+            tenant_inflight_tokens=tenants.get(t.tenant, 0),
             tenant_weight=self.config.tenant(t.tenant).weight,
             active_weight=sum(self.config.tenant(n).weight for n in active_tenants),
             deadline_slack_s=slack,
-            queued=self.queued,
+            queued=self.queued + round(self.others.get("q", 0.0)),
         )
 
-    def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
+    def decide(self, t: Ticket, sessions: Sessions | None = None) -> tuple[Decision, IngressSnapshot, Decision | None]:
         """The enforced decision, its snapshot, and the shadow policy's decision on it (if any)."""
-        snap = self.ingress_snapshot(t)
+        snap = self.ingress_snapshot(t, sessions)
         d = self.ingress.decide(snap)
         return d, snap, self.ingress.last_shadow if isinstance(self.ingress, Shadowed) else None
 
@@ -287,22 +343,32 @@ class GatewayState:
         req = RouteRequest(
             seq=t.rid,
             session_id=t.session_id or "",
-            is_continuation=session is not None and session.completed_rounds > 0,
+            is_continuation=t.session_seen or (session is not None and session.completed_rounds > 0),
             prompt_tokens=t.prompt_tokens,
             prompt_blocks=len(t.hashes) or -(-t.prompt_tokens // self.block_tokens),
+            home_worker=self.home_worker(t.session_id, ws),
         )
         views = tuple(self.worker_view(w, t.matches.get(w.id, PrefixMatch())) for w in ws)
         return RoutingSnapshot(self.clock(), req, views)
 
+    def home_worker(self, session_id: str | None, ws: Sequence[Worker]) -> int | None:
+        """With a shared store, a session's rendezvous home among the healthy workers, unless every
+        one's blocks come from KV events (which every replica reads alike)."""
+        if not self.shared or session_id is None or not ws or all(self.uses_events(w) for w in ws):
+            return None
+        pool = [w for w in ws if w.healthy] or list(ws)
+        return pool[rendezvous(session_id, [w.label for w in pool])].id
+
     def worker_view(self, w: Worker, match: PrefixMatch) -> WorkerView:
-        """What a router knows of a worker, from the gateway's own view of its in-flight requests
-        (the engine's queue depth from its /metrics): a request decodes from its first relayed
-        token, its context growing by each relayed token (non-streamed responses are not seen
-        decoding: their first byte is their end)."""
+        """What a router knows of a worker, from the in-flight requests of every replica (the
+        engine's queue depth from its /metrics): a request decodes from its first relayed token,
+        its context growing by each relayed token (non-streamed responses are not seen decoding:
+        their first byte is their end; other replicas' decoders are counted in the KV blocks
+        only)."""
         return WorkerView(
             worker_id=w.id,
-            active_requests=len(w.inflight),
-            active_kv_blocks=(w.inflight_tokens + w.streamed_tokens) // self.block_tokens,
+            active_requests=len(w.inflight) + self.other("n", w.label),
+            active_kv_blocks=(w.inflight_tokens + w.streamed_tokens + self.other("kv", w.label)) // self.block_tokens,
             waiting_requests=w.queue_depth,
             decode_contexts=tuple(d.prompt_tokens + d.streamed for d in w.decoding.values()),
             match=match,
@@ -343,8 +409,9 @@ class GatewayState:
             s = self.sessions.get(t.session_id)
             if s is not None:
                 s.last_worker = w.id
-        if not self.uses_events(w):
+        if not self.uses_events(w) and not self.shared:
             self.approx.sent(w.tiers.hbm, t.hashes)
+        self.changed()
 
     def end(self, t: Ticket, ttft_s: float | None = None, completed: bool = False) -> None:
         """The attempt is over (``completed``: the response ended normally; else it failed or was
@@ -367,6 +434,7 @@ class GatewayState:
             self.tenant_inflight.pop(t.tenant, None)
         if ttft_s is not None:
             w.ttft_s = ttft_estimate(w.ttft_s, ttft_s)
+        self.changed()
 
     # --- health ----------------------------------------------------------------------------
     def failed(self, w: Worker) -> bool:

@@ -416,6 +416,23 @@ class SessionLedger:
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
 
+    def release(self, session_id: str, seen_s: float) -> None:
+        """Undo the touch at ``seen_s`` (its request was not admitted); a later touch stands."""
+        if self._seen.get(session_id) == seen_s:
+            del self._seen[session_id]
+
+    def merge(self, session_id: str, seen_s: float) -> None:
+        """A slot given elsewhere at ``seen_s`` (another store's record): the later time stands."""
+        if self._seen.get(session_id, -math.inf) >= seen_s:
+            return
+        self._seen[session_id] = seen_s
+        self._seen = OrderedDict(sorted(self._seen.items(), key=lambda kv: kv[1]))
+
+    def ages(self, now_s: float) -> list[tuple[str, float]]:
+        """Every session holding a slot, with the seconds since it was last admitted."""
+        self._expire(now_s)
+        return [(sid, now_s - t) for sid, t in self._seen.items()]
+
 
 def compose(parts: Sequence[IngressPolicy]) -> IngressPolicy:
     return parts[0] if len(parts) == 1 else AllOf(tuple(parts))

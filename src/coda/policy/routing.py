@@ -7,6 +7,7 @@ says which rule chose and the scores it compared, for decision logs and analyses
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,15 @@ def candidates(snap: RoutingSnapshot) -> list[WorkerView]:
     return healthy or list(snap.workers)
 
 
+def rendezvous(key: str, names: Sequence[str]) -> int:
+    """The index in ``names`` with the highest random weight for ``key`` (rendezvous hashing): every
+    process that sees the same names picks the same one, and removing a name moves only the keys
+    that chose it. Names, not positions, are hashed, so the order of the list does not matter."""
+    if not names:
+        raise ValueError("rendezvous needs at least one name")
+    return max(range(len(names)), key=lambda i: (hashlib.blake2b(f"{key}\0{names[i]}".encode(), digest_size=8).digest(), names[i]))
+
+
 def least_loaded_of(workers: Sequence[WorkerView]) -> WorkerView:
     """Fewest active requests, then fewest active KV blocks, then lowest id."""
     return min(workers, key=lambda w: (w.active_requests, w.active_kv_blocks, w.worker_id))
@@ -85,7 +95,9 @@ class SMetric:
     A session's first request goes to a least-loaded worker. A continuation goes to the worker
     with the largest local (HBM) prefix hit while that worker's load is within the overload
     bound of the minimum load: ``load <= min_load + max(slack, ratio * min_load)``; otherwise
-    (no hit anywhere, or the holder is overloaded) to a least-loaded worker.
+    (no hit anywhere, or the holder is overloaded) to a least-loaded worker. Where the shell
+    cannot see residency and names the session's home worker (``RouteRequest.home_worker``),
+    every request of the session without a hit goes there under the same load bound.
     """
 
     slack: int = 2
@@ -95,13 +107,13 @@ class SMetric:
 
     def affinity(self, snap: RoutingSnapshot) -> WorkerView | None:
         """The worker KV affinity chooses, or ``None`` when affinity does not decide."""
-        if not snap.request.is_continuation:
-            return None
         ws = candidates(snap)
-        best = max(ws, key=lambda w: (w.match.hbm_blocks, -w.active_requests, -w.worker_id))
-        if best.match.hbm_blocks == 0:
-            return None
-        return best if best.active_requests <= self.load_bound(ws) else None
+        if snap.request.is_continuation:
+            best = max(ws, key=lambda w: (w.match.hbm_blocks, -w.active_requests, -w.worker_id))
+            if best.match.hbm_blocks > 0:
+                return best if best.active_requests <= self.load_bound(ws) else None
+        home = next((w for w in ws if w.worker_id == snap.request.home_worker), None)
+        return home if home is not None and home.active_requests <= self.load_bound(ws) else None
 
     def load_bound(self, workers: Sequence[WorkerView]) -> float:
         """The most active requests a worker may have and still be chosen for affinity."""

@@ -1,0 +1,242 @@
+"""Where gateway replicas keep what must be global: each replica's in-flight counts and the
+session slots.
+
+A replica publishes its whole count table (``n|worker``, ``t|tenant``, ...; numbers only) with
+a sequence number; the store keeps the newest table per replica for ``replica_ttl_s`` and
+answers with the sum of every *other* live replica's tables, in one atomic step. Decisions are
+check-and-take: a replica publishes its table with the request it is deciding on already counted
+(a pending take), so of two replicas deciding at once the one the store serves second sees the
+first's take. A replica killed without saying goodbye stops refreshing its table, which expires.
+
+Session slots are a second table: session id -> when a request of it was last admitted. A claim
+reads whether the session held a slot and how many do, and takes the slot, atomically; a claim
+whose request was not admitted is released again.
+
+``LocalStore`` is the in-process default (one replica; it also serves several replica ids in one
+process, which the tests use); ``RedisStore`` runs the same steps as Lua scripts on a Redis server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from coda.policy.ingress import SessionLedger
+
+#: longest wait for the store's answer before it counts as unreachable (assumed: a store on the
+#: same network answers in well under a millisecond)
+STORE_TIMEOUT_S = 0.5
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer; the replica serves on its own state meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sessions:
+    """The session slots as a claim found them."""
+
+    #: the claimed session held a slot before this claim (False without a session)
+    active: bool
+    #: sessions holding a slot before this claim
+    count: int
+    #: the claim's time in the store's clock: ``release`` undoes this claim only
+    stamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    #: every other live replica's counts, summed by name
+    others: dict[str, float]
+    sessions: Sessions
+
+
+class Store(Protocol):
+    #: what ``/ready`` calls it when it answers ("in-process", "redis")
+    kind: str
+
+    async def sync(self, replica: str, seq: int, counts: Mapping[str, float], session: str | None) -> Synced:
+        """Keep ``counts`` as ``replica``'s table unless a newer ``seq`` is held; claim ``session``'s slot."""
+        ...
+
+    async def release(self, session: str, stamp: float) -> None:
+        """Undo the claim made at ``stamp`` (a later claim of the session stands)."""
+        ...
+
+    async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
+        """Slots this replica gave while the store was away: (session, seconds since last admitted)."""
+        ...
+
+    async def drop(self, replica: str) -> None:
+        """``replica`` leaves: its table goes now instead of at its TTL."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def summed(tables: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for table in tables:
+        for k, v in table.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+class LocalStore:
+    """The store in this process; time from ``clock`` (the gateway's monotonic clock)."""
+
+    kind = "in-process"
+
+    def __init__(self, ledger: SessionLedger, clock: Callable[[], float], replica_ttl_s: float) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.replica_ttl_s = replica_ttl_s
+        self._tables: dict[str, tuple[int, float, dict[str, float]]] = {}  # replica -> (seq, expires, counts)
+
+    async def sync(self, replica: str, seq: int, counts: Mapping[str, float], session: str | None) -> Synced:
+        now = self.clock()
+        held = self._tables.get(replica)
+        if held is None or held[0] < seq:
+            self._tables[replica] = (seq, now + self.replica_ttl_s, {k: float(v) for k, v in counts.items() if v})
+        for r in [r for r, (_, expires, _) in self._tables.items() if expires < now]:
+            del self._tables[r]
+        others = summed([table for r, (_, _, table) in self._tables.items() if r != replica])
+        active = self.ledger.active(session, now)
+        count = self.ledger.count(now)
+        self.ledger.touch(session, now)
+        return Synced(others, Sessions(active, count, now))
+
+    async def release(self, session: str, stamp: float) -> None:
+        self.ledger.release(session, stamp)
+
+    async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
+        now = self.clock()
+        for sid, age in ages:
+            self.ledger.merge(sid, now - age)
+
+    async def drop(self, replica: str) -> None:
+        self._tables.pop(replica, None)
+
+    async def close(self) -> None:
+        pass
+
+
+# KEYS: replicas (zset: replica -> expiry ms), sessions (zset: session -> last admitted ms)
+# ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, then name, value pairs
+_SYNC = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix, me, seq, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local mine = prefix .. ':replica:' .. me
+local held = redis.call('HGET', mine, '_seq')
+if not held or tonumber(held) < seq then
+  redis.call('DEL', mine)
+  redis.call('HSET', mine, '_seq', ARGV[3])
+  for i = 7, #ARGV, 2 do redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
+  redis.call('PEXPIRE', mine, ttl)
+  redis.call('ZADD', KEYS[1], now + ttl, me)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+local sums, names = {}, {}
+for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if r ~= me then
+    local kv = redis.call('HGETALL', prefix .. ':replica:' .. r)
+    for i = 1, #kv, 2 do
+      local k = kv[i]
+      if k ~= '_seq' then
+        if sums[k] == nil then sums[k] = 0; names[#names + 1] = k end
+        sums[k] = sums[k] + tonumber(kv[i + 1])
+      end
+    end
+  end
+end
+local sttl = tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - sttl))
+local active = 0
+if ARGV[5] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[5]) then active = 1 end
+local count = redis.call('ZCARD', KEYS[2])
+if ARGV[5] ~= '' then
+  redis.call('ZADD', KEYS[2], now, ARGV[5])
+  redis.call('PEXPIRE', KEYS[2], sttl)
+end
+local out = {active, count, tostring(now)}
+for _, k in ipairs(names) do out[#out + 1] = k; out[#out + 1] = tostring(sums[k]) end
+return out
+"""
+_RELEASE = """
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+# ARGV: session ttl ms, then session, age ms pairs; a slot given while the store was away (GT: a newer claim stands)
+_RESTORE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 2, #ARGV, 2 do redis.call('ZADD', KEYS[1], 'GT', now - tonumber(ARGV[i + 1]), ARGV[i]) end
+if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1])) end
+return 0
+"""
+
+
+class RedisStore:
+    """The store on a Redis server (redis-py's asyncio client): each step is one Lua script, so it
+    is atomic among every replica's steps. Times are the server's (``TIME``), so replicas' clocks
+    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, prefix: str, replica_ttl_s: float, session_ttl_s: float) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # no retries inside the client: a failed step is the replica's signal to serve on local state
+        self.r = aioredis.from_url(url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S,
+                                   retry=Retry(NoBackoff(), 0))
+        self.prefix = prefix
+        self.replicas_key, self.sessions_key = f"{prefix}:replicas", f"{prefix}:sessions"
+        self.replica_ttl_ms = max(1, round(replica_ttl_s * 1000))
+        self.session_ttl_ms = max(1, round(session_ttl_s * 1000))
+        self._sync = self.r.register_script(_SYNC)
+        self._release = self.r.register_script(_RELEASE)
+        self._restore = self.r.register_script(_RESTORE)
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        import redis
+
+        try:
+            return await script(keys=keys, args=args)
+        except (redis.RedisError, OSError) as err:
+            raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
+
+    async def sync(self, replica: str, seq: int, counts: Mapping[str, float], session: str | None) -> Synced:
+        args: list[Any] = [self.prefix, replica, seq, self.replica_ttl_ms, session or "", self.session_ttl_ms]
+        for k, v in counts.items():
+            if v:
+                args += [k, repr(float(v))]
+        out = await self._call(self._sync, [self.replicas_key, self.sessions_key], args)
+        others = {out[i]: float(out[i + 1]) for i in range(3, len(out), 2)}
+        return Synced(others, Sessions(bool(out[0]), int(out[1]), float(out[2]) / 1000))
+
+    async def release(self, session: str, stamp: float) -> None:
+        await self._call(self._release, [self.sessions_key], [session, round(stamp * 1000)])
+
+    async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
+        args: list[Any] = [self.session_ttl_ms]
+        for sid, age in ages:
+            args += [sid, round(age * 1000)]
+        await self._call(self._restore, [self.sessions_key], args)
+
+    async def drop(self, replica: str) -> None:
+        import redis
+
+        try:
+            await self.r.delete(f"{self.prefix}:replica:{replica}")
+            await self.r.zrem(self.replicas_key, replica)
+        except (redis.RedisError, OSError) as err:
+            raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
+
+    async def close(self) -> None:
+        await self.r.aclose()
