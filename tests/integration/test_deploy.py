@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -144,3 +145,19 @@ def test_the_gateway_image_runs_as_a_user_and_checks_ready():
     user = re.search(r"^USER (\S+)", final, re.M)
     assert user and user.group(1).split(":")[0] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*CODA_HEALTH_URL", final, re.M | re.S) and "CODA_HEALTH_URL=http://127.0.0.1:8080/ready" in final
+
+
+def test_the_replicas_store_is_the_redis_service_without_persistence(base):
+    cfg = gateway_config(base)
+    url = urlsplit(cfg.store.url)
+    assert url.scheme == "redis" and cfg.store.on_unreachable == "open"  # a store outage costs fleet-wide limits, not serving
+    svc = one(base, "Service", url.hostname)  # the host the gateway dials is the Service's name
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == url.port]
+    dep = one(base, "Deployment", "coda-redis")
+    pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (redis,) = pod["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in redis["ports"]}[port["targetPort"]] == url.port
+    assert redis["image"].startswith("redis:7")
+    args = redis["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"  # soft state: nothing on disk
