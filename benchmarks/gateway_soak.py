@@ -10,9 +10,11 @@ Three phases, one command:
    ``--cpu-rates`` req/s over the replicas; the replicas' CPU seconds (utime + stime from
    /proc/<pid>/stat) before and after, per completed request, give cores per 100 req/s (the
    replicas' idle cost included; it is printed alone too).
-2. The knee: the synthetic agent workload at each of ``--ramp-rates`` for ``--ramp-s`` seconds;
-   the knee is the highest rate whose goodput is within 5% of the best (``coda bench``'s rule); the
-   ramp stops at the first rate past it. ``--rate`` skips the ramp.
+2. The knee: the synthetic agent workload in a closed loop of N sessions at a time (``coda bench
+   --concurrency``: steady at once, where an arrival rate of long agent sessions takes longer to
+   build up than a short ramp lasts), N in ``--ramp`` for ``--ramp-s`` seconds each; the knee is
+   the highest N whose goodput is within 5% of the best (``coda bench``'s rule), and the ramp stops
+   at the first N past it. ``--concurrency`` skips the ramp.
 3. The soak at the knee. Every HTTP attempt is logged with the replica (and which start of it)
    that served it. A 5xx or a cut stream is *on the killed replica's own streams* when that replica
    was killed while the attempt was in flight, else *elsewhere*; the check is zero elsewhere. Each
@@ -35,8 +37,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from bench_gateway import cpu_s, free_port
+from bench_gateway import cpu_s  # importing it puts the repository on sys.path, for the tests' Redis helper below
 from bench_harness import open_loop
 from gateway_load import rss_mib
 from rich.console import Console
@@ -61,6 +61,7 @@ from coda.engines.launch import FakeEngineProcess
 from coda.procs import Proc, spawn
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
+from tests.integration.redis_server import RedisServer
 
 RSS_PERIOD_S = 5.0  # assumed: often enough to see a trend over minutes, rare enough to cost nothing
 RSS_LIVED_S = 180.0  # assumed: a replica start younger than this has no trend to judge
@@ -131,6 +132,7 @@ class Rotation(Endpoint):
         self.attempts: list[tuple[int, int, Attempt]] = []
         self._endpoints: dict[tuple[int, int], Endpoint] = {}
         self._turn = 0
+        self.t0 = time.perf_counter()  # the origin of the times ``failures`` reports
 
     async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
         """One attempt on the next replica; one cut by its replica's kill is sent again on the next, as
@@ -192,32 +194,18 @@ def replay(fleet: Fleet, workload: Workload, cfg: BenchConfig, spec: str, *backg
 
 @contextmanager
 def redis_server() -> Iterator[str]:
-    """Debian's redis-server on a free loopback port, nothing on disk; yields its redis:// URL."""
+    """Debian's redis-server on a free loopback port, nothing on disk (the tests' helper); yields its redis:// URL."""
     binary = shutil.which("redis-server")
     if binary is None:
         print("redis-server not found: apt-get install -y redis-server, or run with --store in-process", file=sys.stderr)
         sys.exit(2)
-    port = free_port()
-    tmp = tempfile.mkdtemp(prefix="coda-soak-redis-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {port} did not answer PING") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="coda-soak-redis-") as folder:
+        server = RedisServer(binary, Path(folder))
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.kill()
 
 
 # --- phase 1: CPU cost ----------------------------------------------------------------------
@@ -245,31 +233,32 @@ def idle_cores(fleet: Fleet, seconds: float) -> float:
 
 
 # --- phase 2: the knee ----------------------------------------------------------------------
-def workload_spec(rate: float, wall_s: float, scale: float, tokens: float, seed: int) -> str:
-    return f"synth:rate={rate:g},duration={wall_s / scale:.0f},seed={seed},tokens={tokens:g}"
+def workload_spec(tokens: float, seed: int) -> str:
+    """Sessions enough for any lane count here (64 req/s for an hour: some 2,800 sessions), in start order."""
+    return f"synth:rate=64,duration=3600,seed={seed},tokens={tokens:g}"
 
 
-def ramp(fleet: Fleet, rates: list[float], seconds: float, scale: float, tokens: float, seed: int) -> list[dict]:
-    """Each rate in turn, until one's goodput falls 5% below the best so far (past the knee, the rest are only slower)."""
+def closed_loop(fleet: Fleet, concurrency: int, seconds: float, scale: float, warmup_s: float) -> BenchConfig:
+    return BenchConfig(endpoint=fleet.replicas[0].proc.url, time_scale=scale, duration_s=seconds, warmup_s=warmup_s, drain_s=30.0,
+                       max_concurrency=concurrency)
+
+
+def ramp(fleet: Fleet, levels: list[int], seconds: float, scale: float, workload: Workload, spec: str) -> list[dict]:
+    """Each concurrency in turn, until one's goodput falls 5% below the best so far (past the knee, the rest are only slower)."""
     rows: list[dict] = []
-    for rate in rates:
-        spec = workload_spec(rate, seconds, scale, tokens, seed)
-        cfg = BenchConfig(endpoint=fleet.replicas[0].proc.url, time_scale=scale, duration_s=seconds, warmup_s=seconds / 3, drain_s=10.0,
-                          seed=seed)
-        _, _, s = replay(fleet, load_workload(spec), cfg, spec)
-        rows.append({"rate": rate, "goodput": s["goodput"], "completed": s["completed"], "failed": s["failed"], "rejected": s["rejected"],
+    for n in levels:
+        _, _, s = replay(fleet, workload, closed_loop(fleet, n, seconds, scale, seconds / 3), spec)
+        rows.append({"concurrency": n, "goodput": s["goodput"], "completed": s["completed"], "failed": s["failed"], "rejected": s["rejected"],
                      "ttft_p95_s": s["ttft_p95_s"], "request_tps": s["request_tps"]})
-        if knee(rows) != rate:
+        if knee(rows, "concurrency") != n:
             break
     return rows
 
 
 # --- phase 3: the soak ----------------------------------------------------------------------
-def soak(fleet: Fleet, rate: float, duration: float, restart_every: float, scale: float, tokens: float,
-         seed: int) -> tuple[dict, Rotation, list[tuple[float, int, int, float]]]:
-    spec = workload_spec(rate, duration, scale, tokens, seed)
-    cfg = BenchConfig(endpoint=fleet.replicas[0].proc.url, time_scale=scale, duration_s=duration, warmup_s=min(60.0, duration / 3),
-                      drain_s=30.0, seed=seed)
+def soak(fleet: Fleet, concurrency: int, duration: float, restart_every: float, scale: float, workload: Workload,
+         spec: str) -> tuple[dict, Rotation, list[tuple[float, int, int, float]]]:
+    cfg = closed_loop(fleet, concurrency, duration, scale, min(60.0, duration / 3))
     rss: list[tuple[float, int, int, float]] = []  # (t, slot, start, MiB)
     t0 = time.perf_counter()
 
@@ -290,7 +279,7 @@ def soak(fleet: Fleet, rate: float, duration: float, restart_every: float, scale
                         pass  # it was killed between the check and the read
             await asyncio.sleep(RSS_PERIOD_S)
 
-    _, rotation, summary = replay(fleet, load_workload(spec), cfg, spec, restarts, sample)
+    _, rotation, summary = replay(fleet, workload, cfg, spec, restarts, sample)
     return summary, rotation, rss
 
 
@@ -299,18 +288,22 @@ def failures(rotation: Rotation, killed: dict[tuple[int, int], float]) -> dict:
     own: Counter[str] = Counter()
     elsewhere: Counter[str] = Counter()
     rejected: Counter[int] = Counter()
+    listed = []
     for slot, start, a in rotation.attempts:
         if a.ok:
             continue
         if a.status is not None and 400 <= a.status < 500:
             rejected[a.status] += 1
             continue
-        reason = (a.reason or f"http_{a.status}").split(":", 1)[0]
+        reason = a.reason or f"http_{a.status}"
         kill = killed.get((slot, start))
-        (own if kill is not None and a.end_s is not None and a.end_s >= kill else elsewhere)[reason] += 1
+        mine = kill is not None and a.end_s is not None and a.end_s >= kill
+        (own if mine else elsewhere)[reason.split(":", 1)[0]] += 1
+        listed.append({"slot": slot, "start": start, "sent_s": a.sent_s - rotation.t0, "end_s": (a.end_s or 0.0) - rotation.t0,
+                       "tokens": a.tokens, "status": a.status, "reason": reason, "killed_replica": mine})
     served = Counter(slot for slot, _, _ in rotation.attempts)
     return {"attempts": len(rotation.attempts), "per_replica": dict(sorted(served.items())), "own": dict(own), "elsewhere": dict(elsewhere),
-            "rejected_4xx": dict(rejected)}
+            "rejected_4xx": dict(rejected), "kills_s": {f"{s}.{k}": t - rotation.t0 for (s, k), t in killed.items()}, "failed": listed}
 
 
 def rss_report(rss: list[tuple[float, int, int, float]]) -> tuple[list[dict], list[dict]]:
@@ -340,11 +333,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="--duration 60 --restart-every 20, and short CPU and ramp phases")
     ap.add_argument("--speedup", type=float, default=10.0, help="fake engines' virtual seconds per wall second; the trace replays as fast")
     ap.add_argument("--tokens", type=float, default=0.1, help="the synthetic workload's token scale (1: the calibrated agent prompts)")
-    ap.add_argument("--rate", type=float, help="the soak's rate (trace req/s) instead of the ramp's knee")
-    ap.add_argument("--ramp-rates", default="4,8,16,32,64", help="trace req/s of the ramp, rising")
-    ap.add_argument("--ramp-s", type=float, default=30.0, help="wall seconds per ramp rate")
+    ap.add_argument("--concurrency", type=int, help="the soak's sessions at a time instead of the ramp's knee")
+    ap.add_argument("--ramp", default="4,8,16,32,64", help="sessions at a time of the ramp, rising")
+    ap.add_argument("--ramp-s", type=float, default=30.0, help="wall seconds per ramp level")
     ap.add_argument("--cpu-rates", default="20,40", help="open-loop req/s of the CPU-cost phase ('' skips it)")
     ap.add_argument("--cpu-s", type=float, default=20.0, help="wall seconds per CPU-cost rate")
+    ap.add_argument("--cpu-only", action="store_true", help="phase 1 alone: the CPU cost, then stop")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/gateway-soak"))
     ap.add_argument("--strict", action="store_true", help="exit 1 when a check fails")
@@ -354,7 +348,7 @@ def main() -> None:
     if args.replicas < 1 or args.duration <= 0 or args.restart_every <= 0 or not 0 < args.tokens <= 1:
         ap.error("--replicas >= 1, --duration > 0, --restart-every > 0 and 0 < --tokens <= 1")
     scale = 1.0 / args.speedup
-    console = Console()
+    console = Console(width=160)
     args.out.mkdir(parents=True, exist_ok=True)
     config = {**vars(args), "out": str(args.out), "host": f"{platform.node()}: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start"}
 
@@ -365,43 +359,56 @@ def main() -> None:
         try:
             idle = idle_cores(fleet, 10.0 if not args.quick else 3.0)
             cpu_rows = cpu_cost(fleet, [float(r) for r in args.cpu_rates.split(",") if r], args.cpu_s)
-            if args.rate:
-                ramp_rows, rate = [], args.rate
+            if args.cpu_only:
+                console.print(f"configuration: {json.dumps(config)}", highlight=False)
+                cpu_table(console, args, idle, cpu_rows)
+                return
+            spec = workload_spec(args.tokens, args.seed)
+            workload = load_workload(spec)
+            if args.concurrency:
+                ramp_rows, level = [], args.concurrency
             else:
-                ramp_rows = ramp(fleet, [float(r) for r in args.ramp_rates.split(",")], args.ramp_s, scale, args.tokens, args.seed)
-                rate = knee(ramp_rows)
-                if rate is None:
-                    raise SystemExit(f"the ramp found no knee over {args.ramp_rates}: {json.dumps(ramp_rows)}")
-            summary, rotation, rss = soak(fleet, rate, args.duration, args.restart_every, scale, args.tokens, args.seed)
+                ramp_rows = ramp(fleet, [int(n) for n in args.ramp.split(",")], args.ramp_s, scale, workload, spec)
+                found = knee(ramp_rows, "concurrency")
+                if found is None:
+                    raise SystemExit(f"the ramp found no knee over {args.ramp}: {json.dumps(ramp_rows)}")
+                level = int(found)
+            summary, rotation, rss = soak(fleet, level, args.duration, args.restart_every, scale, workload, spec)
             fails = failures(rotation, fleet.killed)
             restarts = list(fleet.restart_s)
         finally:
             fleet.stop()
 
     slots, starts = rss_report(rss)
-    report(console, args, config, idle, cpu_rows, ramp_rows, rate, summary, fails, restarts, slots, starts)
+    report(console, args, config, idle, cpu_rows, ramp_rows, level, summary, fails, restarts, slots, starts)
 
 
-def report(console: Console, args: argparse.Namespace, config: dict, idle: float, cpu_rows: list[dict], ramp_rows: list[dict], rate: float,
+def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows: list[dict]) -> None:
+    console.print(f"idle: {idle * 100:.2f}% of a core for {args.replicas} replicas", highlight=False)
+    if not cpu_rows:
+        return
+    t = Table(title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})")
+    for c in ("offered req/s", "completed req/s", "failed", "CPU cores (all replicas)", "cores per 100 req/s"):
+        t.add_column(c, justify="right")
+    for r in cpu_rows:
+        per = r["cores_per_100_rps"]
+        t.add_row(f"{r['offered_rps']:g}", f"{r['completed_rps']:.1f}", str(r["failed"] + r["rejected"]), f"{r['cores']:.3f}",
+                  f"{per:.3f}" if per is not None else "-")
+    console.print(t)
+    console.print("cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100", highlight=False)
+
+
+def report(console: Console, args: argparse.Namespace, config: dict, idle: float, cpu_rows: list[dict], ramp_rows: list[dict], level: int,
            summary: dict, fails: dict, restarts: list[float], slots: list[dict], starts: list[dict]) -> None:
     console.print(f"configuration: {json.dumps(config)}", highlight=False)
-    console.print(f"idle: {idle * 100:.2f}% of a core for {args.replicas} replicas", highlight=False)
-    if cpu_rows:
-        t = Table(title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})")
-        for c in ("offered req/s", "completed req/s", "failed", "CPU cores (all replicas)", "cores per 100 req/s"):
-            t.add_column(c, justify="right")
-        for r in cpu_rows:
-            per = r["cores_per_100_rps"]
-            t.add_row(f"{r['offered_rps']:g}", f"{r['completed_rps']:.1f}", str(r["failed"] + r["rejected"]), f"{r['cores']:.3f}",
-                      f"{per:.3f}" if per is not None else "-")
-        console.print(t)
-        console.print("cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100",
-                      highlight=False)
+    cpu_table(console, args, idle, cpu_rows)
     if ramp_rows:
-        console.print("ramp (trace req/s -> goodput, completed, TTFT p95): " + "; ".join(
-            f"{r['rate']:g} -> {r['goodput']:.3f}, {r['completed']}, {r['ttft_p95_s'] or float('nan'):.2f} s" for r in ramp_rows)
-                      + ("; the top rate held its goodput: the knee may lie above it" if rate == ramp_rows[-1]["rate"] else ""), highlight=False)
-    console.print(f"soak: {args.duration:g} s at {rate:g} trace req/s ({'the knee' if ramp_rows else '--rate'}), a replica killed and restarted "
+        console.print("ramp (sessions at a time -> goodput, completed, req/s, TTFT p95): " + "; ".join(
+            f"{r['concurrency']} -> {r['goodput']:.3f}, {r['completed']}, {r['request_tps']:.1f}, {r['ttft_p95_s'] or float('nan'):.2f} s"
+            for r in ramp_rows) + ("; the top level held its goodput: the knee may lie above it" if level == ramp_rows[-1]["concurrency"] else ""),
+            highlight=False)
+    console.print(f"soak: {args.duration:g} s at {level} sessions at a time ({'the knee' if ramp_rows else '--concurrency'}), "
+                  f"{summary['request_tps']:.1f} req/s; a replica killed and restarted "
                   f"every {args.restart_every:g} s ({len(restarts)} restarts, kill to ready {min(restarts, default=0):.1f}-"
                   f"{max(restarts, default=0):.1f} s)", highlight=False)
     console.print(f"requests: offered {summary['offered']}, completed {summary['completed']}, rejected {summary['rejected']}, "
@@ -426,7 +433,7 @@ def report(console: Console, args: argparse.Namespace, config: dict, idle: float
         console.print(f"RSS growth: not judged (no replica start lived {RSS_LIVED_S:g} s)", highlight=False)
     for name, ok in checks.items():
         console.print(f"check {name}: {'met' if ok else 'FAILED'}", highlight=False)
-    (args.out / "soak.json").write_text(json.dumps({"config": config, "idle_cores": idle, "cpu": cpu_rows, "ramp": ramp_rows, "rate": rate,
+    (args.out / "soak.json").write_text(json.dumps({"config": config, "idle_cores": idle, "cpu": cpu_rows, "ramp": ramp_rows, "concurrency": level,
                                                     "summary": summary, "failures": fails, "restart_s": restarts, "rss_slots": slots,
                                                     "rss_starts": starts, "checks": checks}, indent=2, default=str))
     console.print(f"wrote {args.out / 'soak.json'}", highlight=False)
