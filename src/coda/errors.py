@@ -32,7 +32,7 @@ EXTRA_OF = {
     "typer": "all", "rich": "all", "scipy": "all",
     "numba": "sim",
     "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "httpx_sse": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
-    "tokenizers": "gateway",
+    "tokenizers": "gateway", "redis": "gateway",
     "matplotlib": "plots",
     "torch": "measure",
 }

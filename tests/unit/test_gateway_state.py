@@ -177,3 +177,67 @@ def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
         assert s.queued == 0 and s.inflight_total() == 0
 
     asyncio.run(run())
+
+
+@given(st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=20, unique=True))
+def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backends_in(sessions):
+    store = {"url": "redis://127.0.0.1:6379/0"}
+    one, other = make_state(store=store), GatewayState(build_config({"backends": URLS[::-1], "store": store}, {}, {}), CharTokenizer(), Clock())
+    for w in other.workers:
+        w.models = {"m": {"id": "m"}}
+    for sid in sessions:
+        a, b = ticket(one, "a", sid, 640), ticket(other, "a", sid, 640)
+        home_a, home_b = one.routing_snapshot(a, set()).request.home_worker, other.routing_snapshot(b, set()).request.home_worker
+        assert one.workers[home_a].label == other.workers[home_b].label
+        assert one.route(a, set())[0].label == one.workers[home_a].label  # the router sends it there
+    assert make_state().routing_snapshot(ticket(make_state(), "a", "s", 640), set()).request.home_worker is None  # one replica: its own index
+
+
+def test_replicas_on_one_store_take_seats_as_one():
+    """Two replicas deciding in turn on one store: each sees the other's requests, so the three
+    seats (one per worker) are given once, not once per replica."""
+    from coda.gateway.replica import Replica
+    from coda.gateway.store import LocalStore
+    from coda.policy.ingress import SessionLedger
+
+    async def run() -> list[str]:
+        clock = Clock()
+        store = LocalStore(SessionLedger(300.0), clock, 10.0)
+        admissions = []
+        for rid in ("a", "b"):
+            cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in URLS], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
+                   "policies": {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}}
+            s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
+            for w in s.workers:
+                w.models = {"m": {"id": "m"}}
+                w.scraped_at = 0.0
+            metrics = GatewayMetrics()
+            admissions.append(Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics)))
+        outcomes = []
+        for i in range(6):
+            adm = admissions[i % 2]
+            t = ticket(adm.state, "a", None, 640)
+            try:
+                await adm.admit(t)
+            except ApiError as err:
+                outcomes.append(err.code)
+                continue
+            assert t.plan is not None
+            adm.state.begin(t, t.plan[0])  # where the gateway sends it (its first attempt goes to the planned worker)
+            outcomes.append("admit")
+        for adm in admissions[::-1]:  # b's table drops the refused request it counted while deciding; then a reads it
+            await adm.replica.publish()
+        assert sum(v for k, v in admissions[0].state.others.items() if k.startswith("n|")) == sum(len(w.inflight) for w in admissions[1].state.workers)
+        return outcomes
+
+    assert asyncio.run(run()) == ["admit"] * 3 + ["queue_full"] * 3
+
+
+@pytest.mark.parametrize("url, why", [("http://127.0.0.1:6379", "must start with redis://"), ("redis://h:port/0", "Port could not be cast"),
+                                      ("redis://h:6379/0?socket_timeout=9", "no query parameters")])
+def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
+    from coda.errors import CodaError
+
+    with pytest.raises(CodaError, match=f"store.url: .*{why}") as exc:
+        build_config({"backends": URLS, "store": {"url": url}}, {}, {})
+    assert "\n" not in str(exc.value)

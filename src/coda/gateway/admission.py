@@ -22,7 +22,8 @@ from coda import strict_json
 from coda.api_errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.replica import Replica, open_store
-from coda.gateway.state import GatewayState, Ticket
+from coda.gateway.state import GatewayState, Ticket, Worker
+from coda.gateway.store import Synced
 from coda.policy.ingress import Decision, IngressSnapshot
 
 MESSAGES = {
@@ -38,6 +39,9 @@ MESSAGES = {
 }
 #: Retry-After of a request deferred while the store is away (assumed: about a store restart)
 STORE_RETRY_AFTER_S = 1.0
+#: publications per decision at most while the router's pick moves with the counts read back
+#: (assumed: the pick settles after one re-read unless other replicas decide at the same moment)
+PLAN_TRIES = 3
 
 
 class JsonlLog:
@@ -109,12 +113,7 @@ class Admission:
         async with replica.decide_lock:
             claimed = await replica.claim(sid) if sid is not None else None
             t.session_seen = claimed is not None and claimed.sessions.active
-            w, shadow_worker = state.route(t, set())
-            state.pending = (t, w) if w is not None else None
-            try:
-                synced = await replica.publish()
-            finally:
-                state.pending = None
+            (w, shadow_worker), synced = await self._count_where_routed(t)
             sessions = claimed.sessions if claimed is not None else synced.sessions if synced is not None else None
             d, snap, shadow = state.decide(t, sessions)
             if not replica.up and replica.closed_when_down:
@@ -124,6 +123,28 @@ class Admission:
             elif sid is not None and claimed is not None and not claimed.sessions.active:
                 await replica.release(sid, claimed.sessions.stamp)
         return d, snap, shadow
+
+    async def _count_where_routed(self, t: Ticket) -> tuple[tuple[Worker | None, int | None], Synced | None]:
+        """Publish the table with ``t`` counted on the worker the router picks, routing again on
+        the counts that come back until the pick stands (other replicas' counts may have changed
+        since the last read); the last pick published, and what the store answered."""
+        state = self.state
+        plan = state.route(t, set())
+        synced = None
+        for attempt in range(PLAN_TRIES):
+            read = state.others
+            state.pending = (t, plan[0]) if plan[0] is not None else None
+            try:
+                synced = await self.replica.publish()
+            finally:
+                state.pending = None
+            if synced is None or plan[0] is None or state.others is read or attempt == PLAN_TRIES - 1:
+                break  # nothing new was read (always so in-process): the pick stands
+            fresh = state.route(t, set())
+            if fresh[0] is plan[0]:
+                break
+            plan = fresh
+        return plan, synced
 
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);

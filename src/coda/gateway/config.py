@@ -123,6 +123,8 @@ class StoreConfig(_Strict):
         if v is not None and not v.startswith(("redis://", "rediss://")):
             raise ValueError(f"store url must start with redis:// or rediss://, e.g. redis://127.0.0.1:6379/0, got {v!r}")
         if v is not None:
+            if urlsplit(v).query:
+                raise ValueError(f"store url takes no query parameters (the gateway sets its own timeouts), got {v!r}")
             try:
                 _ = urlsplit(v).port  # a port that is not a number raises
             except ValueError as err:
