@@ -195,8 +195,8 @@ def replay(fleet: Fleet, workload: Workload, cfg: BenchConfig, spec: str, *backg
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
-    """Debian's redis-server on a free loopback port, nothing on disk (the tests' helper); yields its redis:// URL."""
+def redis_server() -> Iterator[RedisServer]:
+    """Debian's redis-server on a free loopback port, nothing on disk (the tests' helper)."""
     binary = shutil.which("redis-server")
     if binary is None:
         print("redis-server not found: apt-get install -y redis-server, or run with --store in-process", file=sys.stderr)
@@ -205,24 +205,26 @@ def redis_server() -> Iterator[str]:
         server = RedisServer(binary, Path(folder))
         server.start()
         try:
-            yield server.url
+            yield server
         finally:
             server.kill()
 
 
 # --- phase 1: CPU cost ----------------------------------------------------------------------
-def cpu_cost(fleet: Fleet, rates: list[float], seconds: float) -> list[dict]:
-    """Per offered rate: the replicas' CPU seconds per second and per completed request, open loop."""
+def cpu_cost(fleet: Fleet, rates: list[float], seconds: float, store_pid: int | None) -> list[dict]:
+    """Per offered rate: the replicas' (and the store's) CPU seconds per second and per completed request, open loop."""
     rows = []
     for rate in rates:
         wl = open_loop(rate, seconds)
         pids = [r.proc.pid for r in fleet.replicas]
         before, t0 = sum(cpu_s(p) for p in pids), time.perf_counter()
+        store_before = cpu_s(store_pid) if store_pid else 0.0
         _, _, s = replay(fleet, wl, BenchConfig(endpoint=fleet.replicas[0].proc.url, drain_s=30.0), f"open loop {rate:g} req/s")
         cpu, wall = sum(cpu_s(p) for p in pids) - before, time.perf_counter() - t0
+        store = cpu_s(store_pid) - store_before if store_pid else 0.0
         done = s["completed"]
         rows.append({"offered_rps": rate, "completed": done, "failed": s["failed"], "rejected": s["rejected"], "wall_s": wall,
-                     "cpu_s": cpu, "cores": cpu / wall, "completed_rps": done / wall,
+                     "cpu_s": cpu, "cores": cpu / wall, "completed_rps": done / wall, "store_cores": store / wall,
                      "cores_per_100_rps": cpu / done * 100 if done else None})
     return rows
 
@@ -360,12 +362,12 @@ def main() -> None:
     config = {**vars(args), "out": str(args.out), "host": f"{platform.node()}: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start"}
 
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1, \
-            (redis_server() if args.store == "redis" else nullcontext()) as store_url:
-        env = {"CODA_SERVE_STORE__URL": store_url} if store_url else {}
+            (redis_server() if args.store == "redis" else nullcontext()) as store:
+        env = {"CODA_SERVE_STORE__URL": store.url} if store else {}
         fleet = Fleet(args.replicas, ["--backend", e0.url, "--backend", e1.url, "--router", "coda"], env)
         try:
             idle = idle_cores(fleet, 10.0 if not args.quick else 3.0)
-            cpu_rows = cpu_cost(fleet, [float(r) for r in args.cpu_rates.split(",") if r], args.cpu_s)
+            cpu_rows = cpu_cost(fleet, [float(r) for r in args.cpu_rates.split(",") if r], args.cpu_s, store.proc.pid if store else None)
             if args.cpu_only:
                 console.print(f"configuration: {json.dumps(config)}", highlight=False)
                 cpu_table(console, args, idle, cpu_rows)
@@ -392,14 +394,20 @@ def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows:
     if not cpu_rows:
         return
     t = Table(title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})")
-    for c in ("offered req/s", "completed req/s", "failed", "CPU cores (all replicas)", "cores per 100 req/s"):
+    for c in ("offered req/s", "completed req/s", "failed", "CPU cores (all replicas)", "cores per 100 req/s", "store (redis-server) cores"):
         t.add_column(c, justify="right")
     for r in cpu_rows:
         per = r["cores_per_100_rps"]
         t.add_row(f"{r['offered_rps']:g}", f"{r['completed_rps']:.1f}", str(r["failed"] + r["rejected"]), f"{r['cores']:.3f}",
-                  f"{per:.3f}" if per is not None else "-")
+                  f"{per:.3f}" if per is not None else "-", f"{r['store_cores']:.3f}")
     console.print(t)
     console.print("cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100", highlight=False)
+    if len(cpu_rows) >= 2:  # a line through the first and last rate: what a request adds, and what traffic costs at any rate
+        lo, hi = cpu_rows[0], cpu_rows[-1]
+        slope = (hi["cores"] - lo["cores"]) / (hi["completed_rps"] - lo["completed_rps"])
+        console.print(f"per request: {slope * 100:.3f} cores per 100 req/s more between {lo['completed_rps']:.1f} and {hi['completed_rps']:.1f} req/s; "
+                      f"at no rate (the line's intercept) {lo['cores'] - slope * lo['completed_rps']:.3f} cores for {args.replicas} replicas "
+                      "under traffic (each scrapes every engine every telemetry.scrape_interval_s while busy)", highlight=False)
 
 
 def report(console: Console, args: argparse.Namespace, config: dict, idle: float, cpu_rows: list[dict], ramp_rows: list[dict], level: int,
