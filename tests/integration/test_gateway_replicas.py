@@ -48,7 +48,7 @@ def replicas(tmp: Path, engines, server: RedisServer, n: int = 3, store: dict | 
         procs = []
         for i in range(n):
             path = tmp / f"replica{i}.yaml"
-            path.write_text(yaml.safe_dump({**base, "store": {"url": server.url, "replica_id": f"r{i}", "publish_interval_s": 0.1, **(store or {})}}))
+            path.write_text(yaml.safe_dump({**base, "store": {"url": server.url, "replica_id": f"r{i}", **(store or {})}}))
             procs.append(stack.enter_context(running("serve", "--config", str(path), "--port", "0")))
         yield procs
 

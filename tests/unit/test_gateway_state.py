@@ -193,26 +193,31 @@ def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backend
     assert make_state().routing_snapshot(ticket(make_state(), "a", "s", 640), set()).request.home_worker is None  # one replica: its own index
 
 
+def replica_admission(rid: str, store, clock: Clock, urls: list[str], policies: dict) -> Admission:
+    """One replica (its own state, one seat per worker) deciding through ``store``."""
+    from coda.gateway.replica import Replica
+
+    cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in urls], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
+           "policies": policies}
+    s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
+    for w in s.workers:
+        w.models = {"m": {"id": "m"}}
+        w.scraped_at = 0.0
+    metrics = GatewayMetrics()
+    return Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics))
+
+
 def test_replicas_on_one_store_take_seats_as_one():
     """Two replicas deciding in turn on one store: each sees the other's requests, so the three
     seats (one per worker) are given once, not once per replica."""
-    from coda.gateway.replica import Replica
     from coda.gateway.store import LocalStore
     from coda.policy.ingress import SessionLedger
 
     async def run() -> list[str]:
         clock = Clock()
         store = LocalStore(SessionLedger(300.0), clock, 10.0)
-        admissions = []
-        for rid in ("a", "b"):
-            cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in URLS], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
-                   "policies": {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}}
-            s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
-            for w in s.workers:
-                w.models = {"m": {"id": "m"}}
-                w.scraped_at = 0.0
-            metrics = GatewayMetrics()
-            admissions.append(Admission(s, metrics, JsonlLog(None), Replica(s, store, metrics)))
+        policies = {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}
+        admissions = [replica_admission(rid, store, clock, URLS, policies) for rid in ("a", "b")]
         outcomes = []
         for i in range(6):
             adm = admissions[i % 2]
@@ -241,3 +246,89 @@ def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
     with pytest.raises(CodaError, match=f"store.url: .*{why}") as exc:
         build_config({"backends": URLS, "store": {"url": url}}, {}, {})
     assert "\n" not in str(exc.value)
+
+
+def test_with_a_shared_store_a_worker_s_load_is_at_least_what_its_engine_runs_and_queues():
+    """The other replicas' requests count even when no table says so (the store away): through the
+    engine's fresh /metrics; a stale scrape is not trusted, and one replica alone counts its own."""
+    clock = Clock()
+    shared = make_state(clock, store={"url": "redis://127.0.0.1:6379/0"}, telemetry={"stale_after_s": 1.0})
+    alone = make_state(clock)
+    for s in (shared, alone):
+        s.workers[0].running, s.workers[0].queue_depth = 3, 1
+    t = ticket(shared, "a", None, 640)
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 4
+    assert shared.routing_snapshot(t, set()).workers[0].active_requests == 4
+    assert alone.ingress_snapshot(ticket(alone, "a", None, 640)).workers[0].inflight_requests == 0
+    shared.others = {f"n|{shared.workers[0].label}": 6.0}  # the tables say more: they stand
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 6
+    shared.others = {}
+    clock.t = 5.0  # the scrape is stale now
+    assert shared.ingress_snapshot(t).workers[0].inflight_requests == 0
+
+
+class Yielding:
+    """A store whose every step gives the event loop away first, ``pauses`` times (drawn), so the
+    replicas' decisions interleave as they would over a network."""
+
+    def __init__(self, inner, pauses) -> None:
+        self.inner, self.pauses, self.kind = inner, pauses, "redis"
+
+    async def _pause(self) -> None:
+        for _ in range(next(self.pauses)):
+            await asyncio.sleep(0)
+
+    async def sync(self, *args):
+        await self._pause()
+        got = await self.inner.sync(*args)
+        await self._pause()
+        return got
+
+    async def settle(self, *args):
+        await self._pause()
+        return await self.inner.settle(*args)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 3), min_size=8, max_size=8), st.lists(st.tuples(st.integers(0, 2), st.sampled_from([None, "s0", "s1", "s2"])),
+                                                                      min_size=1, max_size=12))
+def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_there_are(pause_cycle, arrivals):
+    """Three replicas on one store, their store steps interleaved in any order: however the
+    requests arrive, no more requests run than the workers have seats, and no more sessions hold a
+    slot than ``max_sessions``."""
+    import itertools
+
+    from coda.gateway.store import LocalStore
+    from coda.policy.ingress import SessionLedger
+
+    async def run() -> None:
+        clock = Clock()
+        ledger = SessionLedger(300.0)
+        store = Yielding(LocalStore(ledger, clock, 10.0), itertools.cycle(pause_cycle))
+        policies = {"router": "least_loaded",
+                    "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}}, "defer": {"max_wait_s": 0}}}
+        admissions = [replica_admission(rid, store, clock, URLS[:2], policies) for rid in ("a", "b", "c")]
+        admitted: list[Ticket] = []
+
+        async def one(replica: int, session: str | None) -> None:
+            adm = admissions[replica]
+            t = ticket(adm.state, "a", session, 640)
+            try:
+                await adm.admit(t)
+            except ApiError:
+                return
+            assert t.plan is not None
+            adm.state.begin(t, t.plan[0])
+            admitted.append(t)
+
+        await asyncio.gather(*(one(r, sid) for r, sid in arrivals))
+        assert 1 <= len(admitted) <= 2  # two workers, one seat each
+        assert len({t.session_id for t in admitted} - {None}) <= 1  # one session slot
+        assert ledger.count(clock()) <= 1  # and the claims of refused sessions were dropped
+
+    asyncio.run(run())
+
+
+def test_the_store_url_comes_from_the_environment_too():
+    cfg = build_config({"backends": URLS}, {}, {"CODA_SERVE_STORE__URL": "redis://redis:6379/0", "CODA_SERVE_STORE__ON_UNREACHABLE": "closed"})
+    assert (cfg.store.url, cfg.store.on_unreachable, cfg.store.publish_interval_s) == ("redis://redis:6379/0", "closed", 0.5)

@@ -23,7 +23,7 @@ from coda.api_errors import ApiError
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.replica import Replica, open_store
 from coda.gateway.state import GatewayState, Ticket, Worker
-from coda.gateway.store import Synced
+from coda.gateway.store import Sessions, Synced
 from coda.policy.ingress import Decision, IngressSnapshot
 
 MESSAGES = {
@@ -36,12 +36,14 @@ MESSAGES = {
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
     "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
+    "store_contended": "the other gateway replicas' counts kept changing while this request was being placed",
 }
 #: Retry-After of a request deferred while the store is away (assumed: about a store restart)
 STORE_RETRY_AFTER_S = 1.0
 #: publications per decision at most while the router's pick moves with the counts read back
-#: (assumed: the pick settles after one re-read unless other replicas decide at the same moment)
-PLAN_TRIES = 3
+#: (assumed: the pick stands after one re-read unless other replicas decide at the same moment);
+#: a pick that never stands is a defer (``store_contended``), never an admission on counts the pick did not see
+PLAN_TRIES = 8
 
 
 class JsonlLog:
@@ -104,47 +106,57 @@ class Admission:
         self._changed = asyncio.Event()
 
     async def decide(self, t: Ticket) -> tuple[Decision, IngressSnapshot, Decision | None]:
-        """Decide with every replica's counts, atomically among replicas: claim the session's slot
-        (learning whether it held one), count the request on the worker the router picks for it,
-        publish that with this replica's table while reading the others', decide, and undo the
-        claim when not admitted. An admitted request keeps its worker (``Ticket.plan``); the caller
-        begins it there before this replica decides again."""
+        """Decide with every replica's counts, atomically among replicas: count the request on the
+        worker the router picks for it and claim its session's slot, in one publication of this
+        replica's table that reads the others' back (``_count_where_routed``); decide on that;
+        settle a new session's tentative claim (one more step: the slot taken or dropped). An
+        admitted request keeps its worker (``Ticket.plan``); the caller begins it there before
+        this replica decides again."""
         state, replica, sid = self.state, self.replica, t.session_id
         async with replica.decide_lock:
-            claimed = await replica.claim(sid) if sid is not None else None
-            t.session_seen = claimed is not None and claimed.sessions.active
-            (w, shadow_worker), synced = await self._count_where_routed(t)
-            sessions = claimed.sessions if claimed is not None else synced.sessions if synced is not None else None
+            (w, shadow_worker), synced, claimed, stands = await self._count_where_routed(t)
+            # a session's slots as its claim found them; else the count the last publication read
+            sessions = claimed if claimed is not None else synced.sessions if synced is not None and sid is None else None
             d, snap, shadow = state.decide(t, sessions)
             if not replica.up and replica.closed_when_down:
                 d = Decision("defer", d.policy, "store_unreachable", 503, STORE_RETRY_AFTER_S)
+            elif not stands and d.action == "admit":
+                d = Decision("defer", d.policy, "store_contended", 503, STORE_RETRY_AFTER_S)
             if d.action == "admit":
                 t.plan = (w, shadow_worker) if w is not None else None
-            elif sid is not None and claimed is not None and not claimed.sessions.active:
-                await replica.release(sid, claimed.sessions.stamp)
+            if sid is not None and claimed is not None and not claimed.active:
+                await replica.settle(sid, claimed.stamp, d.action == "admit")
         return d, snap, shadow
 
-    async def _count_where_routed(self, t: Ticket) -> tuple[tuple[Worker | None, int | None], Synced | None]:
-        """Publish the table with ``t`` counted on the worker the router picks, routing again on
-        the counts that come back until the pick stands (other replicas' counts may have changed
-        since the last read); the last pick published, and what the store answered."""
+    async def _count_where_routed(self, t: Ticket) -> tuple[tuple[Worker | None, int | None], Synced | None, Sessions | None, bool]:
+        """Publish the table with ``t`` counted on the worker the router picks (the first
+        publication also claims the session's slot), routing again on what comes back (the other
+        replicas' counts, whether the session was known) until the pick stands; the last pick
+        published, the store's last answer, the claim (``None`` without one), and whether the
+        pick stood on the counts last read (else other replicas kept moving: ``PLAN_TRIES``)."""
         state = self.state
         plan = state.route(t, set())
-        synced = None
-        for attempt in range(PLAN_TRIES):
-            read = state.others
+        synced: Synced | None = None
+        claimed: Sessions | None = None
+        for _ in range(PLAN_TRIES):
+            read, seen = state.others, t.session_seen
             state.pending = (t, plan[0]) if plan[0] is not None else None
             try:
-                synced = await self.replica.publish()
+                synced = await self.replica.publish(t.session_id if claimed is None else None)
             finally:
                 state.pending = None
-            if synced is None or plan[0] is None or state.others is read or attempt == PLAN_TRIES - 1:
-                break  # nothing new was read (always so in-process): the pick stands
+            if synced is None:
+                return plan, None, claimed, True  # the store is away: this replica's own counts decide
+            if claimed is None and t.session_id is not None:
+                claimed = synced.sessions
+                t.session_seen = claimed.active  # an earlier round went somewhere: a continuation for the router
+            if plan[0] is None or (state.others is read and t.session_seen == seen):
+                return plan, synced, claimed, True  # nothing new was read (always so in-process)
             fresh = state.route(t, set())
             if fresh[0] is plan[0]:
-                break
+                return plan, synced, claimed, True
             plan = fresh
-        return plan, synced
+        return plan, synced, claimed, False
 
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from coda.gateway.metrics import GatewayMetrics
 from coda.gateway.state import GatewayState
 from coda.gateway.store import LocalStore, RedisStore, Store, StoreUnavailable, Synced
+from coda.policy.ingress import SessionLedger
 
 log = logging.getLogger("coda.gateway")
 #: a table lives this many publish intervals without a refresh (assumed: a few, so one late publish does not drop a live replica)
@@ -33,8 +34,8 @@ TTL_INTERVALS = 4
 def open_store(state: GatewayState) -> Store:
     cfg = state.config.store
     ttl = TTL_INTERVALS * cfg.publish_interval_s
-    if cfg.url is None:
-        return LocalStore(state.ledger, state.clock, ttl)
+    if cfg.url is None:  # its own ledger: the state's records admissions (begin), the store's the claims
+        return LocalStore(SessionLedger(state.ledger.ttl_s), state.clock, ttl)
     return RedisStore(cfg.url, cfg.key_prefix, ttl, state.ledger.ttl_s)
 
 
@@ -47,6 +48,8 @@ def _shown(url: str | None) -> str:
 
 
 class Replica:
+    """The gateway's link to the store: its id, whether the store answers, the decision lock, the publisher."""
+
     def __init__(self, state: GatewayState, store: Store, metrics: GatewayMetrics) -> None:
         self.state = state
         self.store = store
@@ -84,16 +87,13 @@ class Replica:
                 await self.store.drop(self.id)
         await self.store.close()
 
-    async def claim(self, session: str) -> Synced | None:
-        """Publish the table and claim ``session``'s slot; ``None`` while the store is away."""
+    async def publish(self, session: str | None = None) -> Synced | None:
+        """Publish the table (and claim ``session``'s slot); ``None`` while the store is away."""
         return await self._publish(session)
 
-    async def publish(self) -> Synced | None:
-        return await self._publish(None)
-
-    async def release(self, session: str, stamp: float) -> None:
+    async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         with contextlib.suppress(StoreUnavailable):
-            await self.store.release(session, stamp)
+            await self.store.settle(session, stamp, admitted)
 
     async def _publish(self, session: str | None, probe: bool = False) -> Synced | None:
         if not self.up and not probe:

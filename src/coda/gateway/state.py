@@ -259,8 +259,7 @@ class GatewayState:
     def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
         return self.indexer.match(hashes, [w.tiers for w in candidates])
 
-    # --- ingress ---------------------------------------------------------------------------
-    # --- what replicas share --------------------------------------------------------------
+    # --- what replicas share ----------------------------------------------------------------
     def published(self) -> dict[str, float]:
         """This replica's count table for the store: per worker ``n|`` in-flight requests, ``tok|``
         their prompt tokens, ``kv|`` those plus the output relayed, ``ttft|`` the TTFT estimate
@@ -285,6 +284,15 @@ class GatewayState:
         """The other replicas' sum of one entry of ``published`` (0 without a shared store)."""
         return round(self.others.get(f"{kind}|{name}", 0.0))
 
+    def inflight_of(self, w: Worker) -> int:
+        """Requests in flight on ``w`` through every replica; with a shared store, at least what
+        the engine's fresh /metrics says it runs and queues (which counts the other replicas'
+        requests even while the store is away)."""
+        n = len(w.inflight) + self.other("n", w.label)
+        if self.shared and self.clock() - w.scraped_at <= self.config.telemetry.stale_after_s:
+            return max(n, w.running + w.queue_depth)
+        return n
+
     def ttft_of(self, w: Worker) -> float | None:
         """The worker's TTFT estimate: the mean of every replica's that has one."""
         own = (w.ttft_s, 1) if w.ttft_s is not None else (0.0, 0)
@@ -304,7 +312,7 @@ class GatewayState:
         """``sessions``: the slots as the store found them (absent: this replica's own ledger)."""
         now = self.clock()
         loads = tuple(
-            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, len(w.inflight) + self.other("n", w.label),
+            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, self.inflight_of(w),
                        w.inflight_tokens + self.other("tok", w.label), w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
             for w in t.candidates
         )
@@ -360,14 +368,14 @@ class GatewayState:
         return pool[rendezvous(session_id, [w.label for w in pool])].id
 
     def worker_view(self, w: Worker, match: PrefixMatch) -> WorkerView:
-        """What a router knows of a worker, from the in-flight requests of every replica (the
-        engine's queue depth from its /metrics): a request decodes from its first relayed token,
+        """What a router knows of a worker, from the in-flight requests of every replica
+        (``inflight_of``; the engine's queue depth from its /metrics): a request decodes from its first relayed token,
         its context growing by each relayed token (non-streamed responses are not seen decoding:
         their first byte is their end; other replicas' decoders are counted in the KV blocks
         only)."""
         return WorkerView(
             worker_id=w.id,
-            active_requests=len(w.inflight) + self.other("n", w.label),
+            active_requests=self.inflight_of(w),
             active_kv_blocks=(w.inflight_tokens + w.streamed_tokens + self.other("kv", w.label)) // self.block_tokens,
             waiting_requests=w.queue_depth,
             decode_contexts=tuple(d.prompt_tokens + d.streamed for d in w.decoding.values()),

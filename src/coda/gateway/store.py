@@ -9,8 +9,12 @@ check-and-take: a replica publishes its table with the request it is deciding on
 first's take. A replica killed without saying goodbye stops refreshing its table, which expires.
 
 Session slots are a second table: session id -> when a request of it was last admitted. A claim
-reads whether the session held a slot and how many do, and takes the slot, atomically; a claim
-whose request was not admitted is released again.
+reads whether the session holds a slot and how many are taken, atomically with the publication;
+a session without a slot takes a *tentative* one (a third table, with a short TTL), which counts
+as taken for every other claim but does not make the session active, so no request is admitted as
+a continuation of a session whose first request may yet be refused. ``settle`` ends the tentative
+claim: the slot is taken when its request was admitted, dropped when not (unless a later claim of
+the same session came since: each claim's stamp is later than the one before it).
 
 ``LocalStore`` is the in-process default (one replica; it also serves several replica ids in one
 process, which the tests use); ``RedisStore`` runs the same steps as Lua scripts on a Redis server.
@@ -24,6 +28,12 @@ from typing import Any, Protocol
 
 from coda.policy.ingress import SessionLedger
 
+#: how far a claim's time moves past the session's previous claim made at the same instant, so
+#: each claim has its own stamp and settling one never ends another (the scripts' 1 ms)
+CLAIM_STEP_S = 0.001
+#: a tentative claim not settled within this long (its replica died deciding) stops counting
+#: (assumed: decisions take milliseconds)
+CLAIM_TTL_S = 5.0
 #: longest wait for the store's answer before it counts as unreachable (assumed: a store on the
 #: same network answers in well under a millisecond)
 STORE_TIMEOUT_S = 0.5
@@ -37,11 +47,12 @@ class StoreUnavailable(Exception):
 class Sessions:
     """The session slots as a claim found them."""
 
-    #: the claimed session held a slot before this claim (False without a session)
+    #: the claimed session holds a slot (False without a session)
     active: bool
-    #: sessions holding a slot before this claim
+    #: slots taken or tentatively claimed, this claim excluded
     count: int
-    #: the claim's time in the store's clock: ``release`` undoes this claim only
+    #: the tentative claim's time in the store's clock (``settle`` ends this claim only); 0 when
+    #: the session was active, or without a session
     stamp: float = 0.0
 
 
@@ -60,8 +71,8 @@ class Store(Protocol):
         """Keep ``counts`` as ``replica``'s table unless a newer ``seq`` is held; claim ``session``'s slot."""
         ...
 
-    async def release(self, session: str, stamp: float) -> None:
-        """Undo the claim made at ``stamp`` (a later claim of the session stands)."""
+    async def settle(self, session: str, stamp: float, admitted: bool) -> None:
+        """End the tentative claim made at ``stamp``: take the slot when its request was admitted."""
         ...
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
@@ -90,6 +101,7 @@ class LocalStore:
 
     def __init__(self, ledger: SessionLedger, clock: Callable[[], float], replica_ttl_s: float) -> None:
         self.ledger = ledger
+        self.claims = SessionLedger(CLAIM_TTL_S)
         self.clock = clock
         self.replica_ttl_s = replica_ttl_s
         self._tables: dict[str, tuple[int, float, dict[str, float]]] = {}  # replica -> (seq, expires, counts)
@@ -103,17 +115,23 @@ class LocalStore:
             del self._tables[r]
         others = summed([table for r, (_, _, table) in self._tables.items() if r != replica])
         active = self.ledger.active(session, now)
-        count = self.ledger.count(now)
-        self.ledger.touch(session, now)
-        return Synced(others, Sessions(active, count, now))
+        count = self.ledger.count(now) + self.claims.count(now)
+        stamp = 0.0
+        if active:
+            self.ledger.touch(session, now)
+        elif session is not None:
+            stamp = max(now, self.claims.last_seen(session) + CLAIM_STEP_S)
+            self.claims.touch(session, stamp)
+        return Synced(others, Sessions(active, count, stamp))
 
-    async def release(self, session: str, stamp: float) -> None:
-        self.ledger.release(session, stamp)
+    async def settle(self, session: str, stamp: float, admitted: bool) -> None:
+        self.claims.release(session, stamp)
+        if admitted:
+            self.ledger.touch(session, self.clock())
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         now = self.clock()
-        for sid, age in ages:
-            self.ledger.merge(sid, now - age)
+        self.ledger.merge([(sid, now - age) for sid, age in ages])
 
     async def drop(self, replica: str) -> None:
         self._tables.pop(replica, None)
@@ -122,8 +140,8 @@ class LocalStore:
         pass
 
 
-# KEYS: replicas (zset: replica -> expiry ms), sessions (zset: session -> last admitted ms)
-# ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, then name, value pairs
+# KEYS: replicas (zset: replica -> expiry ms), sessions (zset: session -> last admitted ms), claims (zset: session -> tentative claim ms)
+# ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, claim ttl ms, then name, value pairs
 _SYNC = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -133,7 +151,7 @@ local held = redis.call('HGET', mine, '_seq')
 if not held or tonumber(held) < seq then
   redis.call('DEL', mine)
   redis.call('HSET', mine, '_seq', ARGV[3])
-  for i = 7, #ARGV, 2 do redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
+  for i = 8, #ARGV, 2 do redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
   redis.call('PEXPIRE', mine, ttl)
   redis.call('ZADD', KEYS[1], now + ttl, me)
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -152,22 +170,35 @@ for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     end
   end
 end
-local sttl = tonumber(ARGV[6])
+local sid, sttl, cttl = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - sttl))
-local active = 0
-if ARGV[5] ~= '' and redis.call('ZSCORE', KEYS[2], ARGV[5]) then active = 1 end
-local count = redis.call('ZCARD', KEYS[2])
-if ARGV[5] ~= '' then
-  redis.call('ZADD', KEYS[2], now, ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - cttl))
+local active, stamp = 0, 0
+if sid ~= '' and redis.call('ZSCORE', KEYS[2], sid) then active = 1 end
+local count = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
+if active == 1 then
+  redis.call('ZADD', KEYS[2], now, sid)
   redis.call('PEXPIRE', KEYS[2], sttl)
+elseif sid ~= '' then
+  local prev = redis.call('ZSCORE', KEYS[3], sid)
+  stamp = now
+  if prev and tonumber(prev) >= now then stamp = tonumber(prev) + 1 end
+  redis.call('ZADD', KEYS[3], stamp, sid)
+  redis.call('PEXPIRE', KEYS[3], cttl)
 end
-local out = {active, count, tostring(now)}
+local out = {active, count, tostring(stamp)}
 for _, k in ipairs(names) do out[#out + 1] = k; out[#out + 1] = tostring(sums[k]) end
 return out
 """
-_RELEASE = """
-local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+# KEYS: sessions, claims; ARGV: session, claim stamp ms, 1 when admitted, session ttl ms
+_SETTLE = """
+local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[2], ARGV[1]) end
+if ARGV[3] == '1' then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
+end
 return 0
 """
 # ARGV: session ttl ms, then session, age ms pairs; a slot given while the store was away (GT: a newer claim stands)
@@ -183,7 +214,7 @@ return 0
 class RedisStore:
     """The store on a Redis server (redis-py's asyncio client): each step is one Lua script, so it
     is atomic among every replica's steps. Times are the server's (``TIME``), so replicas' clocks
-    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``."""
+    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``, ``PREFIX:claims``."""
 
     kind = "redis"
 
@@ -196,11 +227,11 @@ class RedisStore:
         self.r = aioredis.from_url(url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S,
                                    retry=Retry(NoBackoff(), 0))
         self.prefix = prefix
-        self.replicas_key, self.sessions_key = f"{prefix}:replicas", f"{prefix}:sessions"
+        self.replicas_key, self.sessions_key, self.claims_key = f"{prefix}:replicas", f"{prefix}:sessions", f"{prefix}:claims"
         self.replica_ttl_ms = max(1, round(replica_ttl_s * 1000))
         self.session_ttl_ms = max(1, round(session_ttl_s * 1000))
         self._sync = self.r.register_script(_SYNC)
-        self._release = self.r.register_script(_RELEASE)
+        self._settle = self.r.register_script(_SETTLE)
         self._restore = self.r.register_script(_RESTORE)
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
@@ -212,16 +243,16 @@ class RedisStore:
             raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
 
     async def sync(self, replica: str, seq: int, counts: Mapping[str, float], session: str | None) -> Synced:
-        args: list[Any] = [self.prefix, replica, seq, self.replica_ttl_ms, session or "", self.session_ttl_ms]
+        args: list[Any] = [self.prefix, replica, seq, self.replica_ttl_ms, session or "", self.session_ttl_ms, round(CLAIM_TTL_S * 1000)]
         for k, v in counts.items():
             if v:
                 args += [k, repr(float(v))]
-        out = await self._call(self._sync, [self.replicas_key, self.sessions_key], args)
+        out = await self._call(self._sync, [self.replicas_key, self.sessions_key, self.claims_key], args)
         others = {out[i]: float(out[i + 1]) for i in range(3, len(out), 2)}
         return Synced(others, Sessions(bool(out[0]), int(out[1]), float(out[2]) / 1000))
 
-    async def release(self, session: str, stamp: float) -> None:
-        await self._call(self._release, [self.sessions_key], [session, round(stamp * 1000)])
+    async def settle(self, session: str, stamp: float, admitted: bool) -> None:
+        await self._call(self._settle, [self.sessions_key, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms])
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         args: list[Any] = [self.session_ttl_ms]

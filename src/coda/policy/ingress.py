@@ -416,16 +416,20 @@ class SessionLedger:
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
 
+    def last_seen(self, session_id: str) -> float:
+        """When the session last took its slot (``-inf`` when it holds none)."""
+        return self._seen.get(session_id, -math.inf)
+
     def release(self, session_id: str, seen_s: float) -> None:
         """Undo the touch at ``seen_s`` (its request was not admitted); a later touch stands."""
         if self._seen.get(session_id) == seen_s:
             del self._seen[session_id]
 
-    def merge(self, session_id: str, seen_s: float) -> None:
-        """A slot given elsewhere at ``seen_s`` (another store's record): the later time stands."""
-        if self._seen.get(session_id, -math.inf) >= seen_s:
-            return
-        self._seen[session_id] = seen_s
+    def merge(self, seen: Sequence[tuple[str, float]]) -> None:
+        """Slots given elsewhere, as (session, last admitted): for each session the later time stands."""
+        for sid, t in seen:
+            if self._seen.get(sid, -math.inf) < t:
+                self._seen[sid] = t
         self._seen = OrderedDict(sorted(self._seen.items(), key=lambda kv: kv[1]))
 
     def ages(self, now_s: float) -> list[tuple[str, float]]:
