@@ -221,10 +221,10 @@ def cpu_cost(fleet: Fleet, rates: list[float], seconds: float, store_pid: int | 
         store_before = cpu_s(store_pid) if store_pid else 0.0
         _, _, s = replay(fleet, wl, BenchConfig(endpoint=fleet.replicas[0].proc.url, drain_s=30.0), f"open loop {rate:g} req/s")
         cpu, wall = sum(cpu_s(p) for p in pids) - before, time.perf_counter() - t0
-        store = cpu_s(store_pid) - store_before if store_pid else 0.0
+        store = cpu_s(store_pid) - store_before if store_pid else None
         done = s["completed"]
         rows.append({"offered_rps": rate, "completed": done, "failed": s["failed"], "rejected": s["rejected"], "wall_s": wall,
-                     "cpu_s": cpu, "cores": cpu / wall, "completed_rps": done / wall, "store_cores": store / wall,
+                     "cpu_s": cpu, "cores": cpu / wall, "completed_rps": done / wall, "store_cores": store / wall if store is not None else None,
                      "cores_per_100_rps": cpu / done * 100 if done else None})
     return rows
 
@@ -399,7 +399,7 @@ def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows:
     for r in cpu_rows:
         per = r["cores_per_100_rps"]
         t.add_row(f"{r['offered_rps']:g}", f"{r['completed_rps']:.1f}", str(r["failed"] + r["rejected"]), f"{r['cores']:.3f}",
-                  f"{per:.3f}" if per is not None else "-", f"{r['store_cores']:.3f}")
+                  f"{per:.3f}" if per is not None else "-", f"{r['store_cores']:.3f}" if r["store_cores"] is not None else "-")
     console.print(t)
     console.print("cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100", highlight=False)
     if len(cpu_rows) >= 2:  # a line through the first and last rate: what a request adds, and what traffic costs at any rate
