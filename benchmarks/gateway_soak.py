@@ -18,7 +18,8 @@ Three phases, one command:
    where that is lower; the ramp stops at the first N past it. ``--concurrency`` skips the ramp.
 3. The soak at the knee. Every HTTP attempt is logged with the replica (and which start of it)
    that served it. A 5xx or a cut stream is *on the killed replica's own streams* when that replica
-   was killed while the attempt was in flight, else *elsewhere*; the check is zero elsewhere. Each
+   was killed while the attempt was in flight, else *elsewhere*; the check is zero elsewhere. An
+   attempt the kill cut is sent once more on the next replica, as an agent retries its round. Each
    replica's RSS (VmRSS) is sampled every 5 s; the check is that no replica start that lived 3
    minutes grew more than 50 MiB from its first minute to its end (gateway_load.py's bound).
 
