@@ -9,7 +9,8 @@ the gateway. Checks printed at the end: the gateway stays up; p95 TTFT of admitt
 requests with a shedding policy is within 2x of the unloaded p95; its RSS grows by <= 50 MiB from
 minute 1 to the end; goodput is printed beside SLO-meeting output tokens per second, since the two
 can disagree in a closed loop: a session slowed by overload offers fewer rounds, a shed one is
-charged the rounds it would have sent.
+charged the rounds it would have sent. A policy whose run fails (`coda bench` exits non-zero, or
+the gateway does not start) is a row with its reason, and the next policy runs.
 
     python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--overload 4] [--rates 0.5,1,2,4] [--out runs/gateway-load]
                                       [--sweep-json runs/gateway-load/sweep/sweep.json | --knee RATE]
@@ -42,12 +43,38 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+class RunFailed(Exception):
+    """One run that produced no summary; its message is the reason (the tail of the failing command's stderr)."""
+
+
 def bench(endpoint: str, args: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "coda.cli", "bench", "--endpoint", endpoint, "--out", str(out), "--json", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:  # bench's own one-line reason, not a CalledProcessError traceback
-        raise SystemExit(f"coda bench {' '.join(args)} failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
+        raise RunFailed(f"coda bench exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
     return json.loads(proc.stdout)
+
+
+def policy_run(backends: list[str], label: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
+    """One policy's loaded (or unloaded) run behind a fresh gateway: its bench summary and the gateway's RSS over time."""
+    wl = f"synth:rate={rate:g},duration={duration:.0f},seed=11"
+    with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", policy) as gw:
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+        t0 = time.monotonic()
+        th = threading.Thread(target=sample_rss, args=(gw.pid, samples, stop, t0), daemon=True)
+        th.start()
+        try:
+            s = bench(gw.url, ["--workload", wl, "--time-scale", str(scale), "--warmup-s", "60"], out / label)
+        finally:
+            stop.set()
+        alive = gw.popen.poll() is None
+    after_1 = [r for t, r in samples if t >= 60]
+    return {"policy": label, "rate": rate, "goodput": s["goodput"], "slo_tps": s["slo_tps"], "output_tps": s["output_tps"],
+            "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
+            "completed": s["completed"], "rejected": s["rejected"], "failed": s["failed"], "alive": alive,
+            "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
+            "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples, "error": None}
 
 
 def sample_rss(pid: int, samples: list[tuple[float, float]], stop: threading.Event, t0: float) -> None:
@@ -80,9 +107,12 @@ def main() -> None:
         elif args.sweep_json:
             sweep = json.loads(args.sweep_json.read_text())
         else:
-            with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
-                sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
-                                       "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
+            try:  # everything after needs the knee
+                with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
+                    sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
+                                           "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
+            except RunFailed as err:
+                raise SystemExit(f"the sweep failed: {err}") from None
         knee = sweep.get("knee_rate")
         if knee is None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
@@ -90,22 +120,13 @@ def main() -> None:
         runs = [("unloaded", knee / 4, "admit_all")] + [(p, args.overload * knee, p) for p in POLICIES]
         rows = []
         for label, rate, policy in runs:
-            wl = f"synth:rate={rate:g},duration={duration:.0f},seed=11"
-            with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", policy) as gw:
-                samples: list[tuple[float, float]] = []
-                stop = threading.Event()
-                t0 = time.monotonic()
-                th = threading.Thread(target=sample_rss, args=(gw.pid, samples, stop, t0), daemon=True)
-                th.start()
-                s = bench(gw.url, ["--workload", wl, "--time-scale", str(scale), "--warmup-s", "60"], out / label)
-                stop.set()
-                alive = gw.popen.poll() is None
-            after_1 = [r for t, r in samples if t >= 60]
-            rows.append({"policy": label, "rate": rate, "goodput": s["goodput"], "slo_tps": s["slo_tps"], "output_tps": s["output_tps"],
-                         "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
-                         "completed": s["completed"], "rejected": s["rejected"], "failed": s["failed"], "alive": alive,
-                         "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
-                         "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples})
+            try:
+                rows.append(policy_run(backends, label, rate, policy, duration, scale, out))
+            except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.procs)
+                console.print(f"{label} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
+                rows.append({"policy": label, "rate": rate, "error": str(err)})
+        if rows[0]["error"]:
+            raise SystemExit(f"the unloaded run failed, so nothing compares against it: {rows[0]['error']}")
     (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "args": vars(args)}, indent=2, default=str))
     unloaded = rows[0]["ttft_p95_s"] or float("nan")
     table = Table(title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
@@ -114,6 +135,9 @@ def main() -> None:
               "rejected", "failed", "gateway up", "RSS min 1 -> end (MiB)", "growth"):
         table.add_column(c, justify="right")
     for r in rows:
+        if r["error"]:
+            table.add_row(r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * 11)
+            continue
         p95 = r["ttft_p95_s"]
         table.add_row(r["policy"], f"{r['rate']:g}", f"{r['goodput']:.3f}", f"{r['slo_tps']:.0f}", f"{r['output_tps']:.0f}",
                       f"{p95:.2f} s" if p95 else "-", f"{p95 / unloaded:.2f}x" if p95 else "-", str(r["offered"]),
@@ -122,6 +146,9 @@ def main() -> None:
                       f"{r['rss_growth_mib']:+.1f}" if r["rss_growth_mib"] is not None else "-")
     console.print(table)
     for r in rows[2:]:
+        if r["error"] or rows[1]["error"]:
+            console.print(f"{r['policy']} at {args.overload:g}x: no comparison ({r['error'] or 'admit_all failed'})", highlight=False)
+            continue
         ratio = (r["ttft_p95_s"] or float("inf")) / unloaded
         console.print(f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
                       f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {rows[1]['goodput']:.3f}); "

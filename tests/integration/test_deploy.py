@@ -2,7 +2,8 @@
 deploy/monitoring, every object validates against the Kubernetes schemas kubernetes-validate
 bundles (strict: unknown fields fail; offline), the pieces agree with each other (the gateway's
 config names every vLLM pod on the ports vLLM binds, probes and scraping hit the gateway's port),
-and hadolint passes both Dockerfiles."""
+the gateway runs three replicas that share the Redis store its config names, and hadolint passes
+both Dockerfiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -31,8 +33,20 @@ def render(overlay: str) -> list[dict]:
 
 
 def one(docs: list[dict], kind: str, name: str) -> dict:
-    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name)]
+    """The object of ``kind`` named ``name`` (a generated ConfigMap: ``name`` and kustomize's hash suffix)."""
+    (doc,) = [d for d in docs if d["kind"] == kind and re.fullmatch(re.escape(name) + (r"-[a-z0-9]+" if kind == "ConfigMap" else ""),
+                                                                     d["metadata"]["name"])]
     return doc
+
+
+def gateway_config(docs: list[dict]):
+    data = yaml.safe_load(one(docs, "ConfigMap", "coda-config")["data"]["coda.yaml"])
+    return build_config(data, {}, environ={}, source="deploy/base/coda.yaml")  # what coda serve would refuse, fails here
+
+
+def vllm_args(container: dict) -> dict[str, str]:
+    """``--name=value`` arguments as a mapping (a bare ``--flag`` maps to '')."""
+    return {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in container["args"] if a.startswith("--"))}
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +64,14 @@ def test_every_object_validates_against_the_kubernetes_schemas(overlay):
         for version in (OLDEST, latest_version()):
             kubernetes_validate.validate(doc, version, strict=True)
         validated.append(doc["kind"])
-    assert sorted(validated) == ["ConfigMap", "Deployment", "Service", "Service", "StatefulSet"]
+    assert sorted(validated) == ["ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet"]
 
 
 def test_the_servicemonitors_select_the_services_and_their_metrics_ports():
     docs = render("monitoring")
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    assert {m["metadata"]["name"] for m in monitors} == set(services)
+    assert {m["metadata"]["name"] for m in monitors} == {"coda", "vllm"}  # Redis serves no /metrics
     for m in monitors:
         svc = services[m["metadata"]["name"]]
         assert m["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
@@ -65,8 +79,7 @@ def test_the_servicemonitors_select_the_services_and_their_metrics_ports():
 
 
 def test_the_gateway_config_is_valid_and_names_every_vllm_pod_on_the_ports_vllm_binds(base):
-    data = yaml.safe_load(one(base, "ConfigMap", "coda-config")["data"]["coda.yaml"])
-    cfg = build_config(data, {}, environ={}, source="deploy/base/coda.yaml")  # what coda serve would refuse, fails here
+    cfg = gateway_config(base)
 
     sts = one(base, "StatefulSet", "vllm")
     headless = one(base, "Service", sts["spec"]["serviceName"])
@@ -74,7 +87,7 @@ def test_the_gateway_config_is_valid_and_names_every_vllm_pod_on_the_ports_vllm_
     assert headless["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
     (engine,) = sts["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
-    args = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in engine["args"] if a.startswith("--"))}
+    args = vllm_args(engine)
     events = json.loads(args["kv-events-config"])
     assert events["enable_kv_cache_events"] and events["publisher"] == "zmq"
     assert events["endpoint"] == f"tcp://*:{ports['kv-events']}" and events["replay_endpoint"] == f"tcp://*:{ports['kv-replay']}"
@@ -85,12 +98,12 @@ def test_the_gateway_config_is_valid_and_names_every_vllm_pod_on_the_ports_vllm_
     assert [(b.url, b.kv_events, b.kv_events_replay) for b in cfg.backends] == [
         (f"http://{pod}:{ports['http']}", f"tcp://{pod}:{ports['kv-events']}", f"tcp://{pod}:{ports['kv-replay']}") for pod in pods]
     assert cfg.indexer.tokenizer == "engine" and cfg.indexer.block_tokens == int(args["block-size"])
+    assert [b.max_num_seqs for b in cfg.backends] == [int(args["max-num-seqs"])] * len(pods)  # the seats the gateway counts are vLLM's
     assert cfg.host == "0.0.0.0"
 
 
 def test_the_gateway_deployment_probes_scrapes_and_mounts_what_coda_serve_uses(base):
-    data = yaml.safe_load(one(base, "ConfigMap", "coda-config")["data"]["coda.yaml"])
-    cfg = build_config(data, {}, environ={})
+    cfg = gateway_config(base)
     dep = one(base, "Deployment", "coda")
     pod = dep["spec"]["template"]
     (gw,) = pod["spec"]["containers"]
@@ -111,6 +124,16 @@ def test_the_gateway_deployment_probes_scrapes_and_mounts_what_coda_serve_uses(b
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
 
 
+def test_three_gateway_replicas_of_which_a_disruption_leaves_two(base):
+    dep = one(base, "Deployment", "coda")
+    assert dep["spec"]["replicas"] == 3
+    pdb = one(base, "PodDisruptionBudget", "coda")
+    assert pdb["spec"]["minAvailable"] == 2 < dep["spec"]["replicas"]  # a drain can still take one replica
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (gw,) = dep["spec"]["template"]["spec"]["containers"]
+    assert gw["readinessProbe"]["httpGet"]["path"] == "/ready"  # the Service drops a draining or engine-less replica
+
+
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/vllm.Dockerfile"])
 def test_the_dockerfiles_pass_hadolint(dockerfile):
     out = subprocess.run([str(BIN / "hadolint"), "--no-color", str(ROOT / dockerfile)], capture_output=True, text=True, timeout=60)
@@ -122,3 +145,19 @@ def test_the_gateway_image_runs_as_a_user_and_checks_ready():
     user = re.search(r"^USER (\S+)", final, re.M)
     assert user and user.group(1).split(":")[0] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*CODA_HEALTH_URL", final, re.M | re.S) and "CODA_HEALTH_URL=http://127.0.0.1:8080/ready" in final
+
+
+def test_the_replicas_store_is_the_redis_service_without_persistence(base):
+    cfg = gateway_config(base)
+    url = urlsplit(cfg.store.url)
+    assert url.scheme == "redis" and cfg.store.on_unreachable == "open"  # a store outage costs fleet-wide limits, not serving
+    svc = one(base, "Service", url.hostname)  # the host the gateway dials is the Service's name
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == url.port]
+    dep = one(base, "Deployment", "coda-redis")
+    pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (redis,) = pod["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in redis["ports"]}[port["targetPort"]] == url.port
+    assert redis["image"].startswith("redis:7")
+    args = redis["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"  # soft state: nothing on disk

@@ -24,6 +24,7 @@ from coda.bench.prompts import Message
 from coda.engines import tokenizer as tok
 
 RETRYABLE = (429, 503, 529)
+KEEPALIVE_EXPIRY_S = 3.0  # assumed: well below the 5 s keep-alive timeout of uvicorn (coda serve, coda fake-engine) and most servers
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
@@ -102,7 +103,10 @@ class Endpoint:
         self.headers = {"accept": "text/event-stream", "content-type": "application/json", **self.auth}
         self.timeout = {"connect": min(timeout_s, 10.0), "read": timeout_s, "write": timeout_s, "pool": timeout_s}
         self.tls = httpx.create_ssl_context()  # built once: loading the CA bundle costs ~20 ms
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # An idle connection is dropped before the server's keep-alive timeout ends (uvicorn's: 5 s, httpx's
+        # default expiry too): a request sent on one the server is closing at that moment fails
+        # before any response, which is the client's race, not the server's failure.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         self.transports = [httpx.AsyncHTTPTransport(verify=self.tls, limits=limits) for _ in range(max(1, shards))]
 
     async def close(self) -> None:

@@ -126,8 +126,7 @@ class Replay:
     async def run(self) -> None:
         cfg = self.config
         lanes = min(len(self.sessions), cfg.max_concurrency or len(self.sessions))
-        endpoint = Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
-                            timeout_s=cfg.timeout_s, shards=min(SHARDS, lanes), clock=self._clock)
+        endpoint = self.endpoint(shards=min(SHARDS, lanes))
         try:
             listed = await endpoint.served_model()  # also the check that the endpoint answers at all
             if self.model is None:
@@ -165,6 +164,13 @@ class Replay:
             await endpoint.close()
             if self.scraper is not None:
                 await self.scraper.close()
+
+    def endpoint(self, shards: int) -> Endpoint:
+        """The client every request goes through: one server's. A subclass may return an ``Endpoint``
+        that spreads requests over several servers (a load balancer's view, as a soak test needs)."""
+        cfg = self.config
+        return Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
+                        timeout_s=cfg.timeout_s, shards=shards, clock=self._clock)
 
     async def _watch_lag(self) -> None:
         """Measure the client's own stalls: a late wake-up here delays every request's timestamps too."""
