@@ -40,7 +40,6 @@ import platform
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -63,7 +62,7 @@ from coda.engines.launch import FakeEngineProcess
 from coda.procs import Proc, spawn
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
-from tests.integration.redis_server import RedisServer
+from tests.integration.redis_server import RedisServer, started
 
 RSS_PERIOD_S = 5.0  # assumed: often enough to see a trend over minutes, rare enough to cost nothing
 RSS_LIVED_S = 180.0  # assumed: a replica start younger than this has no trend to judge
@@ -202,13 +201,8 @@ def redis_server() -> Iterator[RedisServer]:
     if binary is None:
         print("redis-server not found: apt-get install -y redis-server, or run with --store in-process", file=sys.stderr)
         sys.exit(2)
-    with tempfile.TemporaryDirectory(prefix="coda-soak-redis-") as folder:
-        server = RedisServer(binary, Path(folder))
-        server.start()
-        try:
-            yield server
-        finally:
-            server.kill()
+    with started(binary, "coda-soak-redis-") as server:
+        yield server
 
 
 # --- phase 1: CPU cost ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,15 +53,22 @@ class RedisServer:
         self.proc = None
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (Debian: apt-get install -y redis-server); the shared-store tests need a real one")
-    with tempfile.TemporaryDirectory(prefix="coda-redis-") as folder:
+@contextmanager
+def started(binary: str, prefix: str) -> Iterator[RedisServer]:
+    """A running server in a fresh temporary folder, killed (and the folder removed) on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         server = RedisServer(binary, Path(folder))
         server.start()
         try:
             yield server
         finally:
             server.kill()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install -y redis-server); the shared-store tests need a real one")
+    with started(binary, "coda-redis-") as server:
+        yield server
