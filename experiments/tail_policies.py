@@ -44,6 +44,9 @@ from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import fmt_ci  # noqa: E402
+
 TRACES = {"mooncake": "conversation_trace.jsonl", "azure": "AzureLLMInferenceTrace_code.csv"}
 BASELINES = ("vllm", "cachewise")
 TARGET_SEEDS = 5  # the target is judged on five seeds or more
@@ -97,13 +100,6 @@ def load_runs(path: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
     return out
 
 
-def _cell(values: list[Any], digits: int) -> str:
-    ci = mean_ci(values)
-    if ci["mean"] is None:
-        return "-"
-    return f"{ci['mean']:.{digits}f}" + (f" ± {ci['ci95']:.{digits}f}" if ci["ci95"] is not None else "")
-
-
 def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
     """The per-workload tables, the target check and the Pareto figures."""
     lines = ["# Throughput against the tail", "",
@@ -133,9 +129,9 @@ def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
                     ok_out = (hi if hi is not None else r) >= 1.0
                     ok_tail = vllm_tail is not None and (mean_ci(col["slowdown_p99"])["mean"] or 0) <= vllm_tail
                     check = "met" if ok_out and ok_tail else ("output" if ok_tail else "tail" if ok_out else "both") + " missed"
-            lines.append(f"| {c} | {len(rs)} | {_cell(col['output_tps'], 1)} | {gain} | {_cell(col['slo_tps'], 1)} | {_cell(col['goodput'], 3)} | "
-                         f"{_cell(col['slowdown_p99'], 1)} | {_cell(col['ttft_p99_s'], 0)} | {_cell(col['ttft_max_s'], 0)} | "
-                         f"{_cell(col['stalled'], 0)} | {check} |")
+            lines.append(f"| {c} | {len(rs)} | {fmt_ci(col['output_tps'], 1)} | {gain} | {fmt_ci(col['slo_tps'], 1)} | {fmt_ci(col['goodput'], 3)} | "
+                         f"{fmt_ci(col['slowdown_p99'], 1)} | {fmt_ci(col['ttft_p99_s'], 0)} | {fmt_ci(col['ttft_max_s'], 0)} | "
+                         f"{fmt_ci(col['stalled'], 0)} | {check} |")
             point: dict[str, Any] = {"system": c}
             for m in ("output_tps", "slowdown_p99", "ttft_p99_s"):
                 ci = mean_ci(col[m])

@@ -26,7 +26,7 @@ first 10 minutes, from the same runs. Gains are ratios of sums over seeds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,18 +111,12 @@ PRESETS = {
         shadow_router="smetric",
         slo_targets=(("Q1", "M1"), ("Q2", "M2"), ("Q3", "M3")),
     ),
-    # paper-multi at 16 workers: 4 nodes of 4 sharing a DRAM store each (the default profile's
-    # node of 4 A100s; the paper's 235B runs, two nodes of 8 GPUs, are two TP8 workers in this
-    # simulator), with Q1-Q3 scaled by 4 so each worker sees paper-multi's load
-    "paper-multi-16": PaperPreset(
-        name="paper-multi-16",
-        workers=16,
-        workloads=(PaperWorkload("Q1", 12), PaperWorkload("Q2", 20), PaperWorkload("Q3", 28)),
-        systems=("vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"),
-        shadow_router="smetric",
-        slo_targets=(("Q1", "M1"), ("Q2", "M2"), ("Q3", "M3")),
-    ),
 }
+# paper-multi at 16 workers: 4 nodes of 4 sharing a DRAM store each (the default profile's node of
+# 4 A100s; the paper's 235B runs, two nodes of 8 GPUs, are two TP8 workers in this simulator), with
+# Q1-Q3 scaled by 4 so each worker sees paper-multi's load
+PRESETS["paper-multi-16"] = replace(PRESETS["paper-multi"], name="paper-multi-16", workers=16,
+                                    workloads=tuple(replace(w, rate=4 * w.rate) for w in PRESETS["paper-multi"].workloads))
 
 
 class RouteDistance:
