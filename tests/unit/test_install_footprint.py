@@ -20,6 +20,8 @@ from coda.errors import EXTRA_OF
 
 ROOT = Path(__file__).resolve().parents[2]
 EXCLUDED = ("matplotlib", "numba", "starlette", "uvicorn", "typer", "rich")
+# The scheduler's process is vLLM's engine, which has torch; the scheduler module itself needs none of it.
+HEAVY = ("torch",)
 
 
 def block(names: tuple[str, ...]) -> str:
@@ -34,19 +36,22 @@ def block(names: tuple[str, ...]) -> str:
     """)
 
 
-# vLLM itself is not in this environment: the three names the plugin imports from it, as the
-# empty base classes they are to the import (the real-vLLM tests run the plugin in vLLM).
+# vLLM itself is not in this environment: the names the plugin imports from it, as the empty base
+# classes and stand-ins they are to the import (the real-vLLM tests run the plugin in vLLM).
 FAKE_VLLM = textwrap.dedent("""
-    import types
-    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.scheduler"):
+    import logging, types
+    for name in ("vllm", "vllm.logger", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", "vllm.v1.core.sched.request_queue",
+                 "vllm.v1.core.sched.scheduler", "vllm.v1.request"):
         sys.modules[name] = types.ModuleType(name)
     sys.modules["vllm"].__version__ = "0.32.0"
+    sys.modules["vllm.logger"].init_logger = logging.getLogger
     sys.modules["vllm.v1.core.sched.request_queue"].RequestQueue = type("RequestQueue", (), {})
     sys.modules["vllm.v1.core.sched.scheduler"].Scheduler = type("Scheduler", (), {})
+    sys.modules["vllm.v1.request"].RequestStatus = type("RequestStatus", (), {})
 """)
 
 
-def run_probe(code: str, prelude: str = "", blocked: tuple[str, ...] = EXCLUDED) -> subprocess.CompletedProcess:
+def run_probe(code: str, prelude: str = "", blocked: tuple[str, ...] = EXCLUDED + HEAVY) -> subprocess.CompletedProcess:
     script = block(blocked) + prelude + textwrap.dedent(code)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
@@ -65,7 +70,7 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
         from coda.policy.presets import resolve_policies
         settings = load_settings({})
         spec = resolve_policies(settings.system, settings.policies)
-        policy = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state",)).state
+        policy = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state", "execution", "eviction")).state
         try:
             build_cost_model(load_profile("a100-qwen3coder30b-fp8-fa2"))  # has an attention section: the numba kernel model
             kernel_error = None

@@ -3,7 +3,8 @@
 The state is scripted once (two workers, 16-token blocks, 100 blocks of KV each):
 
 - worker 0 decodes request A (160-token prompt, 20 tokens generated: context 180, 12 blocks held)
-  and holds request B waiting (64-token prompt, its first 2 blocks cached and idle);
+  and holds request B waiting (64-token prompt, its first block cached and idle, the second in the
+  node's DRAM store and the third on its SSD);
 - worker 1 decodes request C (320-token prompt, 5 generated: context 325, 21 blocks held) and holds
   the first 10 blocks of the arriving request's prompt, cached and idle;
 - the arriving request R: 400 tokens of a session with a completed earlier round, tenant ``t``
@@ -25,7 +26,7 @@ from coda.gateway.prompt import make_tokenizer
 from coda.gateway.state import GatewayState, Ticket
 from coda.gateway.state import Session as GatewaySession
 from coda.gateway.telemetry import apply_metrics, parse_metrics
-from coda.integrations.vllm.snapshot import admission_snapshot
+from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.kvindex import BlockHasher
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
@@ -46,7 +47,7 @@ class Clock:
 def sim_state() -> tuple[Simulation, SimRequest]:
     rounds = [Round(new_input_tokens=384, output_tokens=8, kind="user"), Round(new_input_tokens=16, output_tokens=8)]
     wl = Workload(sessions=[Session(session_id="s1", start_s=0.0, rounds=rounds, tenant="t")], meta={"duration_s": 100.0})
-    cfg = SimConfig(system="coda", workers=2, chunk_tokens=C, dram=False, warmup_s=0, policies={"ingress": "deadline"},
+    cfg = SimConfig(system="coda", workers=2, chunk_tokens=C, dram=True, ssd=True, warmup_s=0, policies={"ingress": "deadline"},
                     tenants={"t": {"deadline_ms": DEADLINE_MS}})
     sim = Simulation(wl, cfg)
     assert sim.tiers.hbm_chunks >= 100
@@ -77,8 +78,10 @@ def sim_state() -> tuple[Simulation, SimRequest]:
 
     request(1, 160, 20, 0, decoding=True)  # A
     b = request(0, 64, 0, 0, decoding=False)  # B: id 0, its position in vLLM's queue below
-    sim.workers[0].hbm.insert(b.chain[:2])
-    sim.workers[0].hbm.release(b.chain[:2])  # cached and idle
+    sim.workers[0].hbm.insert(b.chain[:1])
+    sim.workers[0].hbm.release(b.chain[:1])  # cached and idle
+    sim.workers[0].dram.put(b.chain[1:2])
+    sim.workers[0].ssd.put(b.chain[2:3])
     request(2, 320, 5, 1, decoding=True)  # C
     arriving = SimRequest(3, sess, 1, "tool_followup", NOW)
     arriving.prompt_tokens = arriving.orig_prompt_tokens = 400
@@ -153,11 +156,14 @@ def test_admission_snapshots_of_the_simulator_and_the_vllm_plugin_are_equal(shel
     w = sim.workers[0]
     b = w.waiting[0]
     vllm_request = SimpleNamespace(request_id="b", arrival_time=b.arrived_s, num_tokens=b.prompt_tokens)
-    # vLLM's free queue holds free blocks and idle cached ones; B's 2-block prefix is cached and idle
+    # vLLM's free queue holds free blocks and idle cached ones; B's first block is cached and idle;
+    # the KV connector's side-effect-free lookup finds the next block in DRAM and the one after on SSD
     free = w.hbm.reclaimable
-    from_vllm = admission_snapshot(NOW, [vllm_request], lambda r: (2 * C, 2), C, free)
+    from_vllm = admission_snapshot(NOW, [vllm_request], lambda r: Hits(hbm_tokens=C, idle_blocks=1, dram_tokens=C, ssd_tokens=C), C, free)
     from_sim = w.snapshot()
     assert from_sim == from_vllm
     row = from_sim.rows()[0]
-    # 5 blocks for 64 tokens and the first output, 2 of them hit; 88 = 100 - A's 12 held (B's 2 idle ones count as free)
-    assert row.hbm_tokens == 32 and row.extra_blocks == 3 and row.fits and from_sim.free_blocks == 88
+    # 5 blocks for 64 tokens and the first output, 1 of them hit in HBM (the tiers' hits need blocks too, to load into);
+    # 88 = 100 - A's 12 held (B's idle one counts as free)
+    assert row.hbm_tokens == 16 and row.dram_tokens == 16 and row.ssd_tokens == 16 and row.extra_blocks == 4 and row.fits
+    assert from_sim.free_blocks == 88

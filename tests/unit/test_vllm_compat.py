@@ -1,5 +1,5 @@
-"""The vLLM versions the scheduler accepts: the tested minor release (patch, local and dev builds of
-it included); anything else fails in one line that names the tested range."""
+"""The vLLM versions the scheduler accepts: the tested minor releases (patch, local and dev builds of
+them included); anything else fails in one line that names the tested range."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from coda.errors import CodaError
 from coda.integrations.vllm.compat import RANGE, check_version
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.4", "0.32.1.dev12+g0181ea31"])
-def test_the_tested_minor_release_is_accepted(version):
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.4", "0.32.1.dev12+g0181ea31", "0.33.0", "0.33.2", "0.33.0.dev3"])
+def test_the_tested_minor_releases_are_accepted(version):
     check_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.31.9", "0.32.0rc1", "0.33.0", "0.33.0.dev3", "1.0.0", "not-a-version"])
+@pytest.mark.parametrize("version", ["0.31.9", "0.32.0rc1", "0.34.0", "0.34.0.dev3", "1.0.0", "not-a-version"])
 def test_any_other_version_fails_in_one_line_naming_the_tested_range(version):
     with pytest.raises(CodaError) as err:
         check_version(version)

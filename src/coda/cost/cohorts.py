@@ -13,10 +13,13 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class CohortPlan:
-    """Split of a pure-decode batch's attention: the ``cut`` shortest contexts form one cohort."""
+    """Split of a pure-decode batch's attention: the ``cut`` shortest contexts form one cohort.
+    ``predicted_gain`` and ``gain_lower_bound``: the cut's predicted and conservative relative gain
+    of attention time (``predicted_gain`` is None where no model predicted it)."""
 
     cut: int
     gain_lower_bound: float = 0.0
+    predicted_gain: float | None = None
 
 
 class GainBounds(NamedTuple):

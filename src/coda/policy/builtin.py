@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coda.policy import ingress
 from coda.policy.eviction import Lru, ToolAware
-from coda.policy.execution import Cohort, FullBatch
+from coda.policy.execution import Cohort, FullBatch, SplitAlways
 from coda.policy.registry import register
 from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric
 from coda.policy.state import FewestBlocks, Fifo, TieredAging
@@ -21,5 +21,6 @@ for _name, _cls in {"fifo": Fifo, "fewest_blocks": FewestBlocks, "tiered_aging":
     register("state", _name, _cls)
 register("execution", "full", FullBatch)
 register("execution", "cohort", Cohort)
+register("execution", "split_always", SplitAlways)
 register("eviction", "lru", Lru)
 register("eviction", "tool_aware", ToolAware)

@@ -1,10 +1,14 @@
-"""Execution admission: how a pure-decode batch's attention is launched."""
+"""Execution admission: how a pure-decode batch's attention is launched.
+
+``explain_plan`` says which rule decided a batch, for decision logs (the vLLM plugin's trace); it
+never repeats a policy's branches.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -19,6 +23,22 @@ class ExecutionPolicy(Protocol):
         ...
 
 
+class PlanChoice(NamedTuple):
+    """An execution decision explained: the plan (``None``: one launch) and the rule that decided."""
+
+    plan: CohortPlan | None
+    rule: str
+
+
+def explain_plan(policy: Any, contexts: np.ndarray) -> PlanChoice:
+    """The policy's own explanation, or its plan with the rule ``split`` / ``one launch``."""
+    fn = getattr(policy, "explain", None)
+    if fn is not None:
+        return fn(contexts)
+    plan = policy.plan(contexts)
+    return PlanChoice(plan, "one launch" if plan is None else "split")
+
+
 @dataclass(frozen=True, slots=True)
 class FullBatch:
     """One attention launch for the whole batch (what every engine does today)."""
@@ -27,6 +47,9 @@ class FullBatch:
 
     def plan(self, contexts: np.ndarray) -> CohortPlan | None:
         return None
+
+    def explain(self, contexts: np.ndarray) -> PlanChoice:
+        return PlanChoice(None, "full: one launch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,23 +76,50 @@ class Cohort:
     name: str = "cohort"
 
     def plan(self, contexts: np.ndarray) -> CohortPlan | None:
+        return self.explain(contexts).plan
+
+    def explain(self, contexts: np.ndarray) -> PlanChoice:
         n = len(contexts)
         if n < self.min_requests:
-            return None
+            return PlanChoice(None, "cohort: fewer than min_requests")
         srt = np.sort(contexts)
         if srt[-1] < self.min_ratio * srt[0]:
-            return None
+            return PlanChoice(None, "cohort: contexts within min_ratio")
         m = max(self.m_min, math.ceil(self.rho * n))
         if m > n - m:
-            return None
+            return PlanChoice(None, "cohort: no cut leaves both cohorts m requests")
         bounds_fn = getattr(self.cost, "cohort_gain_bounds", None)
         if bounds_fn is None:
-            return None
+            return PlanChoice(None, "cohort: the cost model has no gain bounds")
         cuts = np.arange(m, n - m + 1)
         gb = bounds_fn(srt, cuts, self.launch_allowance_s)
         if not gb.in_domain:
-            return None
+            return PlanChoice(None, "cohort: batch outside the profile's measured domain")
         best = np.lexsort((gb.cuts, np.abs(2 * gb.cuts - n), -gb.predicted))[0]
         if gb.conservative[best] < self.gamma:
-            return None
-        return CohortPlan(cut=int(gb.cuts[best]), gain_lower_bound=float(gb.conservative[best]))
+            return PlanChoice(None, "cohort: conservative gain below gamma")
+        plan = CohortPlan(cut=int(gb.cuts[best]), gain_lower_bound=float(gb.conservative[best]), predicted_gain=float(gb.predicted[best]))
+        return PlanChoice(plan, "cohort: conservative gain at least gamma")
+
+
+@dataclass(frozen=True, slots=True)
+class SplitAlways:
+    """Every pure-decode batch of at least ``min_requests`` with two distinct contexts is split at
+    the largest ratio between neighbouring sorted contexts, whatever the predicted gain: for
+    checking that a split changes no output, and for measuring what splits cost where no model
+    predicts their gain. Not a serving policy."""
+
+    min_requests: int = 2
+    name: str = "split_always"
+
+    def plan(self, contexts: np.ndarray) -> CohortPlan | None:
+        return self.explain(contexts).plan
+
+    def explain(self, contexts: np.ndarray) -> PlanChoice:
+        if len(contexts) < max(2, self.min_requests):
+            return PlanChoice(None, "split_always: fewer than min_requests")
+        srt = np.sort(np.asarray(contexts, dtype=np.float64))
+        if srt[0] == srt[-1]:
+            return PlanChoice(None, "split_always: one context length")
+        cut = int(np.argmax(srt[1:] / srt[:-1])) + 1
+        return PlanChoice(CohortPlan(cut=cut, gain_lower_bound=-math.inf), "split_always: largest neighbour ratio")

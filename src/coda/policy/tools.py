@@ -59,6 +59,12 @@ class ToolPredictor:
         if k != (USER,):
             self._all.add(duration_s)
 
+    def known(self, names: Sequence[str]) -> bool:
+        """Whether ``remaining`` predicts from observed calls (of these tools, or of all tools)."""
+        k = self.key(names)
+        own = self._by_key.get(k)
+        return (own is not None and len(own.values) >= self.min_samples) or (k != (USER,) and len(self._all.values) >= self.min_samples)
+
     def remaining(self, names: Sequence[str], elapsed_s: float) -> float:
         """Predicted seconds until the call ends; 0 when nothing is known.
 

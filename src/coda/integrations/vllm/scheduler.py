@@ -1,90 +1,134 @@
-"""Coda's state admission inside vLLM: a scheduler class for ``--scheduler-cls``.
+"""Coda's admission layer inside vLLM: a scheduler class for ``--scheduler-cls``.
 
     pip install 'coda[scheduler]'      # into vLLM's environment; changes none of its packages
-    vllm serve M --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler
+    vllm serve M --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler \\
+                 --worker-cls coda.integrations.vllm.worker.CodaWorker      # for cohorts only
 
-vLLM's scheduler admits waiting requests by peeking at the head of its waiting queue until an
-allocation fails. ``CodaScheduler`` replaces that queue with ``PolicyQueue``, whose head is the
-request the state-admission policy of ``coda.policy`` (the same code the simulator runs: by
-default ``tiered_aging``; any registered one through ``CODA_SCHEDULER_CONFIG``, see
-``coda.integrations.vllm.settings``) chooses among the oldest ``frontier`` waiting requests, from
-the engine's real view (``coda.integrations.vllm.snapshot``). When the policy admits nothing
-(nothing fits, or a guard holds the queue for the oldest request), the head is the oldest request,
-whose allocation then fails and ends admission for this step, as vLLM's FCFS does.
+``CodaScheduler`` is vLLM's scheduler with the policies of ``coda.policy`` (the code the simulator
+runs), configured by ``CODA_SCHEDULER_CONFIG`` (``coda.integrations.vllm.settings``), one switch per
+mechanism:
 
-Probing has no side effects: candidates are matched with the cache coordinator's
-``find_longest_cache_hit`` (not ``get_computed_blocks``, which feeds the prefix-cache metrics),
-and a candidate's hit is cached between steps and revalidated with two block lookups.
+- **State admission with tiers.** The waiting queue is a ``PolicyQueue``, whose head is the request
+  the state policy (by default ``tiered_aging``) chooses among the oldest ``frontier`` waiting
+  requests, from the engine's real view (``coda.integrations.vllm.snapshot``): each candidate's GPU
+  prefix-cache hit and, with a supported KV connector, what the connector holds beyond it
+  (``coda.integrations.vllm.tiers``), so a prefix held in DRAM is costed as a load, not a
+  recompute. When the policy admits nothing, the head is the oldest request, whose allocation then
+  fails and ends admission for this step, as vLLM's FCFS does. Probing has no side effects: the GPU
+  cache through the coordinator's ``find_longest_cache_hit`` (not ``get_computed_blocks``, which
+  feeds the prefix-cache metrics), the connector's store read directly; a candidate's hits are
+  cached between steps and revalidated at their boundaries.
+- **Cohorts.** Each pure-decode step is planned once, from the scheduled batch, by the execution
+  policy; the plan rides on the ``SchedulerOutput`` to ``CodaWorker``'s attention backend
+  (``coda.integrations.vllm.cohort_backend``).
+- **Retention.** With a tool-aware eviction policy, a request that ends with tool calls keeps its
+  blocks until its session returns or its predicted return passes, yielding them to any
+  allocation that needs them (``coda.integrations.vllm.retention``).
+
+Every decision goes to the trace (``trace`` in the settings) with the rule that made it, and each
+step records Coda's added time beside the time of vLLM's own ``schedule()``: CPU time of the
+scheduler's thread (``time.thread_time``), so that neither the engine's other threads (which hold
+the GIL while they serialize outputs) nor other processes on a busy machine count as either.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.integrations.vllm.compat import RANGE, check_version
-from coda.integrations.vllm.settings import load_settings
-from coda.integrations.vllm.snapshot import admission_snapshot
+from coda.integrations.vllm.compat import RANGE, TESTED, check_version
+from coda.integrations.vllm.settings import SchedulerSettings, load_settings
+from coda.integrations.vllm.snapshot import Hits, admission_snapshot
+from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
 from coda.policy.build import build_policies
+from coda.policy.execution import explain_plan
 from coda.policy.presets import resolve_policies
 from coda.policy.shadow import Shadowed
 from coda.policy.state import explain
 
 try:  # only importable inside a vLLM process
     import vllm
+    from vllm.logger import init_logger
     from vllm.v1.core.sched.request_queue import RequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
 except ImportError as err:  # pragma: no cover - exercised only without vLLM
     raise ImportError(f"coda.integrations.vllm.scheduler needs vLLM {RANGE} installed: {err}") from None
+
+from coda import __version__
+from coda.integrations.vllm.cohort_plan import PLAN_ATTR, STEP
+from coda.integrations.vllm.retention import Retention
+from coda.integrations.vllm.tool_calls import ToolCallReader
+
+logger = init_logger("vllm.coda.scheduler")
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 class PolicyQueue(RequestQueue):
     """vLLM's waiting queue, ordered at each peek by a state-admission policy."""
 
-    def __init__(self, scheduler: Scheduler, policy: Any, explain_rules: bool = False) -> None:
+    def __init__(self, scheduler: CodaScheduler, policy: Any, probe: ExternalProbe, explain_rules: bool = False) -> None:
         self._s = scheduler
         self.policy = policy
+        self.probe = probe
         self.explain_rules = explain_rules  # the trace names the rule of each decision (one more evaluation per decision)
         self._items: list[Any] = []  # arrival order (preempted requests return to the front)
         self._head: Any = None
-        self._hits: dict[str, tuple[int, int, int]] = {}  # request_id -> (num_tokens, hit_tokens, idle_hit_blocks)
-        self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice, the rule that decided]
+        self._hits: dict[str, tuple[int, Hits]] = {}  # request_id -> (num_tokens, hits)
+        self.decisions: list[dict[str, Any]] = []  # this step's decisions, in order
         self.promote_one = getattr(policy, "admission", "every_slot") == "promote_one"
         self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
 
     # --- the policy --------------------------------------------------------------------------
-    def _hit(self, req: Any, block_size: int) -> tuple[int, int]:
-        """(GPU prefix-cache hit tokens, idle hit blocks), cached while two boundary blocks agree."""
+    def _hit(self, req: Any) -> Hits:
+        """The request's hits by tier, cached while their boundaries hold (two GPU block lookups and the probe's)."""
         kvm = self._s.kv_cache_manager
         pool = kvm.block_pool
+        bs = self._s.block_size
         hashes = req.block_hashes
         cached = self._hits.get(req.request_id)
         if cached is not None and cached[0] == req.num_tokens:
-            n = cached[1] // block_size
+            h = cached[1]
+            n = h.hbm_tokens // bs
             last_ok = n == 0 or pool.get_cached_block(hashes[n - 1], [0]) is not None
-            next_ok = n >= len(hashes) or n * block_size >= req.num_tokens - 1 or pool.get_cached_block(hashes[n], [0]) is None
-            if last_ok and next_ok:
-                return cached[1], cached[2]
-        blocks, hit, _ = kvm.coordinator.find_longest_cache_hit(hashes, req.num_tokens - 1)
+            next_ok = n >= len(hashes) or n * bs >= req.num_tokens - 1 or pool.get_cached_block(hashes[n], [0]) is None
+            if last_ok and next_ok and self.probe.still_valid(req, h.hbm_tokens, h.dram_tokens):
+                return h
+        blocks, hbm, _ = kvm.coordinator.find_longest_cache_hit(hashes, req.num_tokens - 1)
         idle = sum(1 for b in blocks[0] if b.ref_cnt == 0) if blocks else 0
-        self._hits[req.request_id] = (req.num_tokens, hit, idle)
-        return hit, idle
+        dram, ssd = self.probe.tokens(req, hbm)
+        h = Hits(hbm, idle, dram, ssd)
+        self._hits[req.request_id] = (req.num_tokens, h)
+        return h
 
     def _choose(self) -> Any:
         front = self._items[: self.policy.frontier]
-        bs = self._s.block_size
-        free = self._s.kv_cache_manager.block_pool.get_num_free_blocks()
-        snap = admission_snapshot(time.time(), front, lambda r: self._hit(r, bs), bs, free)
+        free = self._s.kv_cache_manager.block_pool.get_num_free_blocks() + self._s.coda_reclaimable()
+        snap = admission_snapshot(time.time(), front, self._hit, self._s.block_size, free)
         idx = self.policy.choose(snap)
         chosen = front[0] if idx is None else front[idx]
-        shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
-        rule = explain(self.policy, snap).rule if self.explain_rules else None
-        self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None, rule])
+        if self.explain_rules:
+            shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
+            why = explain(self.policy, snap)
+            costs = dict(zip(why.scores["feasible"].tolist(), why.scores["raw_cost"].tolist())) if "raw_cost" in why.scores else {}
+            self.decisions.append({
+                "chosen": chosen.request_id, "head": front[0].request_id,
+                "shadow": front[shadow].request_id if shadow is not None else None, "rule": why.rule,
+                # per candidate: id, HBM / DRAM / SSD hit tokens, fits, the state cost the policy compared (s)
+                "candidates": [[r.request_id, int(snap.hbm_tokens[i]), int(snap.dram_tokens[i]), int(snap.ssd_tokens[i]),
+                                bool(snap.fits[i]), costs.get(i)] for i, r in enumerate(front)],
+            })
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)
             self._items.insert(0, chosen)
@@ -98,9 +142,9 @@ class PolicyQueue(RequestQueue):
         if self._head is None and self._promoted:
             self._head = self._items[0]
         elif self._head is None:
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             self._head = self._choose()
-            self.policy_s += time.perf_counter() - t0
+            self.policy_s += time.thread_time() - t0
         return self._head
 
     def pop_request(self) -> Any:
@@ -152,39 +196,149 @@ class PolicyQueue(RequestQueue):
 
 
 class CodaScheduler(Scheduler):
-    """vLLM's scheduler with a Coda state-admission order of KV-state preparation."""
+    """vLLM's scheduler with Coda's state admission over KV tiers, cohort plans and tool-aware retention."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_version(vllm.__version__)
         super().__init__(*args, **kwargs)
         settings = load_settings()
         spec = resolve_policies(settings.system, settings.policies)
-        self.coda_policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state",))
+        policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state", "execution", "eviction"))
+        self.coda_policies = policies
+        self._coda_added_s = 0.0  # Coda's time outside schedule() (arrivals, finishes) since the last step
+        self._coda_alloc_s = 0.0  # Coda's time inside vLLM's allocations (holds yielding) in this step
         trace_path = settings.trace
         self._coda_trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the engine
-        if self._coda_trace is not None:
-            self._coda_trace.write(json.dumps({"policies": spec.describe(), "profile": settings.profile}) + "\n")
-        queue = PolicyQueue(self, self.coda_policies.state, explain_rules=self._coda_trace is not None)
+        probe = probe_for(self.connector) if settings.tiers else NoTiers("off (tiers: false)")
+        queue = PolicyQueue(self, policies.state, probe, explain_rules=self._coda_trace is not None)
         for req in self.waiting:
             queue.add_request(req)
         self.waiting = queue
         self._coda_queue = queue
+        self._coda_cohorts = spec.execution.name != "full"
+        self._coda_retention, retention_note = self._retention(settings, policies.eviction)
         self._coda_step = 0
+        self._coda_split_steps = 0
+        line = (f"Coda {__version__} in vLLM {vllm.__version__} (tested: {TESTED}); state {spec.state.name}; "
+                f"tiers {probe.name}; execution {spec.execution.name}; eviction {spec.eviction.name} ({retention_note})")
+        logger.info(line)
+        if self._coda_trace is not None:
+            self._coda_trace.write(json.dumps({"coda": __version__, "vllm": vllm.__version__, "tested": TESTED, "policies": spec.describe(),
+                                               "profile": settings.profile, "tiers": probe.name, "retention": retention_note}) + "\n")
 
+    def _retention(self, settings: SchedulerSettings, eviction: Any) -> tuple[Retention | None, str]:
+        """The holds of a tool-aware eviction policy (``None`` with ``lru``), wired to the KV cache manager."""
+        predictor = getattr(eviction, "predictor", None)
+        if predictor is None:
+            return None, "retention off"
+        if self.vllm_config.model_config.skip_tokenizer_init:
+            return None, "retention off: the engine skips its tokenizer, so tool calls cannot be read"
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        r = settings.retention
+        self._coda_tools = ToolCallReader(cached_tokenizer_from_config(self.vllm_config.model_config), r.tool_call_pattern, r.tail_tokens)
+        retention = Retention(self.kv_cache_manager.block_pool, predictor, r)
+        allocate = self.kv_cache_manager.allocate_slots
+
+        def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+            """Every allocation of the step, with the holds yielding to it; Coda's share of its time is counted."""
+            t0, inner = time.thread_time(), 0.0
+
+            def attempt() -> Any:
+                nonlocal inner
+                t = time.thread_time()
+                try:
+                    return allocate(*args, **kwargs)
+                finally:
+                    inner += time.thread_time() - t
+
+            try:
+                return retention.allocate(attempt, time.time())
+            finally:
+                self._coda_alloc_s += time.thread_time() - t0 - inner
+
+        self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+        return retention, f"retention on: holds up to {r.hold_factor:g} x the predicted tool time, {r.prior_s:g} s before it is learned"
+
+    def coda_reclaimable(self) -> int:
+        """Held blocks admission may claim (a hold yields to any allocation)."""
+        return self._coda_retention.reclaimable() if self._coda_retention is not None else 0
+
+    # --- arrivals and finishes ------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        if self._coda_retention is not None:
+            t0 = time.thread_time()
+            self._coda_retention.arrived(request.request_id, request.block_hashes, time.time())
+            self._coda_added_s += time.thread_time() - t0
+
+    def _free_blocks(self, request: Any) -> None:
+        retention = self._coda_retention
+        if retention is not None:
+            t0 = time.thread_time()
+            retention.left(request.request_id)
+            if request.status == RequestStatus.FINISHED_STOPPED:
+                tools = self._coda_tools.tools(request.output_token_ids)
+                full = request.num_prompt_tokens // self.hash_block_size
+                key = request.block_hashes[full - 1] if 0 < full <= len(request.block_hashes) else None
+                blocks = [b for group in self.kv_cache_manager.get_blocks(request.request_id).blocks for b in group]
+                retention.finished(request.request_id, key, blocks, tools, time.time())
+            self._coda_added_s += time.thread_time() - t0
+        super()._free_blocks(request)
+
+    # --- the step --------------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> Any:
-        self._coda_queue.new_step()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
+        queue, retention = self._coda_queue, self._coda_retention
+        queue.new_step()
+        if retention is not None:
+            retention.expire(time.time())
+        t1 = time.thread_time()
         out = super().schedule(throttle_prefills)
-        if self._coda_trace is not None and (out.scheduled_new_reqs or self._coda_queue.decisions or len(self._coda_queue)):
-            self._coda_step += 1
-            self._coda_trace.write(json.dumps({
-                "step": self._coda_step,
-                "t": time.time(),
-                "scheduled_new": [[r.req_id, r.num_computed_tokens] for r in out.scheduled_new_reqs],
-                "decisions": self._coda_queue.decisions,
-                "schedule_ms": (time.perf_counter() - t0) * 1e3,
-                "coda_ms": self._coda_queue.policy_s * 1e3,
-                "waiting": len(self._coda_queue),
-                "running": len(self.running),
-            }) + "\n")
+        t2 = time.thread_time()
+        if retention is not None:
+            retention.admitted(r.req_id for r in out.scheduled_new_reqs)
+        cohort = self._plan(out) if self._coda_cohorts else None
+        t3 = time.thread_time()
+        inside = queue.policy_s + self._coda_alloc_s  # Coda's work that ran inside vLLM's schedule()
+        added = self._coda_added_s + (t1 - t0) + inside + (t3 - t2)
+        if self._coda_trace is not None and (out.num_scheduled_tokens or queue.decisions or (retention is not None and retention.events)):
+            self._trace(out, cohort, added, (t2 - t1) - inside)
+        if retention is not None:
+            retention.events = []
+        self._coda_added_s = self._coda_alloc_s = 0.0
         return out
+
+    def _plan(self, out: Any) -> dict[str, Any] | None:
+        """The step's cohort plan: only pure-decode steps (every scheduled request one token, none new)."""
+        sched = out.num_scheduled_tokens
+        if not sched or out.scheduled_new_reqs or out.scheduled_spec_decode_tokens or any(n != 1 for n in sched.values()):
+            return None
+        contexts = np.fromiter((self.requests[rid].num_computed_tokens for rid in sched), dtype=np.int64, count=len(sched))
+        plan, rule = explain_plan(self.coda_policies.execution, contexts)
+        if plan is not None:
+            setattr(out, PLAN_ATTR, (len(contexts), plan.cut))
+        return {"n": len(contexts), "cut": None if plan is None else plan.cut, "rule": rule,
+                "predicted_gain": None if plan is None else _finite(plan.predicted_gain),
+                "gain_lower_bound": None if plan is None else _finite(plan.gain_lower_bound),
+                "contexts": [int(contexts.min()), int(contexts.max())]}
+
+    def _trace(self, out: Any, cohort: dict[str, Any] | None, added_s: float, vllm_s: float) -> None:
+        self._coda_step += 1
+        split_now, self._coda_split_steps = STEP.split_steps - self._coda_split_steps, STEP.split_steps
+        record = {
+            "step": self._coda_step,
+            "t": time.time(),
+            "scheduled_new": [[r.req_id, r.num_computed_tokens] for r in out.scheduled_new_reqs],
+            "decisions": self._coda_queue.decisions,
+            "cohort": cohort,
+            # steps the worker ran split since the previous record (seen only with the worker in this process)
+            "split_steps": split_now,
+            "retention": self._coda_retention.events if self._coda_retention is not None else [],
+            "held_requests": self._coda_retention.held_requests() if self._coda_retention is not None else 0,
+            "coda_ms": added_s * 1e3,  # Coda's work for this step: choices, probes, plans, holds (trace writing excluded)
+            "vllm_ms": vllm_s * 1e3,  # vLLM's own schedule() time in this step, without Coda's choices
+            "waiting": len(self._coda_queue),
+            "running": len(self.running),
+        }
+        self._coda_trace.write(json.dumps(record) + "\n")  # type: ignore[union-attr]

