@@ -29,9 +29,9 @@ from coda.metrics.requests import mean_ci, ratio_ci, summarize
 from coda.policy.eviction import ToolAware
 from coda.policy.execution import Cohort
 from coda.policy.registry import register
-from coda.policy.routing import CodaRouter, SMetric, candidates, context_distance, explain_route, least_loaded_of
+from coda.policy.routing import ContextCompatible, SMetric, candidates, context_distance, least_loaded_of
 from coda.policy.spec import PoliciesOverride
-from coda.policy.state import FewestBlocks, explain
+from coda.policy.state import FewestBlocks
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, ToolCall, Workload
@@ -181,7 +181,7 @@ class StateProbe:
         self.queue_len = 0
 
     def choose(self, snap: Any) -> int | None:
-        choice = explain(self.inner, snap)  # the policy's own decision and the rule that made it
+        choice = self.inner.explain(snap)  # the policy's own decision and the rule that made it
         idx = choice.index
         n = len(snap)
         if n == 0 or not self.window[0] <= snap.now_s <= self.window[1]:
@@ -224,7 +224,7 @@ class StepProbe:
     (cost model of the run, full launch vs the plan executed), and a shadow cohort policy on
     batches that ran as one launch (what ``cohort`` would have done there)."""
 
-    needs: frozenset[str] = frozenset()
+    worker_fields: frozenset[str] = frozenset()
 
     def __init__(self, cost: Any, window: tuple[float, float] = (0.0, math.inf), shadow_cohort: bool = True) -> None:
         self.cost = cost
@@ -308,11 +308,11 @@ class RouteProbe:
     against the least-loaded fallback, the chosen worker's load above the minimum, and the
     load spread across workers at each decision."""
 
-    needs = frozenset({"match", "decode_contexts"})
+    worker_fields = frozenset({"match", "decode_contexts"})
 
     def __init__(self, window: tuple[float, float] = (0.0, math.inf)) -> None:
         self.window = window
-        self.coda = CodaRouter()
+        self.coda = ContextCompatible()
         self.smetric = SMetric()
         self.kinds: Counter[str] = Counter()
         self.decisions = 0
@@ -338,7 +338,7 @@ class RouteProbe:
         self.spread_req += loads.max() - loads.min()
         self.spread_kv += (kv.max() - kv.min())
         self.kv_max_over_mean += kv.max() / kv.mean() if kv.mean() > 0 else 1.0
-        rule = explain_route(self.coda, snap)
+        rule = self.coda.explain(snap)
         if rule.rule == "context compatible":
             same = rule.worker_id == least_loaded_of(ws).worker_id
             self.kinds["context rule, same as least loaded" if same else "context rule, differs from least loaded"] += 1

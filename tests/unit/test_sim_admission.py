@@ -108,6 +108,7 @@ def test_tool_aware_eviction_takes_the_longest_out_session_first_within_its_wind
     from collections import OrderedDict
 
     from coda.policy.eviction import Lru, ToolAware
+    from coda.sim.kvcache import owners_of
 
     def c(owner, i):
         return (owner << 32) | i
@@ -120,9 +121,9 @@ def test_tool_aware_eviction_takes_the_longest_out_session_first_within_its_wind
         policy.observe(["Read"], d)
     status = {1: None, 2: (("Task",), 0.0), 3: (("Read",), 0.0)}  # owner 1 is not out
     # owner 2 first (in LRU order, within the 5-chunk window), then owner 3, then LRU
-    assert policy.victims(lru, 4, status.__getitem__) == [c(2, 5), c(2, 4), c(3, 1), c(1, 3)]
-    assert policy.victims(lru, 2, lambda owner: None) == [c(1, 3), c(1, 2)]  # nobody out: LRU
-    assert Lru().victims(lru, 2, status.__getitem__) == [c(1, 3), c(1, 2)]
+    assert policy.victims(lru, 4, status.__getitem__, owners_of) == [c(2, 5), c(2, 4), c(3, 1), c(1, 3)]
+    assert policy.victims(lru, 2, lambda owner: None, owners_of) == [c(1, 3), c(1, 2)]  # nobody out: LRU
+    assert Lru().victims(lru, 2, status.__getitem__, owners_of) == [c(1, 3), c(1, 2)]
 
 
 def reference_victims(policy, lru, n: int, out) -> list[int]:
@@ -144,6 +145,7 @@ def test_tool_aware_victims_equal_a_plain_stable_sort(owners, window, data):
     from collections import OrderedDict
 
     from coda.policy.eviction import ToolAware
+    from coda.sim.kvcache import owners_of
 
     lru = OrderedDict(((o << 32) | i, None) for i, o in enumerate(owners))
     policy = ToolAware(window_chunks=window, min_samples=1)
@@ -156,7 +158,7 @@ def test_tool_aware_victims_equal_a_plain_stable_sort(owners, window, data):
         return None if status[owner] is None else (status[owner], elapsed)
 
     n = data.draw(st.integers(1, len(lru)))
-    assert policy.victims(lru, n, out) == reference_victims(policy, lru, n, out)
+    assert policy.victims(lru, n, out, owners_of) == reference_victims(policy, lru, n, out)
 
 
 def test_the_median_statistic_predicts_the_median_residual():

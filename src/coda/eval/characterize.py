@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
-from coda.policy.build import build_policy
 from coda.policy.presets import resolve_policies
 from coda.policy.routing import SMetric
+from coda.shell.build import build_policy
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload, session_prompts
