@@ -21,7 +21,7 @@ import numpy as np
 from coda import __version__, strict_json
 from coda.metrics import OPERATOR_KEYS, Window, mean_ci, summarize
 
-# Keys of `coda bench --json` (the contract), in the order tables print them.
+# Keys `coda bench --json` always prints (docs/bench.md), in the order tables print them.
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
 TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",
