@@ -2,7 +2,7 @@
 
 Every number an experiment prints comes from ``run_cell``: one simulation of one system on one
 workload and seed, with read-only instrumentation attached (nothing here changes a policy's
-decision; wrappers call the policy and only count what it did). Aggregation follows docs/architecture.md (Metrics):
+decision; wrappers call the policy and only count what it did). Aggregation follows docs/simulator.md (Metrics):
 means with 95% Student-t intervals over seeds, gains as ratios of sums over seeds; the interval
 of a ratio of sums is a jackknife over seeds (``coda.metrics.ratio_ci``).
 
