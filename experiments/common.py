@@ -2,7 +2,7 @@
 
 Every number an experiment prints comes from ``run_cell``: one simulation of one system on one
 workload and seed, with read-only instrumentation attached (nothing here changes a policy's
-decision; wrappers call the policy and only count what it did). Aggregation follows DESIGN.md:
+decision; wrappers call the policy and only count what it did). Aggregation follows docs/simulator.md (Metrics):
 means with 95% Student-t intervals over seeds, gains as ratios of sums over seeds; the interval
 of a ratio of sums is a jackknife over seeds (``coda.metrics.ratio_ci``).
 
@@ -11,6 +11,7 @@ Run from the repository root with the project's venv:  python experiments/<scrip
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -31,7 +32,7 @@ from coda.policy.execution import Cohort
 from coda.policy.registry import register
 from coda.policy.routing import ContextCompatible, SMetric, candidates, context_distance, least_loaded_of
 from coda.policy.spec import PoliciesOverride
-from coda.policy.state import FewestBlocks
+from coda.policy.state import FewestBlocks, TieredAging
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, ToolCall, Workload
@@ -157,6 +158,8 @@ def dataclasses_replace_round(r: Round, **kw: Any) -> Round:
 
 # --- instrumentation (read-only) ------------------------------------------------------------
 NOT_ADMITTED = ("hold: oldest does not fit, admit nothing", "nothing fits", "none", "empty")
+#: Tiered-Aging's default W_max, the bound a probe counts long waits against for a policy without one
+DEFAULT_W_MAX_S: float = next(f.default for f in dataclasses.fields(TieredAging) if f.name == "w_max_s")  # type: ignore[assignment]
 
 
 class StateProbe:
@@ -169,6 +172,7 @@ class StateProbe:
         self.window = window
         self.name = inner.name
         self.frontier = inner.frontier
+        self.w_max_s = inner.w_max_s if isinstance(inner, TieredAging) else DEFAULT_W_MAX_S
         self.fb = FewestBlocks()
         self.branches: Counter[str] = Counter()
         self.decisions = 0
@@ -190,7 +194,7 @@ class StateProbe:
         self.queue_len += n
         wait = snap.now_s - snap.ready_s
         self.branches[choice.rule] += 1
-        if wait[0] >= 20.0:
+        if wait[0] >= self.w_max_s:
             self.head_wait_over_wmax += 1
         fb = self.fb.choose(snap)
         if idx is not None:
@@ -214,7 +218,8 @@ class StateProbe:
             "mean_extra_blocks_chosen": self.chosen_extra / a,
             "mean_extra_blocks_fewest_blocks_choice": self.fb_extra / a,
             "mean_dram_tokens_chosen": self.chosen_dram_tokens / a,
-            "head_waited_20s_share": self.head_wait_over_wmax / d,
+            "w_max_s": self.w_max_s,
+            "head_waited_w_max_share": self.head_wait_over_wmax / d,
             "mean_frontier_len": self.queue_len / d,
         }
 

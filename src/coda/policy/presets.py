@@ -18,7 +18,7 @@ class SystemPreset:
     name: str
     description: str
     policies: PoliciesSpec
-    # the paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
+    # the Coda paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
     dram: bool = True
     ssd: bool = False
     cpu_shadow: bool = True

@@ -163,7 +163,7 @@ class ContextCompatible(Router):
     the one whose active decoders are closest in context length to the arrival (``L``: its prompt,
     the reusable prefix and the new input together), so decode batches stay homogeneous; ties by
     load, then id. The parent's (least-loaded) choice stands only when no load-eligible worker has
-    an active decode population (the paper's fallback; ``idle_near_worker="fall_back"`` falls back
+    an active decode population (the Coda paper's fallback; ``idle_near_worker="fall_back"`` falls back
     as soon as one of them has none).
     """
 

@@ -102,12 +102,12 @@ class TieredAging(StatePolicy):
     Among ready requests that fit in HBM now (the feasible set), admit the one with the least
     age-adjusted cost ``C / (1 + wait / tau)`` (wait: time since the request reached the engine;
     tool time is not in it); ties by raw cost, then extra KV blocks, then ready time. The progress
-    guard: once the oldest *feasible* request has waited ``w_max_s`` it goes first (the paper's
+    guard: once the oldest *feasible* request has waited ``w_max_s`` it goes first (the Coda paper's
     Eq. 4: the guard overrides the efficiency preference, never HBM feasibility).
 
-    ``hold_queue`` (beyond the paper, off by default): once the oldest request of all has waited
+    ``hold_queue`` (beyond the Coda paper, off by default): once the oldest request of all has waited
     ``w_max_s`` but does not fit, admit nothing until it fits, so memory drains for it.
-    ``cost_unit``: ``seconds`` is the paper's C (restore, load and prefill time per the cost
+    ``cost_unit``: ``seconds`` is the Coda paper's C (restore, load and prefill time per the cost
     model); ``blocks`` ranks by the extra KV blocks instead (an ablation: with ``tau_s`` = inf it
     is fewest-blocks with the W_max rules). ``admission``: see ``Admission``.
     """
