@@ -1,46 +1,18 @@
-"""Execution admission: how a pure-decode batch's attention is launched.
-
-``explain_plan`` says which rule decided a batch, for decision logs (the vLLM plugin's trace); it
-never repeats a policy's branches.
-"""
+"""Execution admission: how a pure-decode batch's attention is launched."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from coda.cost.model import CohortPlan, CostModel
-
-
-class ExecutionPolicy(Protocol):
-    name: str
-
-    def plan(self, contexts: np.ndarray) -> CohortPlan | None:
-        """A cohort split for this pure-decode batch, or ``None`` to run it as one batch."""
-        ...
-
-
-class PlanChoice(NamedTuple):
-    """An execution decision explained: the plan (``None``: one launch) and the rule that decided."""
-
-    plan: CohortPlan | None
-    rule: str
-
-
-def explain_plan(policy: Any, contexts: np.ndarray) -> PlanChoice:
-    """The policy's own explanation, or its plan with the rule ``split`` / ``one launch``."""
-    fn = getattr(policy, "explain", None)
-    if fn is not None:
-        return fn(contexts)
-    plan = policy.plan(contexts)
-    return PlanChoice(plan, "one launch" if plan is None else "split")
+from coda.policy.contracts import ExecutionPolicy, PlanChoice
 
 
 @dataclass(frozen=True, slots=True)
-class FullBatch:
+class FullBatch(ExecutionPolicy):
     """One attention launch for the whole batch (what every engine does today)."""
 
     name: str = "full"
@@ -53,7 +25,7 @@ class FullBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Cohort:
+class Cohort(ExecutionPolicy):
     """Coda's Compatibility-Aware execution admission.
 
     Only for pure-decode batches of at least ``min_requests`` whose max/min context is at least
@@ -88,13 +60,10 @@ class Cohort:
         m = max(self.m_min, math.ceil(self.rho * n))
         if m > n - m:
             return PlanChoice(None, "cohort: no cut leaves both cohorts m requests")
-        bounds_fn = getattr(self.cost, "cohort_gain_bounds", None)
-        if bounds_fn is None:
-            return PlanChoice(None, "cohort: the cost model has no gain bounds")
         cuts = np.arange(m, n - m + 1)
-        gb = bounds_fn(srt, cuts, self.launch_allowance_s)
+        gb = self.cost.cohort_gain_bounds(srt, cuts, self.launch_allowance_s)
         if not gb.in_domain:
-            return PlanChoice(None, "cohort: batch outside the profile's measured domain")
+            return PlanChoice(None, "cohort: no validated gain bounds for this batch")
         best = np.lexsort((gb.cuts, np.abs(2 * gb.cuts - n), -gb.predicted))[0]
         if gb.conservative[best] < self.gamma:
             return PlanChoice(None, "cohort: conservative gain below gamma")
@@ -103,7 +72,7 @@ class Cohort:
 
 
 @dataclass(frozen=True, slots=True)
-class SplitAlways:
+class SplitAlways(ExecutionPolicy):
     """Every pure-decode batch of at least ``min_requests`` with two distinct contexts is split at
     the largest ratio between neighbouring sorted contexts, whatever the predicted gain: for
     checking that a split changes no output, and for measuring what splits cost where no model

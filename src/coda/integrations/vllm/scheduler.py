@@ -47,11 +47,10 @@ from coda.integrations.vllm.compat import RANGE, TESTED, check_version
 from coda.integrations.vllm.settings import SchedulerSettings, load_settings
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
-from coda.policy.build import build_policies
-from coda.policy.execution import explain_plan
+from coda.policy.contracts import StatePolicy
 from coda.policy.presets import resolve_policies
-from coda.policy.shadow import Shadowed
-from coda.policy.state import explain
+from coda.shell.build import build_policies
+from coda.shell.shadow import Shadowed
 
 try:  # only importable inside a vLLM process
     import vllm
@@ -77,7 +76,7 @@ def _finite(x: float | None) -> float | None:
 class PolicyQueue(RequestQueue):
     """vLLM's waiting queue, ordered at each peek by a state-admission policy."""
 
-    def __init__(self, scheduler: CodaScheduler, policy: Any, probe: ExternalProbe, explain_rules: bool = False) -> None:
+    def __init__(self, scheduler: CodaScheduler, policy: StatePolicy, probe: ExternalProbe, explain_rules: bool = False) -> None:
         self._s = scheduler
         self.policy = policy
         self.probe = probe
@@ -86,7 +85,7 @@ class PolicyQueue(RequestQueue):
         self._head: Any = None
         self._hits: dict[str, tuple[int, Hits]] = {}  # request_id -> (num_tokens, hits)
         self.decisions: list[dict[str, Any]] = []  # this step's decisions, in order
-        self.promote_one = getattr(policy, "admission", "every_slot") == "promote_one"
+        self.promote_one = policy.admission == "promote_one"
         self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
 
@@ -120,7 +119,7 @@ class PolicyQueue(RequestQueue):
         chosen = front[0] if idx is None else front[idx]
         if self.explain_rules:
             shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
-            why = explain(self.policy, snap)
+            why = self.policy.explain(snap)
             costs = dict(zip(why.scores["feasible"].tolist(), why.scores["raw_cost"].tolist())) if "raw_cost" in why.scores else {}
             self.decisions.append({
                 "chosen": chosen.request_id, "head": front[0].request_id,
@@ -315,7 +314,8 @@ class CodaScheduler(Scheduler):
         if not sched or out.scheduled_new_reqs or out.scheduled_spec_decode_tokens or any(n != 1 for n in sched.values()):
             return None
         contexts = np.fromiter((self.requests[rid].num_computed_tokens for rid in sched), dtype=np.int64, count=len(sched))
-        plan, rule = explain_plan(self.coda_policies.execution, contexts)
+        choice = self.coda_policies.execution.explain(contexts)
+        plan, rule = choice.plan, choice.rule
         if plan is not None:
             setattr(out, PLAN_ATTR, (len(contexts), plan.cut))
         return {"n": len(contexts), "cut": None if plan is None else plan.cut, "rule": rule,

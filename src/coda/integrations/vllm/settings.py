@@ -18,7 +18,7 @@ other kinds (ingress, router) are checked, so the same block moved here from a s
 as it would there.
 
 ``retention`` tunes the holds (see ``RetentionSettings``); ``profile`` is the cost model the
-policies rank by (by default the analytic roofline of the paper's setup: the base install that
+policies rank by (by default the analytic roofline of the Coda paper's setup: the base install that
 vLLM loads has no numba, which a profile with a kernel attention section, like the simulator's
 default, needs; install ``coda[sim]`` to use one); ``trace`` a JSONL file of every step's
 decisions, each with the rule that made it (admissions with the shadow's choice, if any, cohort

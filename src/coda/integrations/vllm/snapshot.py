@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from coda.types import AdmissionSnapshot
+from coda.policy.snapshots import AdmissionSnapshot
 
 
 class Hits(NamedTuple):
