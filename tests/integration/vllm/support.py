@@ -53,11 +53,13 @@ QUICK_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 @contextmanager
 def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None = None, logs: list[Path] | None = None,
-                 quick: bool = True, procs: list[subprocess.Popen[bytes]] | None = None) -> Iterator[list[str]]:
+                 quick: bool = True, procs: list[subprocess.Popen[bytes]] | None = None,
+                 envs: list[dict[str, str]] | None = None) -> Iterator[list[str]]:
     """Start one `vllm.entrypoints.openai.api_server` per argument list on free ports, all at once;
     yield their base URLs once every one is healthy; always stop them. ``quick``: start as tests
     do (``QUICK_ARGS``); a measurement passes False to run the engine as it is deployed. ``procs``:
-    filled with the servers' processes (each leads its own process group), for a test that kills one."""
+    filled with the servers' processes (each leads its own process group), for a test that kills one.
+    ``env`` goes to every server, ``envs`` (one per argument list) to each its own."""
     procs = [] if procs is None else procs
     files = []
     urls = []
@@ -74,7 +76,8 @@ def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None 
                    "--host", "127.0.0.1", "--port", str(port), *(QUICK_ARGS if quick else ()), *extra]
             out = open(logs[i], "w") if logs else subprocess.DEVNULL  # noqa: SIM115
             files.append(out)
-            procs.append(subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            own = {**full_env, **(envs[i] if envs else {})}
+            procs.append(subprocess.Popen(cmd, env=own, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + STARTUP_S
         pending = set(range(len(procs)))

@@ -59,7 +59,7 @@ def engines(tmp_path_factory):
 async def scenario(url: str) -> dict[str, object]:
     # The async client: the sync one, used from threads here, holds the GIL while it waits and
     # would delay the later requests until A is done.
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=900)  # a hang guard: a busy machine decodes slowly
     ends: dict[str, float] = {}
     results: dict[str, object] = {}
 
@@ -111,7 +111,7 @@ def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_reques
     header, *steps = [json.loads(line) for line in trace.read_text().splitlines()]
     assert header["policies"]["state"] == {"name": "tiered_aging", "params": PARAMS, "shadow": {"name": "fifo", "params": {}}}
     admitted = {rid: cached for s in steps for rid, cached in s["scheduled_new"]}
-    decisions = [d for s in steps for d in s["decisions"]]
+    decisions = [(d["chosen"], d["head"], d["shadow"], d["rule"]) for s in steps for d in s["decisions"]]
     # the scheduler chose requests other than the FCFS head (B, blocked) ...
     bypass = [(chosen, head) for chosen, head, _, _ in decisions if chosen != head]
     # FCFS in shadow, on the same snapshots, would have admitted nothing while the blocked head did not fit
@@ -127,5 +127,5 @@ def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_reques
     assert [admitted[chosen] for chosen, _ in bypass[:3]] == [320, 320, 320]
     # probing candidates did not inflate vLLM's prefix-cache query counter
     assert coda["queries"] <= 1.5 * fcfs["queries"]
-    # what Coda added to each step's scheduling time is traced (a measurement, not asserted here)
-    assert all(s["coda_ms"] >= 0 for s in steps)
+    # what Coda added to each step's scheduling time is traced beside vLLM's own (a measurement, not asserted here)
+    assert all(s["coda_ms"] >= 0 and s["vllm_ms"] >= 0 for s in steps)

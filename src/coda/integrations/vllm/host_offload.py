@@ -19,7 +19,14 @@ from __future__ import annotations
 import time
 
 import torch
-from vllm.v1.kv_offload.base import BlockIDsLoadStoreSpec, CanonicalKVCaches, GPULoadStoreSpec, LoadStoreSpec, OffloadingWorker, TransferResult
+from vllm.v1.kv_offload.base import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 
@@ -54,7 +61,8 @@ class HostCopyWorker(OffloadingWorker):
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         return self._copy(job_id, src_spec, dst_spec, to_host=True)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False) -> bool:
+        """``expedited`` (vLLM 0.33 asks for it when the request runs this step): every copy here is done at once."""
         return self._copy(job_id, dst_spec, src_spec, to_host=False)
 
     def get_finished(self) -> list[TransferResult]:

@@ -44,7 +44,7 @@ import numpy as np
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.integrations.vllm.compat import RANGE, TESTED, check_version
-from coda.integrations.vllm.settings import SchedulerSettings, load_settings
+from coda.integrations.vllm.settings import ENFORCED, SchedulerSettings, load_settings
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
 from coda.policy.contracts import StatePolicy
@@ -80,7 +80,7 @@ class PolicyQueue(RequestQueue):
         self._s = scheduler
         self.policy = policy
         self.probe = probe
-        self.explain_rules = explain_rules  # the trace names the rule of each decision (one more evaluation per decision)
+        self.explain_rules = explain_rules  # the trace names the rule of each decision (the policy explains instead of choosing)
         self._items: list[Any] = []  # arrival order (preempted requests return to the front)
         self._head: Any = None
         self._hits: dict[str, tuple[int, Hits]] = {}  # request_id -> (num_tokens, hits)
@@ -111,28 +111,37 @@ class PolicyQueue(RequestQueue):
         self._hits[req.request_id] = (req.num_tokens, h)
         return h
 
-    def _choose(self) -> Any:
+    def _choose(self) -> tuple[Any, tuple[list[Any], Any, Any, int | None] | None]:
+        """The request at the head now, and what the trace records of the decision (when tracing)."""
         front = self._items[: self.policy.frontier]
         free = self._s.kv_cache_manager.block_pool.get_num_free_blocks() + self._s.coda_reclaimable()
         snap = admission_snapshot(time.time(), front, self._hit, self._s.block_size, free)
-        idx = self.policy.choose(snap)
-        chosen = front[0] if idx is None else front[idx]
-        if self.explain_rules:
-            shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
+        why, shadow = None, None
+        if not self.explain_rules:
+            idx = self.policy.choose(snap)
+        elif isinstance(self.policy, Shadowed):  # choose() runs and counts the shadow; explain() says why
+            idx = self.policy.choose(snap)
+            shadow = self.policy.last_shadow if idx is not None else None
             why = self.policy.explain(snap)
-            costs = dict(zip(why.scores["feasible"].tolist(), why.scores["raw_cost"].tolist())) if "raw_cost" in why.scores else {}
-            self.decisions.append({
-                "chosen": chosen.request_id, "head": front[0].request_id,
-                "shadow": front[shadow].request_id if shadow is not None else None, "rule": why.rule,
-                # per candidate: id, HBM / DRAM / SSD hit tokens, fits, the state cost the policy compared (s)
-                "candidates": [[r.request_id, int(snap.hbm_tokens[i]), int(snap.dram_tokens[i]), int(snap.ssd_tokens[i]),
-                                bool(snap.fits[i]), costs.get(i)] for i, r in enumerate(front)],
-            })
+        else:  # one evaluation gives both
+            why = self.policy.explain(snap)
+            idx = why.index
+        chosen = front[0] if idx is None else front[idx]
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)
             self._items.insert(0, chosen)
             self._promoted = True
-        return chosen
+        return chosen, None if why is None else (front, snap, why, shadow)
+
+    def _record(self, chosen: Any, front: list[Any], snap: Any, why: Any, shadow: int | None) -> None:
+        costs = dict(zip(why.scores["feasible"].tolist(), why.scores["raw_cost"].tolist())) if "raw_cost" in why.scores else {}
+        self.decisions.append({
+            "chosen": chosen.request_id, "head": front[0].request_id,
+            "shadow": front[shadow].request_id if shadow is not None else None, "rule": why.rule,
+            # per candidate: id, HBM / DRAM / SSD hit tokens, fits, the state cost the policy compared (s)
+            "candidates": [[r.request_id, int(snap.hbm_tokens[i]), int(snap.dram_tokens[i]), int(snap.ssd_tokens[i]),
+                            bool(snap.fits[i]), costs.get(i)] for i, r in enumerate(front)],
+        })
 
     # --- RequestQueue ------------------------------------------------------------------------
     def peek_request(self) -> Any:
@@ -142,8 +151,10 @@ class PolicyQueue(RequestQueue):
             self._head = self._items[0]
         elif self._head is None:
             t0 = time.thread_time()
-            self._head = self._choose()
+            self._head, traced = self._choose()
             self.policy_s += time.thread_time() - t0
+            if traced is not None:  # after the clock: writing the trace is not the policy's time
+                self._record(self._head, *traced)
         return self._head
 
     def pop_request(self) -> Any:
@@ -202,7 +213,7 @@ class CodaScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         settings = load_settings()
         spec = resolve_policies(settings.system, settings.policies)
-        policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state", "execution", "eviction"))
+        policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=ENFORCED)
         self.coda_policies = policies
         self._coda_added_s = 0.0  # Coda's time outside schedule() (arrivals, finishes) since the last step
         self._coda_alloc_s = 0.0  # Coda's time inside vLLM's allocations (holds yielding) in this step

@@ -33,12 +33,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, StrictBool, ValidationError, field_validator
 
 from coda.errors import CodaError, invalid
 from coda.policy.spec import PoliciesOverride
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
+#: the policy kinds that act inside vLLM (the others are checked only)
+ENFORCED = ("state", "execution", "eviction")
 # A profile the base install can evaluate without numba (see the module docstring).
 DEFAULT_PROFILE = "a100-qwen3coder30b-fp8-roofline"
 #: tool calls as Hermes-style models (Qwen2.5, Qwen3) write them, and as Qwen3-Coder's XML format does
@@ -82,7 +84,7 @@ class SchedulerSettings(BaseModel):
 
     system: str = "vllm+ta"
     policies: PoliciesOverride | None = None
-    tiers: bool = True
+    tiers: StrictBool = True
     retention: RetentionSettings = RetentionSettings()
     profile: str = DEFAULT_PROFILE
     trace: str | None = None
