@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ class Retention:
         self.predictor = predictor
         self.settings = settings
         self.events: list[dict[str, Any]] = []
+        #: CPU time spent yielding holds to allocations (the retried allocation included), for the step's accounting
+        self.yield_s = 0.0
         self._awaited: OrderedDict[Hashable, Out] = OrderedDict()
         self._by_arrival: dict[str, Out] = {}
         self._expiry: list[tuple[float, int, Out]] = []
@@ -173,11 +176,18 @@ class Retention:
         fails every hold is as it was.
         """
         result = allocate()
-        if result is not None:
+        if result is not None or not self._expiry:
             return result
+        t0 = time.thread_time()
+        try:
+            return self._yield_to(allocate, now)
+        finally:
+            self.yield_s += time.thread_time() - t0
+
+    def _yield_to(self, allocate: Callable[[], T | None], now: float) -> T | None:
         held = [o for _, _, o in self._expiry if o.held]
         if not held:
-            return result
+            return None
         held.sort(key=lambda o: (self._absence_s(o, now), -o.finished_s), reverse=True)
         saved = [(o, [(b, b.block_hash) for b in o.blocks]) for o in held]
         for o in held:

@@ -216,7 +216,6 @@ class CodaScheduler(Scheduler):
         policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=ENFORCED)
         self.coda_policies = policies
         self._coda_added_s = 0.0  # Coda's time outside schedule() (arrivals, finishes) since the last step
-        self._coda_alloc_s = 0.0  # Coda's time inside vLLM's allocations (holds yielding) in this step
         trace_path = settings.trace
         self._coda_trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the engine
         probe = probe_for(self.connector) if settings.tiers else NoTiers("off (tiers: false)")
@@ -251,21 +250,8 @@ class CodaScheduler(Scheduler):
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(*args: Any, **kwargs: Any) -> Any:
-            """Every allocation of the step, with the holds yielding to it; Coda's share of its time is counted."""
-            t0, inner = time.thread_time(), 0.0
-
-            def attempt() -> Any:
-                nonlocal inner
-                t = time.thread_time()
-                try:
-                    return allocate(*args, **kwargs)
-                finally:
-                    inner += time.thread_time() - t
-
-            try:
-                return retention.allocate(attempt, time.time())
-            finally:
-                self._coda_alloc_s += time.thread_time() - t0 - inner
+            """Every allocation of the KV cache manager, with the holds yielding to it."""
+            return retention.allocate(lambda: allocate(*args, **kwargs), time.time())
 
         self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
         return retention, f"retention on: holds up to {r.hold_factor:g} x the predicted tool time, {r.prior_s:g} s before it is learned"
@@ -308,15 +294,18 @@ class CodaScheduler(Scheduler):
         t2 = time.thread_time()
         if retention is not None:
             retention.admitted(r.req_id for r in out.scheduled_new_reqs)
-        cohort = self._plan(out) if self._coda_cohorts else None
         t3 = time.thread_time()
-        inside = queue.policy_s + self._coda_alloc_s  # Coda's work that ran inside vLLM's schedule()
-        added = self._coda_added_s + (t1 - t0) + inside + (t3 - t2)
+        cohort = self._plan(out) if self._coda_cohorts else None
+        t4 = time.thread_time()
+        yielded = retention.yield_s if retention is not None else 0.0
+        # Coda's CPU time in this step, by mechanism (state admission's includes its probes of the tiers)
+        parts = {"admission": queue.policy_s, "plan": t4 - t3, "retention": self._coda_added_s + (t1 - t0) + yielded + (t3 - t2)}
         if self._coda_trace is not None and (out.num_scheduled_tokens or queue.decisions or (retention is not None and retention.events)):
-            self._trace(out, cohort, added, (t2 - t1) - inside)
+            self._trace(out, cohort, parts, (t2 - t1) - queue.policy_s - yielded)
         if retention is not None:
             retention.events = []
-        self._coda_added_s = self._coda_alloc_s = 0.0
+            retention.yield_s = 0.0
+        self._coda_added_s = 0.0
         return out
 
     def _plan(self, out: Any) -> dict[str, Any] | None:
@@ -324,17 +313,19 @@ class CodaScheduler(Scheduler):
         sched = out.num_scheduled_tokens
         if not sched or out.scheduled_new_reqs or out.scheduled_spec_decode_tokens or any(n != 1 for n in sched.values()):
             return None
-        contexts = np.fromiter((self.requests[rid].num_computed_tokens for rid in sched), dtype=np.int64, count=len(sched))
-        choice = self.coda_policies.execution.explain(contexts)
-        plan, rule = choice.plan, choice.rule
+        contexts = [self.requests[rid].num_computed_tokens for rid in sched]
+        record = {"n": len(contexts), "contexts": [min(contexts), max(contexts)]}
+        if len(contexts) < 2:  # no policy is asked: a split needs two cohorts
+            return record | {"cut": None, "rule": "one request: nothing to split", "predicted_gain": None, "gain_lower_bound": None}
+        choice = self.coda_policies.execution.explain(np.array(contexts, dtype=np.int64))
+        plan = choice.plan
         if plan is not None:
             setattr(out, PLAN_ATTR, (len(contexts), plan.cut))
-        return {"n": len(contexts), "cut": None if plan is None else plan.cut, "rule": rule,
-                "predicted_gain": None if plan is None else _finite(plan.predicted_gain),
-                "gain_lower_bound": None if plan is None else _finite(plan.gain_lower_bound),
-                "contexts": [int(contexts.min()), int(contexts.max())]}
+        return record | {"cut": None if plan is None else plan.cut, "rule": choice.rule,
+                         "predicted_gain": None if plan is None else _finite(plan.predicted_gain),
+                         "gain_lower_bound": None if plan is None else _finite(plan.gain_lower_bound)}
 
-    def _trace(self, out: Any, cohort: dict[str, Any] | None, added_s: float, vllm_s: float) -> None:
+    def _trace(self, out: Any, cohort: dict[str, Any] | None, parts: dict[str, float], vllm_s: float) -> None:
         self._coda_step += 1
         split_now, self._coda_split_steps = STEP.split_steps - self._coda_split_steps, STEP.split_steps
         record = {
@@ -347,7 +338,8 @@ class CodaScheduler(Scheduler):
             "split_steps": split_now,
             "retention": self._coda_retention.events if self._coda_retention is not None else [],
             "held_requests": self._coda_retention.held_requests() if self._coda_retention is not None else 0,
-            "coda_ms": added_s * 1e3,  # Coda's work for this step: choices, probes, plans, holds (trace writing excluded)
+            "coda_ms": sum(parts.values()) * 1e3,  # Coda's work for this step: choices, probes, plans, holds (trace writing excluded)
+            "coda_parts_ms": {k: v * 1e3 for k, v in parts.items()},
             "vllm_ms": vllm_s * 1e3,  # vLLM's own schedule() time in this step, without Coda's choices
             "waiting": len(self._coda_queue),
             "running": len(self.running),
