@@ -40,7 +40,7 @@ TOOLS = ("bash", "grep", "edit", "pytest")
 STORE = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
          "kv_connector_extra_config": {"spec_name": "HostOffloadingSpec", "spec_module_path": "coda.integrations.vllm.host_offload",
                                        "cpu_bytes_to_use": 400_000_000}}
-ARGS = ("--block-size", "32", "--num-gpu-blocks-override", "512", "--max-model-len", "8192", "--max-num-seqs", "8",
+ARGS = ("--block-size", "32", "--num-gpu-blocks-override", "256", "--max-model-len", "6144", "--max-num-seqs", "8",
         "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(STORE),
         "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler", "--worker-cls", "coda.integrations.vllm.worker.CodaWorker")
 
