@@ -11,6 +11,7 @@ from rich.table import Table
 from coda.cli import JsonOpt, app, fmt_value, out_console, print_json
 
 if TYPE_CHECKING:
+    from coda.cost.profile import Profile
     from coda.profiling.api_measure import EngineInfo
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect, fit and check cost profiles.")
@@ -69,12 +70,34 @@ def profile_show(
         table.add_row("cohort_gain", f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
                       g.provenance)
     out_console.print(table)
+    _print_collectives(p)
     sz = Table(show_header=True, title="sizing check")
     sz.add_column("quantity")
     sz.add_column("value", justify="right")
     for k, v in sizing.items():
         sz.add_row(k, fmt_value(v))
     out_console.print(sz)
+
+
+#: steps whose collectives ``coda profile show`` prints: (what, tokens, sequences)
+SHOWN_STEPS = (("decode, 1 sequence", 1, 1), ("decode, 64 sequences", 64, 64), ("prefill of 2,048 tokens", 2048, 1))
+
+
+def _print_collectives(p: Profile) -> None:
+    """What a TP worker's steps spend in collectives, by kind and implementation (``coda.cost.parallel``)."""
+    from coda.cost.parallel import tensor_parallel_comm, uses_custom_allreduce
+
+    comm = tensor_parallel_comm(p)
+    if comm is None:
+        return
+    table = Table(show_header=True, title=f"collectives of one step at TP {p.tp} over {comm.link.generation} (gpu.link above)")
+    for col in ("step", "layer all-reduces", "embedding all-reduce", "logits all-gather", "all-reduce by"):
+        table.add_column(col, justify="right" if col != "step" else "left")
+    for what, tokens, seqs in SHOWN_STEPS:
+        terms = comm.terms(tokens, seqs)
+        custom = uses_custom_allreduce(tokens * comm.hidden_size * comm.activation_bytes, comm.ranks, comm.link)
+        table.add_row(what, *(f"{v * 1e3:.3f} ms" for v in terms.values()), "vLLM custom" if custom else "NCCL")
+    out_console.print(table)
 
 
 @profile_app.command("fit")

@@ -26,7 +26,7 @@ from coda.cost.attention import AttentionSteps, KernelAttention
 from coda.cost.cohorts import CohortPlan, GainBounds
 from coda.cost.geometry import GEMMS, Rank, expected_experts
 from coda.cost.paired import CohortGains
-from coda.cost.parallel import allreduce_s
+from coda.cost.parallel import tensor_parallel_comm
 from coda.cost.profile import Curve, Profile, Residual
 from coda.errors import CodaError
 
@@ -98,7 +98,7 @@ class OperatorCost(AttentionSteps, CohortGains):
         self.kernel = KernelAttention(profile.name, gpu, ops.attention.kernel, layers=g.num_layers, q_heads=self.rank.q_heads,
                                     kv_heads=self.rank.kv_heads, head_dim=g.head_dim, kv_dtype_bytes=g.kv_dtype_bytes)
         self.corrections = {k: Correction(getattr(ops.attention, k)) for k in ("decode", "prefill", "mixed")}
-        self._link = gpu.link
+        self.comm = tensor_parallel_comm(profile)
         self._engine = engine
         self._kv_tok = g.kv_bytes_per_token(self.tp)
 
@@ -113,9 +113,8 @@ class OperatorCost(AttentionSteps, CohortGains):
             m = self._moe
             touched = expected_experts(tokens, g.num_experts, g.experts_per_token)
             t += g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * tokens * g.experts_per_token)
-        if self.tp > 1:
-            assert self._link is not None
-            t += 2 * g.num_layers * allreduce_s(self.rank.allreduce_bytes(tokens), self.tp, self._link)
+        if self.comm is not None:
+            t += self.comm.step_s(tokens, sequences)
         return t
 
     def decode_attention_s(self, contexts: np.ndarray) -> float:

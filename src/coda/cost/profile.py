@@ -28,11 +28,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CollectiveCost(_Strict):
+    """Seconds of one collective call: ``floor_s + bus bytes / bus_bw_bytes_s``, where bus bytes are
+    nccl-tests' (all-reduce: 2 (n - 1) / n x the message; all-gather, reduce-scatter: (n - 1) / n x
+    the gathered total), so one pair of constants serves every group size."""
+
+    floor_s: float = Field(ge=0, description="time of a call that moves (almost) nothing: launch and synchronisation")
+    bus_bw_bytes_s: PositiveFloat = Field(description="bus bandwidth a large call reaches")
+
+
 class LinkSpec(_Strict):
-    """The GPU-to-GPU link that tensor parallelism all-reduces over (``coda.cost.parallel``)."""
+    """The GPU-to-GPU link that tensor and expert parallelism communicate over (``coda.cost.parallel``):
+    its datasheet bandwidth and the measured cost of the collectives vLLM runs on it."""
 
     kind: Literal["nvlink", "pcie"]
-    bus_bw_bytes_s: PositiveFloat = Field(description="per GPU and direction")
+    generation: str = Field(description="e.g. PCIe Gen5 x16, NVLink 4")
+    bus_bw_bytes_s: PositiveFloat = Field(description="datasheet, per GPU and direction (not used for timing: the collectives below are)")
+    p2p: bool = Field(description="GPUs read each other's memory directly (vLLM's custom all-reduce needs it)")
+    nccl: CollectiveCost = Field(description="NCCL's all-reduce, all-gather and reduce-scatter")
+    custom_allreduce: CollectiveCost | None = Field(None, description="vLLM's custom all-reduce (needs p2p)")
+    custom_max_bytes: PositiveInt = Field(8 * 1024 * 1024, description="vLLM's custom all-reduce takes messages below this (its max_size)")
+
+    @model_validator(mode="after")
+    def _custom_needs_p2p(self) -> LinkSpec:
+        if self.custom_allreduce is not None and not self.p2p:
+            raise ValueError("custom_allreduce needs p2p: vLLM disables its custom all-reduce without peer access")
+        return self
 
 
 class GpuSpec(_Strict):
