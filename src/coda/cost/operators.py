@@ -107,15 +107,22 @@ class OperatorCost(AttentionSteps, CohortGains):
         """Every operator but attention (and the engine's own time) of a step."""
         if tokens <= 0:
             return 0.0
-        g = self.rank.g
-        t = self._tokens(tokens) + self._seqs(sequences)
-        if self._moe is not None and g.moe_layers:
-            m = self._moe
-            touched = expected_experts(tokens, g.num_experts, g.experts_per_token)
-            t += g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * tokens * g.experts_per_token)
+        t = self._tokens(tokens) + self._seqs(sequences) + self.moe_s(tokens)
         if self.comm is not None:
             t += self.comm.step_s(tokens, sequences)
         return t
+
+    def moe_s(self, routed_tokens: float, expert_share: float = 1.0) -> float:
+        """The step's MoE blocks on this rank when ``routed_tokens`` tokens reach them (routed
+        uniformly) and the rank holds ``expert_share`` of the experts: 1 under tensor parallelism
+        (each expert's width split), 1 / ranks under expert parallelism (whole experts, so the rank
+        computes its share of every token's routed pairs)."""
+        g, m = self.rank.g, self._moe
+        if m is None or not g.moe_layers or routed_tokens <= 0:
+            return 0.0
+        touched = expected_experts(routed_tokens, g.num_experts, g.experts_per_token) * expert_share
+        pairs = routed_tokens * g.experts_per_token * expert_share
+        return g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * pairs)
 
     def decode_attention_s(self, contexts: np.ndarray) -> float:
         c = np.asarray(contexts, dtype=np.int64)

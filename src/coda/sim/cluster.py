@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coda.cost.expert_parallel import ExpertParallelGroup
 from coda.cost.model import CostModel, build_cost_model
+from coda.cost.operators import OperatorCost
 from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.kvindex import KVIndexer, WorkerTiers
@@ -25,6 +27,7 @@ from coda.policy.presets import SystemPreset, resolve_policies, system_preset
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
+from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
@@ -109,6 +112,22 @@ def store_match(w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
     return PrefixMatch(h, d, s) if h or d or s else None
 
 
+def data_parallel_groups(config: SimConfig, cost: CostModel, loop: EventLoop) -> list[Lockstep | None]:
+    """Each worker's lockstep group: ``data_parallel_size`` consecutive workers are the ranks of one
+    data-parallel group; with expert parallelism they share one (without it they are independent
+    engines, as a dense model's data-parallel ranks are)."""
+    dp = config.data_parallel_size
+    if config.workers % dp:
+        raise CodaError(f"workers={config.workers} is not a multiple of data_parallel_size={dp}; each worker is one rank of a group")
+    if not config.enable_expert_parallel:
+        return [None] * config.workers
+    if not isinstance(cost, OperatorCost):
+        raise CodaError(f"enable_expert_parallel: profile {cost.profile.name} is a {cost.profile.kind} profile; expert parallelism needs an operators profile")
+    group = ExpertParallelGroup(cost, dp)
+    steps = [Lockstep(loop, group) for _ in range(config.workers // dp)]
+    return [steps[w // dp] for w in range(config.workers)]
+
+
 class Simulation:
     """Build once, ``run()`` once."""
 
@@ -165,6 +184,7 @@ class Simulation:
             for i in range(n_stores)
         ]
         links = [NodeLinks() for _ in range(n_stores)]
+        groups = data_parallel_groups(config, self.cost, self.loop)
         self._touched: set[int] = set()  # workers whose cached views are stale
         self.workers = [
             Worker(
@@ -189,6 +209,7 @@ class Simulation:
                 on_first_token=self._first_token,
                 on_admit=self._engine_admitted,
                 touched=self._touched,
+                lockstep=groups[w],
             )
             for w in range(config.workers)
         ]

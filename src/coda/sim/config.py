@@ -31,6 +31,9 @@ class SimConfig(BaseModel):
     chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")
     max_num_seqs: PositiveInt = 256
     max_num_batched_tokens: PositiveInt = 8192
+    data_parallel_size: PositiveInt = Field(1, description="ranks per data-parallel group: consecutive workers form a group (workers must be a multiple)")
+    enable_expert_parallel: bool = Field(False, description="a group's ranks hold experts / ranks whole experts each and step in lockstep "
+                                         "(an MoE profile at TP 1)")
     # Engine KV capacity (None = the profile's): a block count as vLLM logs it, or vLLM's
     # gpu_memory_utilization share of the profile GPU's memory less the weights on a rank.
     num_gpu_blocks: PositiveInt | None = Field(None, description="HBM KV blocks of chunk_tokens tokens per worker, as the engine reports")

@@ -23,6 +23,7 @@ from coda.cost.model import CohortPlan, CostModel
 from coda.policy.execution import ExecutionPolicy
 from coda.policy.state import StatePolicy
 from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
@@ -66,6 +67,7 @@ class Worker:
         on_first_token: Callable[[SimRequest], None] | None = None,
         on_admit: Callable[[SimRequest], None] | None = None,
         touched: set[int] | None = None,
+        lockstep: Lockstep | None = None,
     ) -> None:
         self.id = wid
         self.loop = loop
@@ -115,6 +117,8 @@ class Worker:
         # rebuilds only those views. Callbacks out of these events defer routing to the loop, so
         # no view is taken mid-event.
         self.touched = touched if touched is not None else set()
+        # A rank of a data-parallel group with expert parallelism: the group times its steps.
+        self.lockstep = lockstep
 
     # --- views -----------------------------------------------------------------------------
     @property
@@ -382,25 +386,30 @@ class Worker:
             self._k = 0
             return
         self.busy = True
-        now = self.loop.now
         k = 1
         plan = None
+        ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
+        chunks = [(n, r.computed) for r, n in prefills]
+        self._prefills, self._decoders, self._plan, self._ctx = prefills, decoders, None, ctx
+        if self.lockstep is not None:  # one step at a time, timed with the group's other ranks
+            self.lockstep.ready(self, chunks, ctx)
+            return
         if not prefills:
-            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
-            plan = self.execution.plan(ctx)
+            plan = self._plan = self.execution.plan(ctx)
             if not admissible_later:
                 k = self._run_length(decoders, ctx)
             durs = self.cost.decode_steps_s(ctx, k, plan)
         else:
-            chunks = [(n, r.computed) for r, n in prefills]
-            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
-        self._prefills, self._decoders, self._plan, self._ctx = prefills, decoders, plan, ctx
-        self._start = now
-        self._ends = now + np.cumsum(durs)
-        self._k = k
+        self.launch(self.loop.now + np.cumsum(durs))
+
+    def launch(self, ends: np.ndarray) -> None:
+        """Run the batch fixed by ``_schedule`` now as ``len(ends)`` steps ending at ``ends``."""
+        self._start = self.loop.now
+        self._ends = ends
+        self._k = k = len(ends)
         self._gen += 1
-        self.loop.at(float(self._ends[k - 1]), self._step_end, self._gen)
+        self.loop.at(float(ends[k - 1]), self._step_end, self._gen)
 
     def _run_length(self, decoders: list[SimRequest], ctx: np.ndarray) -> int:
         """Steps the batch can run unchanged: until the first finish, within free KV, at most ``run_max``."""
