@@ -59,7 +59,7 @@ from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import knee
 from coda.bench.run import summary_of
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import Proc, spawn
+from coda.serving.procs import Proc, spawn
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from tests.integration.redis_server import RedisServer, started

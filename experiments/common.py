@@ -25,7 +25,7 @@ import numpy as np
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.eval.paper import PaperWorkload
-from coda.metrics import mean_ci, ratio_ci, summarize
+from coda.metrics.requests import mean_ci, ratio_ci, summarize
 from coda.policy.eviction import ToolAware
 from coda.policy.execution import Cohort
 from coda.policy.registry import register

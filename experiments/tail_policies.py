@@ -39,7 +39,7 @@ from typing import Any
 
 from coda.eval.paper import PRESETS
 from coda.eval.pareto import plot_pareto
-from coda.metrics import mean_ci, ratio_ci
+from coda.metrics.requests import mean_ci, ratio_ci
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload

@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.policy.ingress import WorkerLoad
+from coda.policy.snapshots import PrefixMatch, WorkerLoad, WorkerView
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.request import RESTORING
 from coda.sim.worker import Worker
-from coda.types import PrefixMatch, WorkerView
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.spec import load_workload
 

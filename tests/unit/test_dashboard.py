@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prometheus import GatewayMetrics
 from tests.integration.vllm.support import vllm_python_path
 
 ROOT = Path(__file__).resolve().parents[2]

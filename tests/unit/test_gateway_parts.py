@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from coda.api_errors import ApiError
 from coda.errors import CodaError
 from coda.gateway.admission import JsonlLog
 from coda.gateway.config import BackendConfig, build_config
@@ -17,10 +16,11 @@ from coda.gateway.identity import Identities, session_id, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
 from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
-from coda.gateway.state import Worker
 from coda.gateway.telemetry import apply_metrics, parse_metrics
+from coda.gateway.view import Worker
 from coda.integrations.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
+from coda.serving.errors import ApiError
+from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
 
 URL = "http://127.0.0.1:8000"
 

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from coda.errors import CodaError
 from coda.policy.build import make_policy
-from coda.policy.ingress import SIGNALS, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
+from coda.policy.ingress import SIGNALS
 from coda.policy.registry import names
+from coda.policy.snapshots import IngressSnapshot, WorkerLoad
+from coda.shell.sessions import SessionLedger, session_ttl_s
 
 INGRESS_POLICIES = names("ingress")
 

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from coda.errors import CodaError
 from coda.policy.build import make_policy
 from coda.policy.routing import CodaRouter, DynamoKV, LeastLoaded, RoundRobin, SMetric, context_distance, rendezvous
-from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
+from coda.policy.snapshots import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
 
 def snap(workers, *, cont=True, prompt_blocks=10, prompt=None, seq=0):

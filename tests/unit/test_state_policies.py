@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from coda.policy.build import make_policy
+from coda.policy.snapshots import AdmissionCandidate, AdmissionSnapshot
 from coda.policy.state import FewestBlocks, Fifo, TieredAging
-from coda.types import AdmissionCandidate, AdmissionSnapshot
 
 
 class StubCost:

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json, progress_bar
 from coda.cli.sim import ConfigOpt, HbmOpt, ProfileOpt, SeedOpt, WarmupOpt, WorkersOpt, _settings
+from coda.shell import strict_json
 
 DEFAULT_WORKERS = 4  # the paper's node: 4 GPUs sharing a DRAM/SSD KV store
 

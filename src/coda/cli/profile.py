@@ -175,7 +175,7 @@ def profile_fit(
 
 
 def _write(out: Path, data: dict) -> None:
-    from coda import strict_json
+    from coda.shell import strict_json
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(strict_json.dumps(data, indent=2) + "\n")

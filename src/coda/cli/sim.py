@@ -8,10 +8,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar, require
 from coda.errors import CodaError
-from coda.metrics import OPERATOR_KEYS
+from coda.metrics.requests import OPERATOR_KEYS
+from coda.shell import strict_json
 
 # Options shared by `sim` and `compare`; None means "not given" so config files can supply them.
 WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=3,duration=600,seed=0")]

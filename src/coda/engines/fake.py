@@ -24,11 +24,11 @@ from coda.cost.profile import load_profile
 from coda.engines import tokenizer as tok
 from coda.engines.blocks import BlockRegistry, TokenSequence
 from coda.engines.kv_publisher import KVEventPublisher
-from coda.engines.metrics import EngineMetrics
+from coda.engines.prometheus import EngineMetrics
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.policy.build import build_policies
 from coda.policy.presets import resolve_policies, system_preset
 from coda.sim.cluster import resolve_tiers

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from coda.cost.model import CohortPlan
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.policy.routing import SMetric, candidates, context_distance
-from coda.types import RoutingSnapshot, WorkerView
+from coda.policy.snapshots import RoutingSnapshot, WorkerView
 
 
 def near_uniform(contexts: np.ndarray) -> np.ndarray:

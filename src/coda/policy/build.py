@@ -15,8 +15,8 @@ from typing import Any
 from coda.errors import CodaError
 from coda.policy import ingress
 from coda.policy.registry import KIND_NAMES, Entry, lookup
-from coda.policy.shadow import Shadowed
 from coda.policy.spec import KINDS, PoliciesSpec, PolicySpec
+from coda.shell.shadow import Shadowed
 
 
 @dataclass(frozen=True, slots=True)

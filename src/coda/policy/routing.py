@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from coda.types import RoutingSnapshot, WorkerView
+from coda.policy.snapshots import RoutingSnapshot, WorkerView
 
 
 class Router(Protocol):

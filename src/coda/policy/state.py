@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from coda.cost.model import CostModel
-from coda.types import AdmissionSnapshot
+from coda.policy.snapshots import AdmissionSnapshot
 
 
 @dataclass(frozen=True, slots=True)

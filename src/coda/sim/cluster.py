@@ -18,22 +18,22 @@ from coda.cost.model import CostModel, build_cost_model
 from coda.cost.operators import OperatorCost
 from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
-from coda.kvindex import KVIndexer, WorkerTiers
-from coda.metrics import Window, summarize
-from coda.metrics_tasks import alone_times_s
+from coda.metrics.requests import Window, summarize
+from coda.metrics.tasks import alone_times_s
 from coda.policy.build import PolicySet, build_policies
-from coda.policy.ingress import IngressSnapshot, WorkerLoad, ttft_estimate
 from coda.policy.presets import SystemPreset, resolve_policies, system_preset
+from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
+from coda.shell.estimates import ttft_estimate
+from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
-from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
+from coda.sim.recorder import Recorder
 from coda.sim.request import REJECTED, SessionState, SimRequest
 from coda.sim.worker import NodeLinks, Worker
-from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.workload.schema import Workload, next_ready_s, reused_prefix_of, unsent_ready_s
 from coda.workload.stats import workload_duration_s
 

@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from coda.cost.model import CohortPlan
-from coda.types import RoutingSnapshot
+from coda.policy.snapshots import RoutingSnapshot
 
 
 class SimObserver(Protocol):

@@ -21,16 +21,16 @@ import numpy as np
 
 from coda.cost.model import CohortPlan, CostModel
 from coda.policy.execution import ExecutionPolicy
+from coda.policy.snapshots import AdmissionSnapshot
 from coda.policy.state import StatePolicy
 from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
-from coda.types import AdmissionSnapshot
 
 if TYPE_CHECKING:
-    from coda.sim.metrics import Recorder
+    from coda.sim.recorder import Recorder
 
 
 class NodeLinks:

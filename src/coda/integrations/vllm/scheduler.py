@@ -31,8 +31,8 @@ from coda.integrations.vllm.settings import load_settings
 from coda.integrations.vllm.snapshot import admission_snapshot
 from coda.policy.build import build_policies
 from coda.policy.presets import resolve_policies
-from coda.policy.shadow import Shadowed
 from coda.policy.state import explain
+from coda.shell.shadow import Shadowed
 
 try:  # only importable inside a vLLM process
     import vllm
