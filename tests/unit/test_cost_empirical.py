@@ -15,8 +15,8 @@ from coda.cost.empirical import EmpiricalCost, step_features
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
-from coda.profiling.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
-from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile
+from coda.profiling.api_measure import PROBE, ApiSample, DecodeSample, EngineInfo, Plan, PrefillSample, _samples
+from coda.profiling.empirical_fit import COLUMNS, fit_api_stream, fit_step_model, measured_profile
 
 TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
         "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}
@@ -111,6 +111,24 @@ def test_cost_model_charges_the_step_formula(profile):
     assert cost.h2d_s(0) == 0.0
     with pytest.raises(CodaError, match="--no-dram"):
         cost.h2d_s(1e6)
+
+
+def test_the_api_time_per_streaming_request_is_the_slope_over_loads():
+    api = [ApiSample(0, [0.010, 0.011, 0.030]), ApiSample(4, [0.018, 0.019]), ApiSample(7, [0.025, 0.024, 0.026])]
+    slope, note = fit_api_stream(api)
+    assert slope == pytest.approx(np.polyfit([0, 4, 7], [0.011, 0.0185, 0.025], 1)[0]) and note.startswith("fitted: ")
+    assert fit_api_stream([ApiSample(0, [0.01])]) == (0.0, pytest.approx(fit_api_stream([])[1]))
+    assert fit_api_stream([])[1].startswith("not measured: ")
+    pre, dec = timings(TRUE, noise=0.0)
+    data = measured_profile("t", INFO, pre, dec, fit_step_model(pre, dec), api, kv_bytes_per_token=(2048, "given: test"),
+                            samples="t.samples.csv", date="2026-01-01", machine="test", note="")
+    cost = EmpiricalCost(Profile.model_validate(data))
+    assert cost.request_s(1000, running=5) - cost.request_s(1000) == pytest.approx(5 * slope)
+
+
+def test_api_load_plan_leaves_the_probe_a_seat_and_the_streams_their_kv():
+    plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
+    assert plan.streams == (0, 4, 7) and 8 * (plan.stream_tokens + PROBE + 32) <= 8000
 
 
 def test_shipped_profile_loads_with_its_provenance():

@@ -441,15 +441,15 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         finally:
             await prober.close()
 
-    info, kv, prefill, decode = asyncio.run(go())
+    info, kv, prefill, decode, api = asyncio.run(go())
     try:
         fit = fit_step_model(prefill, decode)
     except ValueError as err:
         raise CodaError(f"--endpoint {url}: {err}; the engine holds too little (max_model_len, KV) for the grid") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
-    write_samples(samples, prefill, decode)
-    data = measured_profile(name, info, prefill, decode, fit, kv_bytes_per_token=kv, samples=samples.name,
+    write_samples(samples, prefill, decode, api)
+    data = measured_profile(name, info, prefill, decode, fit, api, kv_bytes_per_token=kv, samples=samples.name,
                             date=datetime.date.today().isoformat(), machine=_machine(), note=note)
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
@@ -457,7 +457,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         print_json({"out": str(out), "samples": str(samples), "step_model": data["step_model"], "forms": fit.forms})
         return
     out_console.print(f"wrote {out} and {samples}: {data['description']}", highlight=False, soft_wrap=True)
-    for k in COLUMNS:
+    for k in (*COLUMNS, "api_stream_s"):
         out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
     f = data["step_model"]["fit"]
     out_console.print(f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "

@@ -42,8 +42,9 @@ class CostModel(Protocol):
         """Durations of ``k`` consecutive pure-decode steps whose contexts grow by one token each."""
         ...
 
-    def request_s(self, prompt_tokens: int) -> float:
-        """The engine's time for a request before its scheduler sees it (0 where none was measured)."""
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
+        """The engine's time for a request before its scheduler sees it, arriving while ``running``
+        requests run (0 where none was measured)."""
         ...
 
     def prefill_only_s(self, new: int, cached: int) -> float:
@@ -153,7 +154,7 @@ class AnalyticCost(CohortGains):
             return 0.0
         return self.profile.overheads.step_s + self.dense_s(new) + self.prefill_attention_s(new, cached)
 
-    def request_s(self, prompt_tokens: int) -> float:
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
         return 0.0  # an analytic profile describes kernels, not an engine's API
 
     # --- links -----------------------------------------------------------------------------

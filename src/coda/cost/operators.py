@@ -156,7 +156,7 @@ class OperatorCost(AttentionSteps, CohortGains):
         # Linear between a run's first and last step (contexts grow by one token per step).
         return np.linspace(first, self.step_s((), contexts + (k - 1), plan), k)
 
-    def request_s(self, prompt_tokens: int) -> float:
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
         return self._engine.request_s
 
     def prefill_only_s(self, new: int, cached: int) -> float:

@@ -202,9 +202,10 @@ class StepModel(_Strict):
     step = fixed_s + token_s x (prefill tokens + decodes) + seq_s x (prefill chunks + decodes)
            + prefill_pair_s x sum of new x (cached + (new + 1) / 2) + decode_context_s x decode contexts.
 
-    ``api_latency_s`` + ``api_text_token_s`` x prompt tokens is what a client of text prompts waits
-    beyond the engine's steps (request in and tokenized, first token out); the simulator does not
-    charge it, comparisons with a client's TTFT add it (``EmpiricalCost.api_s``).
+    ``api_latency_s`` + ``api_text_token_s`` x prompt tokens + ``api_stream_s`` x requests running
+    is what a client of text prompts waits beyond the engine's steps (request in and tokenized,
+    first token out, while the server streams for the others); the simulator charges it before the
+    request reaches the scheduler (``EmpiricalCost.request_s``).
     """
 
     fixed_s: float = Field(ge=0, description="per step, whatever its batch (scheduling, sampling, launch)")
@@ -215,6 +216,7 @@ class StepModel(_Strict):
     api_latency_s: float = Field(ge=0, description="client-observed latency outside the engine's steps")
     api_id_token_s: float = Field(ge=0, description="API latency per token of a token-id prompt (parsing)")
     api_text_token_s: float = Field(ge=0, description="API latency per token of a text prompt (tokenization)")
+    api_stream_s: float = Field(0.0, ge=0, description="API latency per request the engine is running at arrival (the server streams for them)")
     kv_bytes_per_token: PositiveInt
     block_tokens: PositiveInt = Field(description="the engine's KV block size (use it as the simulator's chunk_tokens)")
     kv_capacity_tokens: PositiveInt = Field(description="KV the engine holds (blocks x block size)")

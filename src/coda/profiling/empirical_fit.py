@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from coda.cost.empirical import TERMS, step_features
-from coda.profiling.api_measure import DecodeSample, EngineInfo, PrefillSample
+from coda.profiling.api_measure import ApiSample, DecodeSample, EngineInfo, PrefillSample
 
 COLUMNS = ("api_latency_s", "api_id_token_s", "api_text_token_s", *TERMS)
 OPTIONAL = ("prefill_pair_s", "decode_context_s")
@@ -119,7 +119,21 @@ def fit_step_model(prefill: Sequence[PrefillSample], decode: Sequence[DecodeSamp
     )
 
 
-def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> None:
+def fit_api_stream(api: Sequence[ApiSample]) -> tuple[float, str]:
+    """The API server's extra time per request streaming beside a new one: the slope of a line
+    (least squares, non-negative) through the median API time at each load; with its provenance."""
+    loads = sorted({a.streams for a in api})
+    if len(loads) < 2:
+        return 0.0, "not measured: the endpoint exposes no engine timing (vLLM's request queue and prefill histograms at /metrics)"
+    x = np.array([[1.0, a.streams] for a in api])
+    y = np.array([a.seconds for a in api])
+    slope = max(0.0, float(np.linalg.lstsq(x, y, rcond=None)[0][1]))
+    medians = ", ".join(f"{a.streams} streaming: {a.seconds * 1e3:.2f} ms" for a in sorted(api, key=lambda a: a.streams))
+    return slope, (f"fitted: the API server's time for a request (client TTFT less vLLM's queue and prefill time for it) while "
+                   f"others stream, medians {medians}; least-squares slope")
+
+
+def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample], api: Sequence[ApiSample] = ()) -> None:
     """Every repeat of every shape, the raw material of the fit."""
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
@@ -128,6 +142,8 @@ def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence
             w.writerows(("prefill", s.new, s.cached, s.text_tokens, "", "", i, f"{t:.6g}") for i, t in enumerate(s.ttft_s))
         for d in decode:
             w.writerows(("decode", "", "", "", d.batch, f"{d.context:g}", i, f"{t:.6g}") for i, t in enumerate(d.step_s))
+        for a in api:  # the batch column is the number of requests streaming beside the probe
+            w.writerows(("api", "", "", "", a.streams, "", i, f"{t:.6g}") for i, t in enumerate(a.api_s))
 
 
 def measured_profile(
@@ -136,6 +152,7 @@ def measured_profile(
     prefill: Sequence[PrefillSample],
     decode: Sequence[DecodeSample],
     fit: StepFitResult,
+    api: Sequence[ApiSample] = (),
     *,
     kv_bytes_per_token: tuple[int, str],
     samples: str,
@@ -151,8 +168,10 @@ def measured_profile(
     src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes measured through the API of {where}; samples in {samples}"
     metrics = "measured: vllm:cache_config_info at /metrics"
     c = fit.constants
+    stream_s, stream_note = fit_api_stream(api)
     step_model = {
         **{k: c[k] for k in COLUMNS},
+        "api_stream_s": stream_s,
         "kv_bytes_per_token": kv_tok,
         "block_tokens": info.block_tokens,
         "kv_capacity_tokens": info.kv_capacity_tokens,
@@ -175,6 +194,7 @@ def measured_profile(
     forms = ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items())
     prov = {f"step_model.{k}": src + (f"; form chosen by leave-one-out median error ({forms})" if k in OPTIONAL else "") for k in COLUMNS}
     prov |= {
+        "step_model.api_stream_s": stream_note + (f"; samples in {samples}" if api else ""),
         "step_model.kv_bytes_per_token": kv_source,
         "step_model.block_tokens": metrics + " block_size",
         "step_model.kv_capacity_tokens": metrics + " num_gpu_blocks x block_size",

@@ -132,14 +132,15 @@ class Worker:
     # --- arrivals --------------------------------------------------------------------------
     def enqueue(self, req: SimRequest) -> None:
         """A request reaches the engine; its scheduler sees it after the engine's own per-request
-        time (``cost.request_s``: the API server's work), when the profile measured one."""
+        time (``cost.request_s``: the API server's work, with the requests running now), when the
+        profile measured one."""
         self.touched.add(self.id)
         req.worker = self.id
         req.state = WAITING
         if req.arrived_s < 0:
             req.arrived_s = self.loop.now
         self.active_tokens += req.orig_prompt_tokens + req.emitted
-        delay = self.cost.request_s(req.prompt_tokens)
+        delay = self.cost.request_s(req.prompt_tokens, len(self.running))
         if delay > 0:
             self.loop.at(self.loop.now + delay, self._arrive, req)
         else:
