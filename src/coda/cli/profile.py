@@ -392,12 +392,26 @@ def profile_measure(
     model: Annotated[
         str, typer.Option("--model", help="attention shape to measure (a catalog model)")
     ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
+    model_config: Annotated[
+        Path | None, typer.Option("--model-config", help="measure every operator file `coda profile fit --operators` reads for this config.json")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="--model-config: the tensor-parallel degree whose per-rank shapes are measured")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch), or with
+    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch); with
+    --model-config the operator files of one layer of that model (PyTorch and Triton); or with
     --endpoint a live engine's step costs through its API, fitted into a profile `coda sim --profile` runs."""
     from coda.errors import CodaError
 
+    if model_config is not None:
+        if out is None or tp < 1:
+            raise CodaError("--model-config needs --out DIR (the folder for the operator CSVs and meta.yaml) and --tp >= 1")
+        from coda.profiling import operators_measure
+        from coda.profiling.hf_config import read_config
+
+        for path in operators_measure.run(out, read_config(model_config), tp=tp, device=device, budget_s=budget_s):
+            out_console.print(f"wrote {path}")
+        return
     if endpoint is not None:
         _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, max_context, kv_bytes_per_token, note,
                           seed, as_json)
