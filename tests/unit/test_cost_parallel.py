@@ -62,3 +62,12 @@ def test_shipped_tp2_profiles_charge_the_collectives_of_their_link():
         assert p.provenance[key].startswith("measured by others:")
     with pytest.raises(ValueError, match="needs p2p"):
         LinkSpec.model_validate({**catalog.LINKS["pcie-gen5-p2p"]["spec"], "p2p": False})
+
+
+@pytest.mark.parametrize("name, link", [("rtx4090-llama31-8b", "pcie-gen4-no-p2p"), ("rtxpro6000-qwen3-30b-a3b-tp2", "pcie-gen5-p2p"),
+                                        ("a100x8-qwen3-235b-a22b-fp8", "nvlink3")])
+def test_shipped_profiles_carry_their_links_catalog_entry(name, link):
+    p = load_profile(name)
+    spec, prov = catalog.link_entry(link)
+    assert p.gpu.link == LinkSpec.model_validate(spec)
+    assert {k: p.provenance[k] for k in prov} == prov

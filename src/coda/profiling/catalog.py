@@ -13,6 +13,23 @@ from typing import Any
 #: ``floor_s + bus bytes / bus_bw_bytes_s`` per call, each constant from a published measurement
 #: (nccl-tests' all_reduce_perf or a collective benchmark), a datasheet or NCCL's own model, as
 #: its provenance says. Provenance keys are relative to ``gpu.link``.
+#: provenance shared by several links
+VLLM_MAX_BYTES = "vLLM source: CustomAllreduce max_size, 8 MiB"
+NVLINK_P2P = "datasheet: NVLink-connected GPUs have peer access"
+NCCL_MODEL_FLOOR = "NCCL's tuning model (src/graph/tuning.cc): ring LL base 3.6 us + 2 NVLink hops of 0.47 us, not a measurement"
+def _nvlink(generation: str, datasheet_bw: float, datasheet: str, nccl_bw: tuple[float, str], custom_floor: tuple[float, str],
+            custom_bw: tuple[float, str]) -> dict[str, Any]:
+    """An NVLink generation's entry: peer access, NCCL's modelled floor, each other constant with its source."""
+    return {
+        "spec": {"kind": "nvlink", "generation": generation, "bus_bw_bytes_s": datasheet_bw, "p2p": True,
+                 "nccl": {"floor_s": 4.5e-6, "bus_bw_bytes_s": nccl_bw[0]},
+                 "custom_allreduce": {"floor_s": custom_floor[0], "bus_bw_bytes_s": custom_bw[0]}},
+        "provenance": {"bus_bw_bytes_s": f"datasheet: {generation.split(' (')[0]}, {datasheet}", "p2p": NVLINK_P2P,
+                       "nccl.floor_s": NCCL_MODEL_FLOOR, "nccl.bus_bw_bytes_s": nccl_bw[1], "custom_allreduce.floor_s": custom_floor[1],
+                       "custom_allreduce.bus_bw_bytes_s": custom_bw[1], "custom_max_bytes": VLLM_MAX_BYTES},
+    }
+
+
 LINKS: dict[str, dict[str, Any]] = {
     "pcie-gen4-no-p2p": {
         "spec": {"kind": "pcie", "generation": "PCIe Gen4 x16, no peer access", "bus_bw_bytes_s": 3.2e10, "p2p": False,
@@ -24,7 +41,7 @@ LINKS: dict[str, dict[str, Any]] = {
                              "32 KiB in 18.8 us, less its bus bytes at the bandwidth below; measured with a peer-access driver, no published "
                              "2-GPU table without it was found"),
             "nccl.bus_bw_bytes_s": "measured by others: the same run, bus bandwidth 12.6-12.8 GB/s from 8 MiB to 64 MiB",
-            "custom_max_bytes": "vLLM source: CustomAllreduce max_size, 8 MiB (unused without peer access)",
+            "custom_max_bytes": VLLM_MAX_BYTES + " (unused without peer access)",
         },
     },
     "pcie-gen5-p2p": {
@@ -42,36 +59,23 @@ LINKS: dict[str, dict[str, Any]] = {
                                          "all-reduce is, on the same hosts (flashinfer pull 5023): 4.08 us at one row"),
             "custom_allreduce.bus_bw_bytes_s": ("measured by others: about 52 GB/s peer reads on RTX PRO 6000 PCIe (b12x pull 139); vLLM's "
                                                 "one-shot all-reduce at 2 GPUs reads the peer's whole message"),
-            "custom_max_bytes": "vLLM source: CustomAllreduce max_size, 8 MiB",
+            "custom_max_bytes": VLLM_MAX_BYTES,
         },
     },
-    "nvlink3": {
-        "spec": {"kind": "nvlink", "generation": "NVLink 3 (A100 SXM4)", "bus_bw_bytes_s": 3.0e11, "p2p": True,
-                 "nccl": {"floor_s": 4.5e-6, "bus_bw_bytes_s": 2.35e11}, "custom_allreduce": {"floor_s": 8.7e-6, "bus_bw_bytes_s": 38e9}},
-        "provenance": {
-            "bus_bw_bytes_s": "datasheet: NVLink 3, 600 GB/s total, 300 GB/s per direction",
-            "p2p": "datasheet: NVLink-connected GPUs have peer access",
-            "nccl.floor_s": "NCCL's tuning model (src/graph/tuning.cc): ring LL base 3.6 us + 2 NVLink hops of 0.47 us, not a measurement",
-            "nccl.bus_bw_bytes_s": "NCCL's tuning model (src/graph/tuning.cc) caps an A100's bus bandwidth at 235 GB/s, not a measurement",
-            "custom_allreduce.floor_s": "assumed: the NVLink 4 measurement of vLLM's custom all-reduce on H100 (sglang pull 2904): launch and flag synchronisation, not the link's bandwidth",
-            "custom_allreduce.bus_bw_bytes_s": "derived: the NVLink 4 measurement (57 GB/s, sglang pull 2904) scaled by the datasheets' per-direction bandwidth (300 / 450)",
-            "custom_max_bytes": "vLLM source: CustomAllreduce max_size, 8 MiB",
-        },
-    },
-    "nvlink4": {
-        "spec": {"kind": "nvlink", "generation": "NVLink 4 (H100 / H200 SXM)", "bus_bw_bytes_s": 4.5e11, "p2p": True,
-                 "nccl": {"floor_s": 4.5e-6, "bus_bw_bytes_s": 3.6e11}, "custom_allreduce": {"floor_s": 8.7e-6, "bus_bw_bytes_s": 57e9}},
-        "provenance": {
-            "bus_bw_bytes_s": "datasheet: NVLink 4, 900 GB/s total, 450 GB/s per direction",
-            "p2p": "datasheet: NVLink-connected GPUs have peer access",
-            "nccl.floor_s": "NCCL's tuning model (src/graph/tuning.cc): ring LL base 3.6 us + 2 NVLink hops of 0.47 us, not a measurement",
-            "nccl.bus_bw_bytes_s": "assumed: 80% of the datasheet's per-direction bandwidth (vLLM runs NCCL only above 8 MiB here)",
-            "custom_allreduce.floor_s": ("measured by others: vLLM's custom all-reduce on H100 at TP 2, eager mode (github.com/sgl-project/sglang "
-                                         "pull 2904): 8.7 us at 32 KiB"),
-            "custom_allreduce.bus_bw_bytes_s": "measured by others: the same table, 26.6 us at 1 MiB: 57 GB/s between 32 KiB and 1 MiB",
-            "custom_max_bytes": "vLLM source: CustomAllreduce max_size, 8 MiB",
-        },
-    },
+    "nvlink3": _nvlink(
+        "NVLink 3 (A100 SXM4)", 3.0e11, "600 GB/s total, 300 GB/s per direction",
+        (2.35e11, "NCCL's tuning model (src/graph/tuning.cc) caps an A100's bus bandwidth at 235 GB/s, not a measurement"),
+        (8.7e-6, "assumed: the NVLink 4 measurement of vLLM's custom all-reduce on H100 (sglang pull 2904): launch and flag "
+                 "synchronisation, not the link's bandwidth"),
+        (38e9, "derived: the NVLink 4 measurement (57 GB/s, sglang pull 2904) scaled by the datasheets' per-direction bandwidth (300 / 450)"),
+    ),
+    "nvlink4": _nvlink(
+        "NVLink 4 (H100 / H200 SXM)", 4.5e11, "900 GB/s total, 450 GB/s per direction",
+        (3.6e11, "assumed: 80% of the datasheet's per-direction bandwidth (vLLM runs NCCL only above 8 MiB here)"),
+        (8.7e-6, "measured by others: vLLM's custom all-reduce on H100 at TP 2, eager mode (github.com/sgl-project/sglang pull 2904): "
+                 "8.7 us at 32 KiB"),
+        (57e9, "measured by others: the same table, 26.6 us at 1 MiB: 57 GB/s between 32 KiB and 1 MiB"),
+    ),
 }
 
 
@@ -176,10 +180,17 @@ GPUS: dict[str, dict[str, Any]] = {
     },
 }
 
-for _gpu in GPUS.values():  # each GPU's link from LINKS, with its provenance
-    _spec, _prov = link_entry(_gpu["spec"]["link"])
-    _gpu["spec"]["link"] = _spec
-    _gpu["provenance"].update(_prov)
+
+
+def _attach_links() -> None:
+    """Each GPU names its link in LINKS; its entry gets the link's section and provenance."""
+    for gpu in GPUS.values():
+        spec, prov = link_entry(gpu["spec"]["link"])
+        gpu["spec"]["link"] = spec
+        gpu["provenance"].update(prov)
+
+
+_attach_links()
 
 MODELS: dict[str, dict[str, Any]] = {
     "Qwen3-Coder-30B-A3B-Instruct-FP8": {
