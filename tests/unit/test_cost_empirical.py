@@ -128,7 +128,7 @@ def test_the_api_time_per_streaming_request_is_the_slope_over_loads():
 
 def test_api_load_plan_leaves_the_probe_a_seat_and_the_streams_their_kv():
     plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
-    assert plan.streams == (0, 4, 7) and 8 * (plan.stream_tokens + PROBE + 32) <= 8000
+    assert plan.streams == (0, 4, 7) and 8 * (plan.stream_tokens + PROBE + 32) <= 8000 and plan.stream_tokens >= 512
 
 
 def test_shipped_profile_loads_with_its_provenance():

@@ -49,6 +49,7 @@ MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request
 PROBE = 64  # prompt tokens of an API-under-load probe
 PROBES = 4  # probes per load and round
+STREAM_MAX = 1024  # answer of a request streaming beside the probes: it must outlast them (they are cancelled after)
 #: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
 ENGINE_TTFT_PARTS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
 
@@ -129,7 +130,7 @@ class Plan:
     decode: tuple[tuple[int, int], ...]
     text: tuple[int, ...] = ()  # words of cached text prompts (the server's tokenizer cost)
     streams: tuple[int, ...] = ()  # requests streaming beside the API-under-load probes
-    stream_tokens: int = 384  # answer of each of those (long enough to outlast the probes)
+    stream_tokens: int = STREAM_MAX  # answer of each of those (long enough to outlast the probes)
     output_tokens: int = 96
     repeats: int = 3
     warmup: int = 1
@@ -148,7 +149,7 @@ class Plan:
                   for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)}) if 64 <= c <= top and b * (c + slack) <= cap]
         text = tuple(n for n in (64, 256, 512, 1024, 1536) if 3 * n <= top)  # a word is at most ~3 tokens
         streams = tuple(sorted({0, max_batch // 2, max_batch - 1}))  # the probe takes the last seat
-        stream_tokens = max(SHORT, min(4 * output_tokens, cap // max_batch - PROBE - slack))
+        stream_tokens = max(SHORT, min(STREAM_MAX, cap // max_batch - PROBE - (info.block_tokens or 16)))
         return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, output_tokens, repeats)
 
 

@@ -122,7 +122,8 @@ def data_parallel_groups(config: SimConfig, cost: CostModel, loop: EventLoop) ->
     if not config.enable_expert_parallel:
         return [None] * config.workers
     if not isinstance(cost, OperatorCost):
-        raise CodaError(f"enable_expert_parallel: profile {cost.profile.name} is a {cost.profile.kind} profile; expert parallelism needs an operators profile")
+        raise CodaError(f"enable_expert_parallel: profile {cost.profile.name} is a {cost.profile.kind} profile; "
+                        "expert parallelism needs an operators profile")
     group = ExpertParallelGroup(cost, dp)
     steps = [Lockstep(loop, group) for _ in range(config.workers // dp)]
     return [steps[w // dp] for w in range(config.workers)]
