@@ -15,7 +15,7 @@ from coda.cost.empirical import EmpiricalCost, step_features
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
-from coda.profiling.api_measure import PROBE, ApiSample, DecodeSample, EngineInfo, Plan, PrefillSample, _samples
+from coda.profiling.api_measure import PROBE, ApiSample, DecodeSample, EngineInfo, Plan, PrefillSample, Prober, _samples
 from coda.profiling.empirical_fit import COLUMNS, fit_api_stream, fit_step_model, measured_profile
 
 TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
@@ -129,6 +129,29 @@ def test_the_api_time_per_streaming_request_is_the_slope_over_loads():
 def test_api_load_plan_leaves_the_probe_a_seat_and_the_streams_their_kv():
     plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
     assert plan.streams == (0, 4, 7) and 8 * (plan.stream_tokens + PROBE + 32) <= 8000 and plan.stream_tokens >= 512
+
+
+def test_a_probe_whose_one_token_decodes_to_no_text_is_timed_to_the_streams_end():
+    import asyncio
+
+    from coda.bench.client import NO_TOKENS, Attempt
+
+    prober = Prober("http://127.0.0.1:9")
+    usage = {"completion_tokens": 1, "prompt_tokens": 64}
+
+    async def empty(body, headers):
+        return Attempt(sent_s=1.0, status=200, reason=NO_TOKENS, end_s=1.25, usage=usage)
+
+    async def cut(body, headers):
+        return Attempt(sent_s=1.0, status=200, reason="stream_cut: closed", end_s=1.25, usage=usage)
+
+    async def go(send):
+        prober.endpoint.send = send
+        return await prober.first_token([11, 12])
+
+    assert asyncio.run(go(empty)).seconds == pytest.approx(0.25)
+    with pytest.raises(CodaError, match="stream_cut"):
+        asyncio.run(go(cut))
 
 
 def test_shipped_profile_loads_with_its_provenance():
