@@ -9,7 +9,7 @@ import pytest
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.policy.routing import CodaRouter, DynamoKV, RoundRobin, SMetric
+from coda.policy.routing import ContextCompatible, DynamoKV, RoundRobin, SMetric
 from coda.policy.snapshots import AdmissionSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.policy.state import Fifo, TieredAging
 
@@ -55,7 +55,7 @@ def routing_snapshot(workers=16, decoders=64):
     return RoutingSnapshot(0.0, req, ws)
 
 
-@pytest.mark.parametrize("router", [RoundRobin(), SMetric(), DynamoKV(), CodaRouter()], ids=lambda r: r.name)
+@pytest.mark.parametrize("router", [RoundRobin(), SMetric(), DynamoKV(), ContextCompatible()], ids=lambda r: r.name)
 def test_route_16x64(benchmark, router):
     snap = routing_snapshot()
     benchmark(router.route, snap)

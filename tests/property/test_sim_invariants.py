@@ -193,12 +193,12 @@ def fresh_views(sim: Simulation, chain: list[int]) -> tuple[WorkerView, ...]:
     views = []
     for w in sim.workers:
         match = PrefixMatch()
-        if "match" in sim.router_needs:
+        if "match" in sim.worker_fields:
             h = lead(w.hbm.resident, 0)
             d = lead(w.dram.chunks, h) if w.dram is not None else 0
             match = PrefixMatch(h, d, lead(w.ssd.chunks, h + d) if w.ssd is not None else 0)
         views.append(WorkerView(w.id, len(w.running) + w.n_restoring + len(w.waiting), w.active_tokens // sim.C, len(w.waiting),
-                                w.decode_contexts() if "decode_contexts" in sim.router_needs else (), match))
+                                w.decode_contexts() if "decode_contexts" in sim.worker_fields else (), match))
     return tuple(views)
 
 

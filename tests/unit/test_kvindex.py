@@ -81,7 +81,7 @@ def test_simulated_routing_is_identical_through_the_indexer():
     wl = load_workload("synth:rate=4,duration=400,seed=5")
 
     class Obs:
-        needs = frozenset()
+        worker_fields = frozenset()
 
         def __init__(self):
             self.routes = []

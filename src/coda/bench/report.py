@@ -22,7 +22,7 @@ from coda import __version__
 from coda.metrics.requests import OPERATOR_KEYS, Window, mean_ci, summarize
 from coda.shell import strict_json
 
-# Keys of `coda bench --json` (the contract), in the order tables print them.
+# Keys `coda bench --json` always prints (docs/bench.md), in the order tables print them.
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
 TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",

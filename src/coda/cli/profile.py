@@ -41,6 +41,8 @@ def profile_show(
         print_json({"profile": p.model_dump(), "sizing": sizing})
         return
     out_console.print(f"[bold]{p.name}[/bold] ({p.kind}): {p.description}")
+    if p.machine is not None:
+        out_console.print("measured on: " + ", ".join(f"{k} {v}" for k, v in p.machine.model_dump().items() if v is not None), highlight=False)
     table = Table(show_header=True)
     table.add_column("constant")
     table.add_column("value", justify="right")
@@ -398,7 +400,7 @@ def profile_measure(
     tp: Annotated[int, typer.Option("--tp", help="--model-config: the tensor-parallel degree whose per-rank shapes are measured")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch); with
+    """Measure attention, skew, cohort, H2D and prefill CSVs on the local GPU or CPU (needs PyTorch); with
     --model-config the operator files of one layer of that model (PyTorch and Triton); or with
     --endpoint a live engine's step costs through its API, fitted into a profile `coda sim --profile` runs."""
     from coda.errors import CodaError
@@ -464,7 +466,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
     write_samples(samples, prefill, decode, api)
     data = measured_profile(name, info, prefill, decode, fit, api, kv_bytes_per_token=kv, samples=samples.name,
-                            date=datetime.date.today().isoformat(), machine=_machine(), note=note)
+                            date=datetime.date.today().isoformat(), machine=_engine_machine(url, info.version), note=note)
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
     if as_json:
@@ -493,14 +495,19 @@ def _kv_bytes(info: EngineInfo, given: int | None) -> tuple[int, str]:
     raise CodaError("--kv-bytes-per-token is needed: the engine does not tell (2 x layers x KV heads x head dim x dtype bytes)")
 
 
-def _machine() -> str:
-    import os
-    import platform
+def _engine_machine(url: str, engine_version: str | None) -> dict | None:
+    """The engine's machine when the endpoint is on loopback (it ran here), else ``None``."""
+    import ipaddress
+    from urllib.parse import urlsplit
 
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
-    return f"{platform.node()}, {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    from coda.profiling.machine import machine
+
+    host = urlsplit(url).hostname or ""
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    return machine(vllm=engine_version) if local else None
 
 
 @profile_app.command("roofline")

@@ -22,7 +22,7 @@ from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.replica import Replica, open_store
 from coda.gateway.store import Sessions, Synced
 from coda.gateway.view import GatewayState, Ticket, Worker
-from coda.policy.ingress import Decision
+from coda.policy.contracts import Decision
 from coda.policy.snapshots import IngressSnapshot
 from coda.serving.errors import ApiError
 from coda.shell import strict_json

@@ -17,11 +17,11 @@ from typing import Any
 from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
-from coda.policy.build import build_policies
-from coda.policy.ingress import SIGNALS, Decision, IngressPolicy
+from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
 from coda.policy.presets import resolve_policies
-from coda.policy.routing import Router, rendezvous
+from coda.policy.routing import rendezvous
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
+from coda.shell.build import build_policies
 from coda.shell.estimates import deadline_slack_s, ttft_estimate
 from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
 from coda.shell.sessions import SessionLedger, ledger_ttl_s
@@ -202,7 +202,7 @@ class GatewayState:
     @property
     def needed_signals(self) -> frozenset[str]:
         """What the ingress policy (and its shadow) reads."""
-        return frozenset(self.ingress.needs)
+        return frozenset(self.ingress.signals)
 
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))

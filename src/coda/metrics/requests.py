@@ -71,7 +71,7 @@ def summarize(
     run_end_s: float | None = None,
     alone_s: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """Metrics of DESIGN.md from per-request records.
+    """The metrics docs/simulator.md defines (section Metrics), from per-request records.
 
     ``records`` carry ``ready_s``, ``first_token_s``, ``finish_s``, ``output_tokens``,
     ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` (the request's

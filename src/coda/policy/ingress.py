@@ -2,7 +2,8 @@
 
 Every policy is a pure function of an ``IngressSnapshot`` (no I/O, no clock): the gateway builds
 snapshots from live telemetry, the simulator from its workers, and both enforce the same
-``Decision``. A policy declares the signals it reads (``needs``, names from ``SIGNALS``) so a
+``Decision``. A policy declares the signals it reads (``signals``, names from
+``coda.policy.contracts.SIGNALS``) so a
 shell that cannot supply one refuses to start instead of deciding on a made-up value.
 
 Pressure is judged per worker and admission asks whether *any* healthy worker has room, since
@@ -23,35 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
+from coda.policy.contracts import SEVERITY, Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
-
-#: every signal a policy may need; the gateway maps each to a source (engine /metrics or its own view)
-SIGNALS = ("queue_depth", "kv_usage", "inflight_requests", "inflight_tokens", "prefix_hit", "tenant_share", "deadline_slack")
-
-Action = Literal["admit", "defer", "reject"]
-SEVERITY: dict[str, int] = {"admit": 0, "defer": 1, "reject": 2}
-
-
-@dataclass(slots=True, frozen=True)
-class Decision:
-    """``status``: the HTTP status the shell answers with when not admitting (503 defer, 429 / 529 reject)."""
-
-    action: Action
-    policy: str
-    reason: str = "ok"
-    status: int = 200
-    retry_after_s: float = 0.0
-
-
-
-class IngressPolicy(Protocol):
-    name: str
-    #: names from ``SIGNALS`` the policy reads
-    needs: frozenset[str]
-
-    def decide(self, snap: IngressSnapshot) -> Decision: ...
 
 
 def room(snap: IngressSnapshot, has_room: Callable[[WorkerLoad], bool]) -> bool:
@@ -65,18 +40,18 @@ def _check_fraction(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class AdmitAll:
+class AdmitAll(IngressPolicy):
     """Admit everything (the baseline)."""
 
     name: str = "admit_all"
-    needs: frozenset[str] = frozenset()
+    signals: frozenset[str] = frozenset()
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         return Decision("admit", self.name)
 
 
 @dataclass(frozen=True, slots=True)
-class QueueLimit:
+class QueueLimit(IngressPolicy):
     """Defer what the engine would only queue: while every worker has ``max_waiting`` requests in
     its engine queue, or could not start the request at once (every seat taken, or its prompt
     does not fit in the KV cache beside the prompts in flight: ``WorkerLoad.can_start``)."""
@@ -84,7 +59,7 @@ class QueueLimit:
     max_waiting: int = 4
     retry_after_s: float = 1.0
     name: str = "queue_limit"
-    needs: frozenset[str] = frozenset({"queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"queue_depth", "inflight_requests", "inflight_tokens"})
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start(snap.prompt_tokens)):
@@ -93,13 +68,13 @@ class QueueLimit:
 
 
 @dataclass(frozen=True, slots=True)
-class KVHeadroom:
+class KVHeadroom(IngressPolicy):
     """Defer while every worker's KV cache is at least ``max_kv_usage`` full."""
 
     max_kv_usage: float = 0.9
     retry_after_s: float = 1.0
     name: str = "kv_headroom"
-    needs: frozenset[str] = frozenset({"kv_usage"})
+    signals: frozenset[str] = frozenset({"kv_usage"})
 
     def __post_init__(self) -> None:
         _check_fraction("max_kv_usage", self.max_kv_usage)
@@ -117,7 +92,7 @@ def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class TenantShare:
+class TenantShare(IngressPolicy):
     """Under saturation, reject (429) a request that would lift its tenant's share of in-flight
     tokens above ``(1 + slack)`` times its entitlement (its weight over the weights of the
     tenants with work in flight). Without saturation every tenant may use idle capacity."""
@@ -127,7 +102,7 @@ class TenantShare:
     queue_high: int = 2
     retry_after_s: float = 2.0
     name: str = "tenant_share"
-    needs: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
@@ -145,7 +120,7 @@ OVERLOAD_INFLIGHT, OVERLOAD_QUEUE = 64, 16
 
 
 @dataclass(frozen=True, slots=True)
-class Overload:
+class Overload(IngressPolicy):
     """Reject (529) when no worker has room: every one is at ``max_inflight`` gateway requests
     (default: its seats, ``max_num_seqs``), or at ``kv_reject`` KV use, or has ``queue_reject``
     requests waiting (default: a quarter of its seats)."""
@@ -155,7 +130,7 @@ class Overload:
     queue_reject: int | None = None
     retry_after_s: float = 2.0
     name: str = "overload"
-    needs: frozenset[str] = frozenset({"inflight_requests", "kv_usage", "queue_depth"})
+    signals: frozenset[str] = frozenset({"inflight_requests", "kv_usage", "queue_depth"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_reject", self.kv_reject)
@@ -177,7 +152,7 @@ class Overload:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionAdmission:
+class SessionAdmission(IngressPolicy):
     """Admit whole agent sessions: a request of a session that holds a slot always passes; under
     saturation (or with ``max_sessions`` slots taken) a new session is deferred, so the sessions
     already running keep their KV and finish. A session idle for ``idle_ttl_s`` loses its slot
@@ -189,12 +164,16 @@ class SessionAdmission:
     idle_ttl_s: float = 300.0
     retry_after_s: float = 2.0
     name: str = "session"
-    needs: frozenset[str] = frozenset({"kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+
+    @property
+    def session_ttl_s(self) -> float:  # type: ignore[override]
+        return self.idle_ttl_s
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.session_active:
@@ -207,14 +186,14 @@ class SessionAdmission:
 
 
 @dataclass(frozen=True, slots=True)
-class Deadline:
+class Deadline(IngressPolicy):
     """Reject (529) a request whose predicted time to first token already exceeds its deadline
     by more than ``grace_s``; serving it would spend GPU time on an answer nobody waits for."""
 
     grace_s: float = 0.0
     retry_after_s: float = 1.0
     name: str = "deadline"
-    needs: frozenset[str] = frozenset({"deadline_slack"})
+    signals: frozenset[str] = frozenset({"deadline_slack"})
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.deadline_slack_s + self.grace_s >= 0:
@@ -223,18 +202,24 @@ class Deadline:
 
 
 @dataclass(frozen=True, slots=True)
-class AllOf:
+class AllOf(IngressPolicy):
     """Every part decides; the most severe decision wins (reject > defer > admit), the first among equals."""
 
     parts: tuple[IngressPolicy, ...]
     name: str = ""
-    needs: frozenset[str] = field(default=frozenset())
+    signals: frozenset[str] = field(default=frozenset())
 
     def __post_init__(self) -> None:
         if not self.parts:
             raise ValueError("a composition needs at least one policy")
         object.__setattr__(self, "name", self.name or "+".join(p.name for p in self.parts))
-        object.__setattr__(self, "needs", frozenset().union(*(p.needs for p in self.parts)))
+        object.__setattr__(self, "signals", frozenset().union(*(p.signals for p in self.parts)))
+
+    @property
+    def session_ttl_s(self) -> float | None:  # type: ignore[override]
+        """The shortest TTL a part asks for (``None`` when no part tracks sessions)."""
+        ttls = [p.session_ttl_s for p in self.parts if p.session_ttl_s is not None]
+        return min(ttls) if ttls else None
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         best: Decision | None = None

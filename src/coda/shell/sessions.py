@@ -8,28 +8,14 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from coda.policy.ingress import AllOf, IngressPolicy, SessionAdmission
+from coda.policy.contracts import IngressPolicy
+from coda.policy.ingress import SessionAdmission
 
 
 def ledger_ttl_s(policy: IngressPolicy) -> float:
     """The TTL a shell's session ledger runs with: the policy's, or the session policy's default
     (so ``session_active`` means the same whether or not a policy reads it)."""
-    ttl = session_ttl_s(policy)
-    return SessionAdmission().idle_ttl_s if ttl is None else ttl
-
-
-def session_ttl_s(policy: IngressPolicy) -> float | None:
-    """The session TTL a policy asks the shell to apply (``None``: it does not track sessions); a
-    shadowed policy's TTL is its primary's."""
-    primary = getattr(policy, "primary", None)
-    if primary is not None:
-        return session_ttl_s(primary)
-    if isinstance(policy, SessionAdmission):
-        return policy.idle_ttl_s
-    if isinstance(policy, AllOf):
-        ttls = [t for t in map(session_ttl_s, policy.parts) if t is not None]
-        return min(ttls) if ttls else None
-    return None
+    return SessionAdmission().idle_ttl_s if policy.session_ttl_s is None else policy.session_ttl_s
 
 
 class SessionLedger:

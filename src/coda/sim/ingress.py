@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coda.policy.ingress import Decision, IngressPolicy
+from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
 from coda.shell.estimates import deadline_slack_s

@@ -17,7 +17,7 @@ from coda.policy.snapshots import RoutingSnapshot
 
 class SimObserver(Protocol):
     #: extra routing-snapshot fields the observer needs built ("match", "decode_contexts")
-    needs: frozenset[str]
+    worker_fields: frozenset[str]
 
     def on_step(
         self,

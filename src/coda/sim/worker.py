@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coda.cost.model import CohortPlan, CostModel
-from coda.policy.execution import ExecutionPolicy
+from coda.policy.contracts import ExecutionPolicy, StatePolicy
 from coda.policy.snapshots import AdmissionSnapshot
-from coda.policy.state import StatePolicy
 from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
@@ -363,7 +362,7 @@ class Worker:
             i += 1
         admissible_later = True
         if not preempted:
-            promote_one = getattr(self.state_policy, "admission", "every_slot") == "promote_one"
+            promote_one = self.state_policy.admission == "promote_one"
             asked = False
             while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
                 if promote_one and asked:  # the policy promoted one request; the engine's FCFS admits the rest
