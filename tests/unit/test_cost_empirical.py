@@ -148,7 +148,7 @@ def test_the_api_time_per_streaming_request_is_the_slope_over_loads():
     assert fit_api_stream([])[1].startswith("not measured: ")
     pre, dec = timings(TRUE, noise=0.0)
     data = measured_profile("t", INFO, pre, dec, fit_step_model(pre, dec), api, kv_bytes_per_token=(2048, "given: test"),
-                            samples="t.samples.csv", date="2026-01-01", machine="test", note="")
+                            samples="t.samples.csv", date="2026-01-01", machine=None, note="")
     cost = EmpiricalCost(Profile.model_validate(data))
     assert cost.request_s(1000, running=5) - cost.request_s(1000) == pytest.approx(5 * slope)
 

@@ -45,7 +45,7 @@ def _workload(sessions: list[tuple[float, list[tuple[int, int, float]]]]) -> Wor
 
 
 class Steps:
-    needs = frozenset()
+    worker_fields = frozenset()
 
     def __init__(self):
         self.by_worker: dict[int, list[tuple[float, float]]] = {}
