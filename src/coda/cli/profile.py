@@ -473,7 +473,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         print_json({"out": str(out), "samples": str(samples), "step_model": data["step_model"], "forms": fit.forms})
         return
     out_console.print(f"wrote {out} and {samples}: {data['description']}", highlight=False, soft_wrap=True)
-    for k in (*COLUMNS, "api_stream_s"):
+    for k in (*COLUMNS, "api_stream_s", "api_stream_token_s"):
         out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
     f = data["step_model"]["fit"]
     out_console.print(f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "

@@ -202,10 +202,11 @@ class StepModel(_Strict):
     step = fixed_s + token_s x (prefill tokens + decodes) + seq_s x (prefill chunks + decodes)
            + prefill_pair_s x sum of new x (cached + (new + 1) / 2) + decode_context_s x decode contexts.
 
-    ``api_latency_s`` + ``api_text_token_s`` x prompt tokens + ``api_stream_s`` x requests running
-    is what a client of text prompts waits beyond the engine's steps (request in and tokenized,
-    first token out, while the server streams for the others); the simulator charges it before the
-    request reaches the scheduler (``EmpiricalCost.request_s``).
+    ``api_latency_s`` + ``api_text_token_s`` x prompt tokens + (``api_stream_s`` +
+    ``api_stream_token_s`` x prompt tokens) x requests running is what a client of text prompts
+    waits beyond the engine's steps (request in and tokenized, first token out, while the server
+    streams for the others); the simulator charges it before the request reaches the scheduler
+    (``EmpiricalCost.request_s``).
     """
 
     fixed_s: float = Field(ge=0, description="per step, whatever its batch (scheduling, sampling, launch)")
@@ -217,6 +218,7 @@ class StepModel(_Strict):
     api_id_token_s: float = Field(ge=0, description="API latency per token of a token-id prompt (parsing)")
     api_text_token_s: float = Field(ge=0, description="API latency per token of a text prompt (tokenization)")
     api_stream_s: float = Field(0.0, ge=0, description="API latency per request the engine is running at arrival (the server streams for them)")
+    api_stream_token_s: float = Field(0.0, ge=0, description="API latency per prompt token and per request running at arrival")
     kv_bytes_per_token: PositiveInt
     block_tokens: PositiveInt = Field(description="the engine's KV block size (use it as the simulator's chunk_tokens)")
     kv_capacity_tokens: PositiveInt = Field(description="KV the engine holds (blocks x block size)")

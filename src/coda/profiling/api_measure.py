@@ -15,9 +15,10 @@ every vocabulary has) except where the server's own text handling is the point:
   prompt (tokenization);
 * the API under load: the API server's time for a request is the client's TTFT less the engine's
   own part (its queue and prefill time, from vLLM's ``/metrics`` histograms, so the step model does
-  not enter), measured for probe requests while ``streams`` other requests stream their answers:
-  the server tokenizes, detokenizes and streams for all of them on one event loop, so its time per
-  request grows with them (``api_stream_s`` per streaming request);
+  not enter), measured for fresh text probes of two sizes while ``streams`` other requests stream
+  their answers: the server tokenizes, detokenizes and streams for all of them in one process, so
+  its time per request, and per prompt token, grows with them (``api_stream_s`` and
+  ``api_stream_token_s`` per streaming request);
 * decode: ``batch`` concurrent requests over ``context``-token prompts sent once before, so every
   prompt is cached, the batch joins in one step and decodes in lockstep; the step time is the
   median latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token, which
@@ -47,7 +48,7 @@ from coda.errors import CodaError
 
 MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request
-PROBE = 64  # prompt tokens of an API-under-load probe
+PROBE_WORDS = (32, 384)  # text prompts of the API-under-load probes (a word is one to three tokens)
 PROBES = 4  # probes per load and round
 STREAM_MAX = 1024  # answer of a request streaming beside the probes: it must outlast them (they are cancelled after)
 #: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
@@ -111,10 +112,11 @@ class DecodeSample:
 
 @dataclass(frozen=True, slots=True)
 class ApiSample:
-    """The API server's time for a probe request (client TTFT less the engine's queue and prefill)
-    while ``streams`` other requests stream their answers."""
+    """The API server's time for a text probe of ``prompt_tokens`` tokens (client TTFT less the
+    engine's queue and prefill) while ``streams`` other requests stream their answers."""
 
     streams: int
+    prompt_tokens: int
     api_s: list[float]
 
     @property
@@ -131,6 +133,7 @@ class Plan:
     text: tuple[int, ...] = ()  # words of cached text prompts (the server's tokenizer cost)
     streams: tuple[int, ...] = ()  # requests streaming beside the API-under-load probes
     stream_tokens: int = STREAM_MAX  # answer of each of those (long enough to outlast the probes)
+    probe_words: tuple[int, ...] = PROBE_WORDS  # words of the probes' text prompts
     output_tokens: int = 96
     repeats: int = 3
     warmup: int = 1
@@ -149,8 +152,12 @@ class Plan:
                   for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)}) if 64 <= c <= top and b * (c + slack) <= cap]
         text = tuple(n for n in (64, 256, 512, 1024, 1536) if 3 * n <= top)  # a word is at most ~3 tokens
         streams = tuple(sorted({0, max_batch // 2, max_batch - 1}))  # the probe takes the last seat
-        stream_tokens = max(SHORT, min(STREAM_MAX, cap // max_batch - PROBE - (info.block_tokens or 16)))
-        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, output_tokens, repeats)
+        probe_words = tuple(w for w in PROBE_WORDS if 3 * w <= top)
+        block = info.block_tokens or 16
+        room = (cap - 3 * max(probe_words, default=0) - block) // max(1, max_batch - 1)  # each stream's KV beside the largest probe
+        stream_tokens = max(SHORT, min(STREAM_MAX, room - 64 - block))
+        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens,
+                   repeats)
 
 
 def _fail(url: str, what: str) -> CodaError:
@@ -321,25 +328,26 @@ class Prober:
                 if line.startswith("data:"):
                     started.set()
 
-    async def api_under_load(self, streams: int, probes: int, max_tokens: int) -> list[float]:
-        """The API server's time for ``probes`` sequential probes while ``streams`` requests stream
-        (each probe's client TTFT less the engine's queue and prefill time for it); empty when the
-        endpoint exposes no engine timing, or when a probe's engine timing cannot be told apart."""
+    async def api_under_load(self, streams: int, probes: int, max_tokens: int, sizes: tuple[int, ...]) -> list[tuple[int, int, float]]:
+        """(words, prompt tokens, API seconds) of ``probes`` sequential text probes of each size of
+        ``sizes`` words while ``streams`` requests stream (a probe's client TTFT less the engine's
+        queue and prefill time for it); empty when the endpoint exposes no engine timing. A probe
+        whose engine timing cannot be told apart is left out."""
         if await self._engine_ttft_s() is None:
             return []
         events = [asyncio.Event() for _ in range(streams)]
-        tasks = [asyncio.create_task(self._stream(self.ids(PROBE), max_tokens, e)) for e in events]
-        out: list[float] = []
+        tasks = [asyncio.create_task(self._stream(self.ids(64), max_tokens, e)) for e in events]
+        out: list[tuple[int, int, float]] = []
         try:
             await asyncio.gather(*(e.wait() for e in events))
-            for _ in range(probes):
+            for words in [w for _ in range(probes) for w in sizes]:
                 before = await self._engine_ttft_s()
-                t = await self.first_token(self.ids(PROBE))
+                t = await self.first_token(tok.text(self.rng.randrange(1 << 62), words))
                 after = await self._engine_ttft_s()
                 if any(task.done() for task in tasks):  # a stream ended: the load changed under the probe
                     break
                 if before is not None and after is not None and after[1] - before[1] == 1:
-                    out.append(t.seconds - (after[0] - before[0]))
+                    out.append((words, t.prompt_tokens, t.seconds - (after[0] - before[0])))
         finally:
             for task in tasks:
                 task.cancel()
@@ -359,7 +367,7 @@ class Prober:
         hits: dict[tuple[int, int], tuple[int, int]] = {}
         dec: dict[tuple[int, int], list[float]] = {}
         txt: dict[int, list[tuple[int, int, int, float]]] = {}
-        api: dict[int, list[float]] = {}
+        api: dict[tuple[int, int], list[tuple[int, float]]] = {}
         for r in range(plan.repeats):
             self.log(f"round {r + 1}/{plan.repeats}")
             for n, c in plan.prefill:
@@ -371,11 +379,14 @@ class Prober:
             for w in plan.text:
                 txt.setdefault(w, []).append(await self.text(w))
             for b in plan.streams:
-                api.setdefault(b, []).extend(await self.api_under_load(b, PROBES, plan.stream_tokens))
+                for words, n, seconds in await self.api_under_load(b, PROBES, plan.stream_tokens, plan.probe_words):
+                    api.setdefault((b, words), []).append((n, seconds))
         prefill = [PrefillSample(*hits[k], ttft_s=v) for k, v in pre.items()]
         # A text's hit varies with where its last block ends; the median repeat stands for the shape.
         for runs in txt.values():
             new, hit, n, _ = sorted(runs, key=lambda r: r[3])[len(runs) // 2]
             prefill.append(PrefillSample(new, hit, [r[3] for r in runs], text_tokens=n))
         decode = [DecodeSample(b, c + (SHORT + plan.output_tokens) / 2.0, v) for (b, c), v in dec.items()]
-        return prefill, decode, [ApiSample(b, v) for b, v in api.items() if v]
+        # a size's prompt tokens vary a little with its words: the median stands for the shape
+        api_samples = [ApiSample(b, int(statistics.median(n for n, _ in v)), [t for _, t in v]) for (b, _), v in api.items()]
+        return prefill, decode, api_samples
