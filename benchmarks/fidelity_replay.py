@@ -34,11 +34,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from coda.config.load import read_config, validated
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.errors import CodaError
 from coda.sim.cluster import Simulation
-from coda.sim.config import SimConfig, load_config_file, validate_config
+from coda.sim.config import SimConfig
 from coda.workload.requests import read_requests
 from coda.workload.schema import Round, Session, Workload
 
@@ -88,10 +89,10 @@ def measured_times(path: Path) -> dict[str, dict[str, float]]:
 def setup_config(setup: str, profile: str | None, config: Path | None) -> SimConfig:
     data = {**ENGINE, **SETUPS[setup]}
     if config is not None:
-        data.update(load_config_file(config))
+        data.update(read_config(config))
     if profile is not None:
         data["profile"] = profile
-    return validate_config(data, f"setup {setup}")
+    return validated(SimConfig, data, f"setup {setup}", show_input=True)
 
 
 def simulate(workload: Workload, cfg: SimConfig) -> tuple[dict[str, dict[str, float]], float]:

@@ -225,7 +225,11 @@ class Worker:
         )
 
     def _decide(self) -> int | None:
-        return self.state_policy.choose(self.snapshot())
+        snap = self.snapshot()
+        idx = self.state_policy.choose(snap)
+        for ob in self.observers:
+            ob.on_admission(self.id, snap, idx)
+        return idx
 
     def _admit(self, req: SimRequest) -> None:
         now = self.loop.now
