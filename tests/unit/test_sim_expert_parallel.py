@@ -11,6 +11,7 @@ from coda.cost.profile import load_profile
 from coda.errors import CodaError
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.observe import SimObserver
 from coda.workload.schema import Workload
 from tests.conftest import make_session
 
@@ -44,9 +45,7 @@ def _workload(sessions: list[tuple[float, list[tuple[int, int, float]]]]) -> Wor
     return Workload(sessions=[make_session(f"s{i}", t, rounds) for i, (t, rounds) in enumerate(sessions)], meta={"duration_s": 60.0})
 
 
-class Steps:
-    worker_fields = frozenset()
-
+class Steps(SimObserver):
     def __init__(self):
         self.by_worker: dict[int, list[tuple[float, float]]] = {}
 
@@ -54,9 +53,6 @@ class Steps:
         ends = start_s + np.cumsum(durations_s)
         starts = np.concatenate([[start_s], ends[:-1]])
         self.by_worker.setdefault(worker, []).extend(zip(starts.tolist(), ends.tolist()))
-
-    def on_route(self, snap, chosen):
-        pass
 
 
 rounds = st.lists(st.tuples(st.integers(50, 3000), st.integers(1, 40), st.floats(0, 2)), min_size=1, max_size=3)
