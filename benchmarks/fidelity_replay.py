@@ -52,7 +52,7 @@ SETUPS: dict[str, dict[str, Any]] = {
 }
 #: each setup of ``--example`` and the one-GPU (or independent-ranks) setup it is compared with
 EXAMPLE_PAIRS = (("tp2", "tp1"), ("dp2-ep", "dp2"))
-ENGINE = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "chunk_tokens": 16, "dram": False, "warmup_s": 0.0, "drain_s": 3600.0}
+ENGINE = {"system": "vllm", "max_num_seqs": 256, "max_num_batched_tokens": 2048, "chunk_tokens": 16, "dram": False, "warmup_s": 0.0, "drain_s": 3600.0}
 STATS = ("mean", "p50", "p90", "p95", "p99")
 METRICS = ("ttft", "tpot", "e2e")
 #: measured field names of each metric, with the factor to seconds
