@@ -37,8 +37,9 @@ from coda.policy.routing import context_distance
 from coda.policy.snapshots import RoutingSnapshot
 from coda.shell import strict_json
 from coda.shell.shadow import Shadowed
-from coda.sim.cluster import SimResult, Simulation
+from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.results import SimResult
 from coda.sim.run import versions
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
