@@ -46,7 +46,7 @@ TIGHT = "synth:rate=200,duration={d},seed=3,tokens=0.03,tools=0.03"
 TARGET = 0.05
 METRICS = tuple(f"{m}_{s}_s" for m in ("ttft", "itl", "e2e") for s in ("mean", "p50", "p90", "p95", "p99")) + ("output_tps",)
 #: the engine-time terms of a measured profile: its per-step time and its API server's per-request time
-ENGINE_TERMS = ("fixed_s", "api_latency_s", "api_id_token_s", "api_text_token_s")
+ENGINE_TERMS = ("fixed_s", "api_latency_s", "api_id_token_s", "api_text_token_s", "api_stream_s", "api_stream_token_s")
 #: the simulated FCFS-to-Tiered-Aging difference lies within this share of the measured one
 TA_TARGET = 0.50
 TA_METRIC = "ttft_p95_s"

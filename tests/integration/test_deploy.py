@@ -20,6 +20,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from coda.gateway.config import build_config
+from coda.integrations.vllm.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # kubectl and hadolint come from the test extra's wheels
@@ -93,6 +94,10 @@ def test_the_gateway_config_is_valid_and_names_every_vllm_pod_on_the_ports_vllm_
     assert events["endpoint"] == f"tcp://*:{ports['kv-events']}" and events["replay_endpoint"] == f"tcp://*:{ports['kv-replay']}"
     assert args["scheduler-cls"] == "coda.integrations.vllm.scheduler.CodaScheduler" and args["port"] == str(ports["http"])
     assert "enable-prefix-caching" in args
+    # the scheduler's settings load as the engine loads them (an unknown key would stop it at startup)
+    env = {e["name"]: e["value"] for e in engine["env"]}
+    settings = load_settings(env)
+    assert settings.policy_spec.state.params == {"tau_s": 5.0, "w_max_s": 20.0}
 
     pods = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}" for i in range(sts["spec"]["replicas"])]
     assert [(b.url, b.kv_events, b.kv_events_replay) for b in cfg.backends] == [

@@ -8,8 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from coda.eval.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 from coda.sim.config import SimConfig
+from experiments.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def single():
     preset = PaperPreset(name="mini-single", workers=1, workloads=(PaperWorkload("M2", 12, 0.25),),
                          systems=("vllm", "cachewise", "coda"), duration_s=1200, warmup_s=300,
                          shadow_state="fewest_blocks", slo_targets=(("M2", "M2"),))
-    base = SimConfig()
+    base = SimConfig(system="vllm")
     runs = run_preset(preset, [0, 1], base)
     return preset, runs, build_report(preset, runs, base)
 
@@ -37,7 +37,7 @@ def test_calibrated_slo_gives_cachewise_the_papers_share(single):
     target = 9.4 / 132.6  # the paper's CacheWise on M2: SLO tok/s over output tok/s
     assert cal["target_shares"] == {"M2": pytest.approx(target)}
     cw = [r for r in runs if r.system == "cachewise"]
-    from coda.eval.paper import window_metrics
+    from experiments.paper import window_metrics
 
     share = sum(window_metrics(r, r.result.sim.window, cal["ttft_s"], cal["tbt_s"])["slo_tps"] for r in cw) / sum(r.summary["output_tps"] for r in cw)
     assert share == pytest.approx(cal["shares"]["M2"], rel=1e-9)
@@ -94,7 +94,7 @@ def test_markdown_and_figures(single, tmp_path):
 def test_multi_report_records_routing_distance_against_smetric():
     preset = PaperPreset(name="mini-multi", workers=3, workloads=(PaperWorkload("Q", 5),), systems=("smetric", "coda"),
                          duration_s=600, warmup_s=200, shadow_router="smetric")
-    base = SimConfig()
+    base = SimConfig(system="vllm")
     runs = run_preset(preset, [0], base)
     rep = build_report(preset, runs, base)
     rv = rep["cells"]["Q/coda"]["routing_vs_smetric"]
@@ -105,12 +105,12 @@ def test_multi_report_records_routing_distance_against_smetric():
 
 
 def test_paper_multi_16_is_paper_multi_on_four_nodes_of_four_at_four_times_the_load():
-    from coda.eval.paper import PRESETS
     from coda.sim.cluster import Simulation
+    from experiments.paper import PRESETS
 
     multi, wide = PRESETS["paper-multi"], PRESETS["paper-multi-16"]
     assert wide.workers == 4 * multi.workers and wide.systems == multi.systems and wide.shadow_router == multi.shadow_router
     assert wide.slo_targets == multi.slo_targets
     assert [(w.label, w.rate) for w in wide.workloads] == [(w.label, 4 * w.rate) for w in multi.workloads]
-    sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(workers=wide.workers))
+    sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(system="vllm", workers=wide.workers))
     assert [sum(w.dram is store for w in sim.workers) for store in sim.dram_stores] == [4, 4, 4, 4]

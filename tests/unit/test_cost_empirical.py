@@ -20,8 +20,8 @@ from coda.cost.empirical import EmpiricalCost, step_features
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Machine, Profile, load_profile
 from coda.errors import CodaError
-from coda.profiling.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
-from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile, served_model
+from coda.profiling.api_measure import ApiSample, DecodeSample, EngineInfo, Plan, PrefillSample, Prober, _samples
+from coda.profiling.empirical_fit import COLUMNS, fit_api_stream, fit_step_model, measured_profile, served_model
 
 TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
         "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}
@@ -138,6 +138,52 @@ def test_cost_model_charges_the_step_formula(profile):
     assert cost.h2d_s(0) == 0.0
     with pytest.raises(CodaError, match="--no-dram"):
         cost.h2d_s(1e6)
+
+
+def test_the_api_time_under_load_is_fitted_per_request_and_per_prompt_token():
+    # exact: 10 ms + 20 us a token, and per streaming request 1 ms + 5 us a token
+    api = [ApiSample(load, n, [0.010 + 20e-6 * n + (0.001 + 5e-6 * n) * load] * 3) for load in (0, 4, 7) for n in (40, 600)]
+    stream, per_token, note = fit_api_stream(api)
+    assert (stream, per_token) == pytest.approx((0.001, 5e-6)) and note.startswith("fitted: ")
+    # a load that slows nothing fits to 0, never below
+    flat = [ApiSample(load, n, [0.010 + 20e-6 * n - 0.0001 * load]) for load in (0, 4, 7) for n in (40, 600)]
+    assert fit_api_stream(flat)[:2] == (0.0, 0.0)
+    assert fit_api_stream([ApiSample(0, 40, [0.01])])[:2] == (0.0, 0.0)
+    assert fit_api_stream([])[2].startswith("not measured: ")
+    pre, dec = timings(TRUE, noise=0.0)
+    data = measured_profile("t", INFO, pre, dec, fit_step_model(pre, dec), api, kv_bytes_per_token=(2048, "given: test"),
+                            samples="t.samples.csv", date="2026-01-01", machine=None, note="")
+    cost = EmpiricalCost(Profile.model_validate(data))
+    assert cost.request_s(1000, running=5) - cost.request_s(1000) == pytest.approx(5 * (0.001 + 5e-6 * 1000))
+
+
+def test_api_load_plan_leaves_the_probe_a_seat_and_the_streams_their_kv():
+    plan = Plan.for_engine(INFO, max_batch=8, output_tokens=128)
+    assert plan.streams == (0, 4, 7) and plan.probe_words == (32, 384) and plan.stream_tokens >= 512
+    assert 7 * (64 + plan.stream_tokens + 32) + 3 * 384 + 32 <= 8000  # seven streams and the largest probe fit the KV
+
+
+def test_a_probe_whose_one_token_decodes_to_no_text_is_timed_to_the_streams_end():
+    import asyncio
+
+    from coda.bench.client import NO_TOKENS, Attempt
+
+    prober = Prober("http://127.0.0.1:9")
+    usage = {"completion_tokens": 1, "prompt_tokens": 64}
+
+    async def empty(body, headers):
+        return Attempt(sent_s=1.0, status=200, reason=NO_TOKENS, end_s=1.25, usage=usage)
+
+    async def cut(body, headers):
+        return Attempt(sent_s=1.0, status=200, reason="stream_cut: closed", end_s=1.25, usage=usage)
+
+    async def go(send):
+        prober.endpoint.send = send
+        return await prober.first_token([11, 12])
+
+    assert asyncio.run(go(empty)).seconds == pytest.approx(0.25)
+    with pytest.raises(CodaError, match="stream_cut"):
+        asyncio.run(go(cut))
 
 
 def test_shipped_profile_loads_with_its_provenance():

@@ -1,5 +1,5 @@
 """The operator cost model: committed fits and their held-out errors, model geometry from config.json,
-prediction of unmeasured models and TP degrees, and tensor parallelism's all-reduce."""
+prediction of unmeasured models and TP degrees (the collectives themselves: test_cost_parallel.py)."""
 
 import json
 import subprocess
@@ -8,14 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from coda.cost.geometry import expected_experts
 from coda.cost.model import build_cost_model
 from coda.cost.operators import OperatorCost
-from coda.cost.parallel import allreduce_s
-from coda.cost.profile import LinkSpec, Profile, load_profile
+from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
 from coda.profiling.derive import derive, validate
 from coda.profiling.hf_config import read_config
@@ -82,9 +79,7 @@ def test_a_step_sums_its_operators():
     assert step == pytest.approx(cost.dense_s(259, 4) + cost.varlen_attention_s([(256, 1024)], ctx))
     g, m = cost.rank.g, load_profile("rtxpro6000-qwen3-30b-a3b-tp2").operators.moe
     moe = g.moe_layers * (m.fixed_s + m.expert_s * expected_experts(259, 128, 8) + m.pair_s * 259 * 8)
-    link = load_profile("rtxpro6000-qwen3-30b-a3b-tp2").gpu.link
-    allreduce = 2 * g.num_layers * allreduce_s(259 * g.hidden_size * 2, 2, link)
-    assert cost.dense_s(259, 4) > moe + allreduce > 0
+    assert cost.comm is not None and cost.dense_s(259, 4) > moe + cost.comm.step_s(259, 4) > moe
     run = cost.decode_steps_s(ctx, 10)
     assert run[0] == pytest.approx(cost.step_s((), ctx)) and run[-1] == pytest.approx(cost.step_s((), ctx + 9))
 
@@ -95,15 +90,6 @@ def test_tensor_parallelism_splits_kv_and_weights_per_rank():
     assert two.weight_bytes_per_rank() * 2 == pytest.approx(one.weight_bytes_per_rank())
     big = load_profile("a100x8-qwen3-235b-a22b-fp8")  # 4 KV heads over 8 ranks: one (replicated) per rank
     assert big.tp == 8 and big.gpu.link.kind == "nvlink" and build_cost_model(big).kv_bytes(1) == 2 * 94 * 1 * 128 * 2
-
-
-@given(st.floats(1, 1e9), st.integers(2, 16), st.sampled_from(["nvlink", "pcie"]))
-def test_allreduce_grows_with_bytes_and_ranks(nbytes, ranks, kind):
-    link = LinkSpec(kind=kind, bus_bw_bytes_s=6.4e10)
-    t = allreduce_s(nbytes, ranks, link)
-    assert t > 0 and allreduce_s(nbytes * 2 + 1, ranks, link) >= t and allreduce_s(nbytes, ranks + 1, link) >= t
-    assert allreduce_s(nbytes, 1, link) == 0.0
-    assert t >= nbytes * 2 * (ranks - 1) / ranks / 6.4e10  # never faster than the link's bus bandwidth allows
 
 
 # --- model geometry ------------------------------------------------------------------------------

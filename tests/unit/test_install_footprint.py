@@ -40,11 +40,12 @@ def block(names: tuple[str, ...]) -> str:
 # classes and stand-ins they are to the import (the real-vLLM tests run the plugin in vLLM).
 FAKE_VLLM = textwrap.dedent("""
     import logging, types
-    for name in ("vllm", "vllm.logger", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", "vllm.v1.core.sched.request_queue",
-                 "vllm.v1.core.sched.scheduler", "vllm.v1.request"):
+    for name in ("vllm", "vllm.logger", "vllm.utils", "vllm.utils.import_utils", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched",
+                 "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.scheduler", "vllm.v1.request"):
         sys.modules[name] = types.ModuleType(name)
     sys.modules["vllm"].__version__ = "0.32.0"
     sys.modules["vllm.logger"].init_logger = logging.getLogger
+    sys.modules["vllm.utils.import_utils"].resolve_obj_by_qualname = None
     sys.modules["vllm.v1.core.sched.request_queue"].RequestQueue = type("RequestQueue", (), {})
     sys.modules["vllm.v1.core.sched.scheduler"].Scheduler = type("Scheduler", (), {})
     sys.modules["vllm.v1.request"].RequestStatus = type("RequestStatus", (), {})
@@ -67,9 +68,8 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
         from coda.errors import CodaError
         from coda.integrations.vllm.settings import load_settings
         from coda.shell.build import build_policies
-        from coda.policy.presets import resolve_policies
         settings = load_settings({})
-        spec = resolve_policies(settings.system, settings.policies)
+        spec = settings.policy_spec
         from coda.integrations.vllm.settings import ENFORCED
         policy = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=ENFORCED).state
         try:

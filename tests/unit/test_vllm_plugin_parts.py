@@ -108,6 +108,8 @@ def test_a_bad_setting_is_one_line_naming_it(config, names):
     assert "\n" not in msg and msg.startswith(CONFIG_ENV) and all(n in msg for n in names), msg
 
 
-def test_the_mechanisms_default_to_what_the_system_preset_names():
+def test_the_mechanisms_default_to_every_one_on():
     s = load_settings({})
-    assert s.tiers and s.system == "vllm+ta" and s.retention.prior_s == 30.0
+    spec = s.policy_spec
+    assert s.tiers and s.retention.prior_s == 30.0
+    assert (spec.state.name, spec.execution.name, spec.eviction.name) == ("tiered_aging", "cohort", "tool_aware")

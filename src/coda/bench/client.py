@@ -33,6 +33,10 @@ class EndpointDown(Exception):
     """The endpoint did not answer at all: nothing listening, an unknown host, TLS, a timeout."""
 
 
+#: why an answer whose stream ended properly but carried no text fails
+NO_TOKENS = "bad_response: the stream carried no tokens"
+
+
 @dataclass(slots=True)
 class Attempt:
     """One HTTP attempt. ``status`` None: no response (``reason`` says why)."""
@@ -220,7 +224,7 @@ class Endpoint:
         if not (done or finished):
             a.reason = "stream_cut: the stream ended before [DONE] or a finish_reason"
         elif a.first_token_s is None:
-            a.reason = "bad_response: the stream carried no tokens"
+            a.reason = NO_TOKENS
 
 
 def _piece(choice: dict[str, Any], chat: bool) -> str:

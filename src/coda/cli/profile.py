@@ -11,6 +11,7 @@ from rich.table import Table
 from coda.cli import JsonOpt, app, fmt_value, out_console, print_json
 
 if TYPE_CHECKING:
+    from coda.cost.profile import Profile
     from coda.profiling.api_measure import EngineInfo
 
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect, fit and check cost profiles.")
@@ -71,12 +72,34 @@ def profile_show(
         table.add_row("cohort_gain", f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
                       g.provenance)
     out_console.print(table)
+    _print_collectives(p)
     sz = Table(show_header=True, title="sizing check")
     sz.add_column("quantity")
     sz.add_column("value", justify="right")
     for k, v in sizing.items():
         sz.add_row(k, fmt_value(v))
     out_console.print(sz)
+
+
+#: steps whose collectives ``coda profile show`` prints: (what, tokens, sequences)
+SHOWN_STEPS = (("decode, 1 sequence", 1, 1), ("decode, 64 sequences", 64, 64), ("prefill of 2,048 tokens", 2048, 1))
+
+
+def _print_collectives(p: Profile) -> None:
+    """What a TP worker's steps spend in collectives, by kind and implementation (``coda.cost.parallel``)."""
+    from coda.cost.parallel import tensor_parallel_comm, uses_custom_allreduce
+
+    comm = tensor_parallel_comm(p)
+    if comm is None:
+        return
+    table = Table(show_header=True, title=f"collectives of one step at TP {p.tp} over {comm.link.generation} (gpu.link above)")
+    for col in ("step", "layer all-reduces", "embedding all-reduce", "logits all-gather", "all-reduce by"):
+        table.add_column(col, justify="right" if col != "step" else "left")
+    for what, tokens, seqs in SHOWN_STEPS:
+        terms = comm.terms(tokens, seqs)
+        custom = uses_custom_allreduce(tokens * comm.hidden_size * comm.activation_bytes, comm.ranks, comm.link)
+        table.add_row(what, *(f"{v * 1e3:.3f} ms" for v in terms.values()), "vLLM custom" if custom else "NCCL")
+    out_console.print(table)
 
 
 @profile_app.command("fit")
@@ -371,12 +394,26 @@ def profile_measure(
     model: Annotated[
         str, typer.Option("--model", help="attention shape to measure (a catalog model)")
     ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
+    model_config: Annotated[
+        Path | None, typer.Option("--model-config", help="measure every operator file `coda profile fit --operators` reads for this config.json")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="--model-config: the tensor-parallel degree whose per-rank shapes are measured")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure attention, skew, cohort, H2D and prefill CSVs on the local GPU or CPU (needs PyTorch), or with
+    """Measure attention, skew, cohort, H2D and prefill CSVs on the local GPU or CPU (needs PyTorch); with
+    --model-config the operator files of one layer of that model (PyTorch and Triton); or with
     --endpoint a live engine's step costs through its API, fitted into a profile `coda sim --profile` runs."""
     from coda.errors import CodaError
 
+    if model_config is not None:
+        if out is None or tp < 1:
+            raise CodaError("--model-config needs --out DIR (the folder for the operator CSVs and meta.yaml) and --tp >= 1")
+        from coda.profiling import operators_measure
+        from coda.profiling.hf_config import read_config
+
+        for path in operators_measure.run(out, read_config(model_config), tp=tp, device=device, budget_s=budget_s):
+            out_console.print(f"wrote {path}")
+        return
     if endpoint is not None:
         _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, max_context, kv_bytes_per_token, note,
                           seed, as_json)
@@ -420,15 +457,15 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         finally:
             await prober.close()
 
-    info, kv, prefill, decode = asyncio.run(go())
+    info, kv, prefill, decode, api = asyncio.run(go())
     try:
         fit = fit_step_model(prefill, decode)
     except ValueError as err:
         raise CodaError(f"--endpoint {url}: {err}; the engine holds too little (max_model_len, KV) for the grid") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
-    write_samples(samples, prefill, decode)
-    data = measured_profile(name, info, prefill, decode, fit, kv_bytes_per_token=kv, samples=samples.name,
+    write_samples(samples, prefill, decode, api)
+    data = measured_profile(name, info, prefill, decode, fit, api, kv_bytes_per_token=kv, samples=samples.name,
                             date=datetime.date.today().isoformat(), machine=_engine_machine(url, info.version), note=note)
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
@@ -436,7 +473,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         print_json({"out": str(out), "samples": str(samples), "step_model": data["step_model"], "forms": fit.forms})
         return
     out_console.print(f"wrote {out} and {samples}: {data['description']}", highlight=False, soft_wrap=True)
-    for k in COLUMNS:
+    for k in (*COLUMNS, "api_stream_s", "api_stream_token_s"):
         out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
     f = data["step_model"]["fit"]
     out_console.print(f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "

@@ -37,28 +37,19 @@ CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
 
 def _settings(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Merge a config file with CLI values (CLI wins) into (extra keys, SimConfig)."""
-    from coda.sim.config import load_config_file, validate_config
+    """A config file with CLI values laid over it (CLI wins) as (extra keys, SimConfig)."""
+    from coda.config.load import layered, read_config, validated
+    from coda.sim.config import SimConfig
 
-    data = load_config_file(config) if config else {}
+    data = read_config(config) if config else {}
     extra = {k: data.pop(k) for k in CONFIG_ONLY_KEYS if k in data}
-    slo = dict(data.pop("slo", {}) or {})
-    for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")):
-        if cli.get(flag) is not None:
-            slo[key] = cli.pop(flag)
-        cli.pop(flag, None)
-    for key in CONFIG_ONLY_KEYS:
-        if cli.get(key) is not None:
-            extra[key] = cli.pop(key)
-        cli.pop(key, None)
+    extra.update({k: cli.pop(k) for k in CONFIG_ONLY_KEYS if cli.get(k) is not None})
+    slo = {key: cli.pop(flag) for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")) if cli.get(flag) is not None}
     flags = {kind: {"name": cli.pop(kind)} for kind in POLICY_FLAGS if cli.get(kind) is not None}
-    for kind in POLICY_FLAGS:
-        cli.pop(kind, None)
-    data.update({k: v for k, v in cli.items() if v is not None})
-    if slo:
-        data["slo"] = slo
-    cfg = validate_config(data, str(config) if config else "command line")
-    return extra, cfg.with_overrides(policies=flags) if flags else cfg
+    given = {k: v for k, v in cli.items() if v is not None and k not in (*CONFIG_ONLY_KEYS, *POLICY_FLAGS, "slo_ttft_s", "slo_tbt_s")}
+    over = {**given, **({"slo": slo} if slo else {}), **({"policies": flags} if flags else {})}
+    source = str(config) if config else "command line"
+    return extra, validated(SimConfig, layered(data, over, source=source), source, show_input=True)
 
 
 @app.command()
@@ -130,7 +121,6 @@ def compare(
     systems: Annotated[str | None, typer.Option("--systems", help="comma-separated system presets")] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="number of seeds (seed, seed+1, ...)")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="system the ratios are against (default: the first)")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="paper-shaped evaluation: paper-single or paper-multi (writes a report to --out)")] = None,
     workers: WorkersOpt = None,
     config: ConfigOpt = None,
     seed: SeedOpt = None,
@@ -152,7 +142,7 @@ def compare(
 ) -> None:
     """Run several systems on the same workload and seeds; gains are ratios of sums. A system is a
     preset name or, in a config file, a variant ``{name, system, policies}``."""
-    from coda.sim.config import load_config_file
+    from coda.config.load import read_config
     from coda.sim.run import compare as run_compare
     from coda.sim.run import spec_seed, variants
 
@@ -160,18 +150,13 @@ def compare(
                profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
                ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
-    if preset is not None:
-        if pareto is not None:
-            raise CodaError(f"--preset {preset} writes its own figures to --out; drop --pareto")
-        _paper(preset, extra, cfg, seed, as_json)
-        return
     if pareto is not None:
         require("matplotlib")
     names = extra.get("systems") or "vllm"
     names = variants([n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names)
     n_seeds = _seeds(extra, 1)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
-    base_seed = cfg.seed if seed is not None or "seed" in (load_config_file(config) if config else {}) else spec_seed(spec, cfg.seed)
+    base_seed = cfg.seed if seed is not None or "seed" in (read_config(config) if config else {}) else spec_seed(spec, cfg.seed)
     seed_list = [base_seed + i for i in range(n_seeds)]
     with progress_bar() as prog:
         task = prog.add_task("compare", total=1.0)
@@ -237,40 +222,3 @@ def _seeds(extra: dict[str, Any], default: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CodaError(f"--seeds must be an integer >= 1 (the number of seeds to run), got {n!r}")
     return n
-
-
-@app.command()
-def systems() -> None:
-    """List the system presets with their policies and tiers."""
-    from coda.policy.presets import SYSTEMS
-
-    table = Table(show_header=True)
-    for c in ("system", "router", "state", "execution", "eviction", "tiers", "description"):
-        table.add_column(c)
-    for p in SYSTEMS.values():
-        b = p.policies
-        table.add_row(p.name, b.router.name, b.state.name, b.execution.name, b.eviction.name, p.tiers_text(), p.description)
-    out_console.print(table)
-
-
-def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json: bool) -> None:
-    from coda.eval.paper import PRESETS, markdown, run_and_report
-
-    if name not in PRESETS:
-        raise CodaError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
-    if extra.get("workload") or extra.get("systems"):
-        raise CodaError(f"--preset {name} defines its own workloads and systems; drop --workload/--systems")
-    n_seeds = _seeds(extra, 5)
-    seeds = [(seed or 0) + i for i in range(n_seeds)]
-    out = Path(extra["out"]) if extra.get("out") else None
-    if out is not None:
-        require("matplotlib")  # for the figures written at the end
-    with progress_bar("of runs") as prog:
-        task = prog.add_task(name, total=1.0)
-        report = run_and_report(name, seeds, cfg, out, lambda label, f: prog.update(task, completed=f, description=label))
-    if as_json:
-        print_json(report)
-    else:
-        out_console.print(markdown(report), markup=False, highlight=False)
-        if out is not None:
-            out_console.print(f"report, tables and figures written to {out}")

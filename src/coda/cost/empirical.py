@@ -53,12 +53,14 @@ class EmpiricalCost(CohortGains):
         self.theta = np.array([getattr(sm, t) for t in TERMS])
         self._ctx_s = sm.decode_context_s
         self._kv_tok = sm.kv_bytes_per_token
-        self._api = (sm.api_latency_s, sm.api_text_token_s)
+        self._api = (sm.api_latency_s, sm.api_text_token_s, sm.api_stream_s, sm.api_stream_token_s)
 
-    def request_s(self, prompt_tokens: int) -> float:
-        """What a client of text prompts waits beyond the engine's steps (the API server's work),
-        charged by the simulator before the request reaches the scheduler."""
-        return self._api[0] + self._api[1] * prompt_tokens
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
+        """What a client of text prompts waits beyond the engine's steps (the API server's work, more
+        while it streams for ``running`` other requests), charged by the simulator before the
+        request reaches the scheduler."""
+        latency, per_token, stream, stream_token = self._api
+        return latency + per_token * prompt_tokens + (stream + stream_token * prompt_tokens) * running
 
     def step_s(
         self, prefill_chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] | np.ndarray, plan: CohortPlan | None = None

@@ -145,10 +145,6 @@ class Rank:
         width = g.moe_intermediate_size / self.tp
         return 2.0 * 3 * g.hidden_size * width, 3 * g.hidden_size * width * g.weight_bytes
 
-    def allreduce_bytes(self, tokens: int) -> float:
-        """Bytes of one of a layer's two all-reduces (after attention and after the MLP)."""
-        return float(tokens * self.g.hidden_size * self.g.activation_bytes)
-
 
 def expected_experts(tokens: float, experts: int, per_token: int) -> float:
     """Expected distinct experts that ``tokens`` tokens touch under uniform top-k routing."""

@@ -22,7 +22,7 @@ from coda.cost.empirical import EmpiricalCost
 from coda.cost.geometry import expected_experts
 from coda.cost.operators import OperatorCost
 from coda.cost.paired import CohortGains
-from coda.cost.parallel import allreduce_s
+from coda.cost.parallel import tensor_parallel_comm
 from coda.cost.profile import Profile
 
 __all__ = ["AnalyticCost", "CohortPlan", "CostModel", "GainBounds", "KernelCost", "build_cost_model"]
@@ -42,8 +42,9 @@ class CostModel(Protocol):
         """Durations of ``k`` consecutive pure-decode steps whose contexts grow by one token each."""
         ...
 
-    def request_s(self, prompt_tokens: int) -> float:
-        """The engine's time for a request before its scheduler sees it (0 where none was measured)."""
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
+        """The engine's time for a request before its scheduler sees it, arriving while ``running``
+        requests run (0 where none was measured)."""
         ...
 
     def prefill_only_s(self, new: int, cached: int) -> float:
@@ -77,7 +78,7 @@ class AnalyticCost(CohortGains):
     launch costs; linear in the batch's total context, so v0 predicts no gain from cohort splits
     (a split only adds launches). Prefill attention: causal FLOPs over new and cached tokens.
     Under tensor parallelism (``profile.tp``) weights, FLOPs and KV are split across the ranks
-    and every layer adds two all-reduces of the step's activations.
+    and a step adds the collectives vLLM issues (``coda.cost.parallel``).
     """
 
     def __init__(self, profile: Profile) -> None:
@@ -91,7 +92,7 @@ class AnalyticCost(CohortGains):
         # causal attention FLOPs per (query token x key token), all layers: QK^T and PV.
         self._attn_pair_flops = 4.0 * m.num_q_heads / tp * m.head_dim * m.num_layers
         self._launch = profile.overheads.attn_launch_per_layer_s * m.num_layers
-        self._activation_bytes = 2 * (m.hidden_size or 0)  # bf16 activations per token
+        self.comm = tensor_parallel_comm(profile)
 
     # --- weights ---------------------------------------------------------------------------
     def dense_s(self, tokens: int) -> float:
@@ -102,9 +103,7 @@ class AnalyticCost(CohortGains):
         if m.num_experts:
             nbytes += expected_experts(tokens, m.num_experts, m.experts_per_token) * m.expert_bytes * m.num_layers
         compute = max(nbytes / self._bw, 2.0 * m.active_params * tokens / self._flops) / self._tp
-        if self._tp == 1:
-            return compute
-        return compute + 2 * m.num_layers * allreduce_s(tokens * self._activation_bytes, self._tp, self.profile.gpu.link)
+        return compute + (self.comm.step_s(tokens, 0) if self.comm is not None else 0.0)
 
     # --- attention -------------------------------------------------------------------------
     def decode_attention_s(self, contexts: np.ndarray) -> float:
@@ -155,7 +154,7 @@ class AnalyticCost(CohortGains):
             return 0.0
         return self.profile.overheads.step_s + self.dense_s(new) + self.prefill_attention_s(new, cached)
 
-    def request_s(self, prompt_tokens: int) -> float:
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
         return 0.0  # an analytic profile describes kernels, not an engine's API
 
     # --- links -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from coda.cost.attention import AttentionSteps, KernelAttention
 from coda.cost.cohorts import CohortPlan, GainBounds
 from coda.cost.geometry import GEMMS, Rank, expected_experts
 from coda.cost.paired import CohortGains
-from coda.cost.parallel import allreduce_s
+from coda.cost.parallel import tensor_parallel_comm
 from coda.cost.profile import Curve, Profile, Residual
 from coda.errors import CodaError
 
@@ -98,7 +98,7 @@ class OperatorCost(AttentionSteps, CohortGains):
         self.kernel = KernelAttention(profile.name, gpu, ops.attention.kernel, layers=g.num_layers, q_heads=self.rank.q_heads,
                                     kv_heads=self.rank.kv_heads, head_dim=g.head_dim, kv_dtype_bytes=g.kv_dtype_bytes)
         self.corrections = {k: Correction(getattr(ops.attention, k)) for k in ("decode", "prefill", "mixed")}
-        self._link = gpu.link
+        self.comm = tensor_parallel_comm(profile)
         self._engine = engine
         self._kv_tok = g.kv_bytes_per_token(self.tp)
 
@@ -107,16 +107,22 @@ class OperatorCost(AttentionSteps, CohortGains):
         """Every operator but attention (and the engine's own time) of a step."""
         if tokens <= 0:
             return 0.0
-        g = self.rank.g
-        t = self._tokens(tokens) + self._seqs(sequences)
-        if self._moe is not None and g.moe_layers:
-            m = self._moe
-            touched = expected_experts(tokens, g.num_experts, g.experts_per_token)
-            t += g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * tokens * g.experts_per_token)
-        if self.tp > 1:
-            assert self._link is not None
-            t += 2 * g.num_layers * allreduce_s(self.rank.allreduce_bytes(tokens), self.tp, self._link)
+        t = self._tokens(tokens) + self._seqs(sequences) + self.moe_s(tokens)
+        if self.comm is not None:
+            t += self.comm.step_s(tokens, sequences)
         return t
+
+    def moe_s(self, routed_tokens: float, expert_share: float = 1.0) -> float:
+        """The step's MoE blocks on this rank when ``routed_tokens`` tokens reach them (routed
+        uniformly) and the rank holds ``expert_share`` of the experts: 1 under tensor parallelism
+        (each expert's width split), 1 / ranks under expert parallelism (whole experts, so the rank
+        computes its share of every token's routed pairs)."""
+        g, m = self.rank.g, self._moe
+        if m is None or not g.moe_layers or routed_tokens <= 0:
+            return 0.0
+        touched = expected_experts(routed_tokens, g.num_experts, g.experts_per_token) * expert_share
+        pairs = routed_tokens * g.experts_per_token * expert_share
+        return g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * pairs)
 
     def decode_attention_s(self, contexts: np.ndarray) -> float:
         c = np.asarray(contexts, dtype=np.int64)
@@ -150,7 +156,7 @@ class OperatorCost(AttentionSteps, CohortGains):
         # Linear between a run's first and last step (contexts grow by one token per step).
         return np.linspace(first, self.step_s((), contexts + (k - 1), plan), k)
 
-    def request_s(self, prompt_tokens: int) -> float:
+    def request_s(self, prompt_tokens: int, running: int = 0) -> float:
         return self._engine.request_s
 
     def prefill_only_s(self, new: int, cached: int) -> float:

@@ -13,6 +13,12 @@ every vocabulary has) except where the server's own text handling is the point:
 * text: the same for a text prompt of Coda's words sent a second time; nearly all of it hits the
   prefix cache, so what is left beyond the step is the API's own work, which grows with the
   prompt (tokenization);
+* the API under load: the API server's time for a request is the client's TTFT less the engine's
+  own part (its queue and prefill time, from vLLM's ``/metrics`` histograms, so the step model does
+  not enter), measured for fresh text probes of two sizes while ``streams`` other requests stream
+  their answers: the server tokenizes, detokenizes and streams for all of them in one process, so
+  its time per request, and per prompt token, grows with them (``api_stream_s`` and
+  ``api_stream_token_s`` per streaming request);
 * decode: ``batch`` concurrent requests over ``context``-token prompts sent once before, so every
   prompt is cached, the batch joins in one step and decodes in lockstep; the step time is the
   median latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token, which
@@ -36,12 +42,17 @@ from typing import Any
 import httpx
 import msgspec
 
-from coda.bench.client import Endpoint
+from coda.bench.client import NO_TOKENS, Endpoint
 from coda.engines import tokenizer as tok
 from coda.errors import CodaError
 
 MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request
+PROBE_WORDS = (32, 384)  # text prompts of the API-under-load probes (a word is one to three tokens)
+PROBES = 4  # probes per load and round
+STREAM_MAX = 1024  # answer of a request streaming beside the probes: it must outlast them (they are cancelled after)
+#: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
+ENGINE_TTFT_PARTS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +111,29 @@ class DecodeSample:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiSample:
+    """The API server's time for a text probe of ``prompt_tokens`` tokens (client TTFT less the
+    engine's queue and prefill) while ``streams`` other requests stream their answers."""
+
+    streams: int
+    prompt_tokens: int
+    api_s: list[float]
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.api_s)
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The shapes to measure: prefills as (new, cached), decodes as (batch, context)."""
 
     prefill: tuple[tuple[int, int], ...]
     decode: tuple[tuple[int, int], ...]
     text: tuple[int, ...] = ()  # words of cached text prompts (the server's tokenizer cost)
+    streams: tuple[int, ...] = ()  # requests streaming beside the API-under-load probes
+    stream_tokens: int = STREAM_MAX  # answer of each of those (long enough to outlast the probes)
+    probe_words: tuple[int, ...] = PROBE_WORDS  # words of the probes' text prompts
     output_tokens: int = 96
     repeats: int = 3
     warmup: int = 1
@@ -123,7 +151,13 @@ class Plan:
         decode = [(b, c) for b in (1, 2, 4, 8, 16, 32) if b <= max_batch
                   for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)}) if 64 <= c <= top and b * (c + slack) <= cap]
         text = tuple(n for n in (64, 256, 512, 1024, 1536) if 3 * n <= top)  # a word is at most ~3 tokens
-        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, output_tokens, repeats)
+        streams = tuple(sorted({0, max_batch // 2, max_batch - 1}))  # the probe takes the last seat
+        probe_words = tuple(w for w in PROBE_WORDS if 3 * w <= top)
+        block = info.block_tokens or 16
+        room = (cap - 3 * max(probe_words, default=0) - block) // max(1, max_batch - 1)  # each stream's KV beside the largest probe
+        stream_tokens = max(SHORT, min(STREAM_MAX, room - 64 - block))
+        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens,
+                   repeats)
 
 
 def _fail(url: str, what: str) -> CodaError:
@@ -229,9 +263,13 @@ class Prober:
         body = msgspec.json.encode({"model": self.model, "prompt": prompt, "max_tokens": 1, "ignore_eos": True, "stream": True,
                                     "stream_options": {"include_usage": True}})
         a = await self.endpoint.send(body, {})
-        if not a.ok or a.first_token_s is None:
+        first = a.first_token_s
+        if first is None and a.reason == NO_TOKENS and (a.usage or {}).get("completion_tokens") == 1:
+            first = a.end_s  # the one token decoded to no text (a special token): it came with the stream's end
+        elif not a.ok or first is None:
             raise _fail(self.url, f"POST /v1/completions (streamed): {a.reason or f'HTTP {a.status}'}")
-        return self._timing(a.sent_s, a.first_token_s, 1, a.usage)
+        assert first is not None
+        return self._timing(a.sent_s, first, 1, a.usage)
 
     def _timing(self, sent: float, done: float, max_tokens: int, usage: Any) -> Timing:
         try:
@@ -272,7 +310,51 @@ class Prober:
         long = await asyncio.gather(*(self.complete(p, output) for p in prompts))
         return (statistics.median(t.seconds for t in long) - statistics.median(t.seconds for t in short)) / (output - SHORT)
 
-    async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample]]:
+    async def _engine_ttft_s(self) -> tuple[float, float] | None:
+        """(sum, count) of the engine's queue and prefill time histograms; None where not exposed."""
+        resp = await self._get("/metrics")
+        samples = _samples(resp.text if resp is not None and resp.status_code == 200 else "")
+        sums = [sum(v for _, v in samples.get(f"{m}_sum", ())) for m in ENGINE_TTFT_PARTS]
+        counts = [sum(v for _, v in samples.get(f"{m}_count", ())) for m in ENGINE_TTFT_PARTS]
+        if not all(f"{m}_sum" in samples for m in ENGINE_TTFT_PARTS) or counts[0] != counts[1]:
+            return None
+        return sum(sums), counts[0]
+
+    async def _stream(self, prompt: list[int], max_tokens: int, started: asyncio.Event) -> None:
+        """A background request streaming its answer; ``started`` is set at its first chunk."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    started.set()
+
+    async def api_under_load(self, streams: int, probes: int, max_tokens: int, sizes: tuple[int, ...]) -> list[tuple[int, int, float]]:
+        """(words, prompt tokens, API seconds) of ``probes`` sequential text probes of each size of
+        ``sizes`` words while ``streams`` requests stream (a probe's client TTFT less the engine's
+        queue and prefill time for it); empty when the endpoint exposes no engine timing. A probe
+        whose engine timing cannot be told apart is left out."""
+        if await self._engine_ttft_s() is None:
+            return []
+        events = [asyncio.Event() for _ in range(streams)]
+        tasks = [asyncio.create_task(self._stream(self.ids(64), max_tokens, e)) for e in events]
+        out: list[tuple[int, int, float]] = []
+        try:
+            await asyncio.gather(*(e.wait() for e in events))
+            for words in [w for _ in range(probes) for w in sizes]:
+                before = await self._engine_ttft_s()
+                t = await self.first_token(tok.text(self.rng.randrange(1 << 62), words))
+                after = await self._engine_ttft_s()
+                if any(task.done() for task in tasks):  # a stream ended: the load changed under the probe
+                    break
+                if before is not None and after is not None and after[1] - before[1] == 1:
+                    out.append((words, t.prompt_tokens, t.seconds - (after[0] - before[0])))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return out
+
+    async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample], list[ApiSample]]:
         self.log(f"warm-up: {len(plan.prefill)} prefill, {len(plan.decode)} decode and {len(plan.text)} text shapes x {plan.warmup}")
         for _ in range(plan.warmup):
             for n, c in plan.prefill:
@@ -285,6 +367,7 @@ class Prober:
         hits: dict[tuple[int, int], tuple[int, int]] = {}
         dec: dict[tuple[int, int], list[float]] = {}
         txt: dict[int, list[tuple[int, int, int, float]]] = {}
+        api: dict[tuple[int, int], list[tuple[int, float]]] = {}
         for r in range(plan.repeats):
             self.log(f"round {r + 1}/{plan.repeats}")
             for n, c in plan.prefill:
@@ -295,10 +378,15 @@ class Prober:
                 dec.setdefault((b, c), []).append(await self.decode(b, c, plan.output_tokens))
             for w in plan.text:
                 txt.setdefault(w, []).append(await self.text(w))
+            for b in plan.streams:
+                for words, n, seconds in await self.api_under_load(b, PROBES, plan.stream_tokens, plan.probe_words):
+                    api.setdefault((b, words), []).append((n, seconds))
         prefill = [PrefillSample(*hits[k], ttft_s=v) for k, v in pre.items()]
         # A text's hit varies with where its last block ends; the median repeat stands for the shape.
         for runs in txt.values():
             new, hit, n, _ = sorted(runs, key=lambda r: r[3])[len(runs) // 2]
             prefill.append(PrefillSample(new, hit, [r[3] for r in runs], text_tokens=n))
         decode = [DecodeSample(b, c + (SHORT + plan.output_tokens) / 2.0, v) for (b, c), v in dec.items()]
-        return prefill, decode
+        # a size's prompt tokens vary a little with its words: the median stands for the shape
+        api_samples = [ApiSample(b, int(statistics.median(n for n, _ in v)), [t for _, t in v]) for (b, _), v in api.items()]
+        return prefill, decode, api_samples

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from coda.cost.empirical import TERMS, step_features
-from coda.profiling.api_measure import DecodeSample, EngineInfo, PrefillSample
+from coda.profiling.api_measure import ApiSample, DecodeSample, EngineInfo, PrefillSample
 
 COLUMNS = ("api_latency_s", "api_id_token_s", "api_text_token_s", *TERMS)
 OPTIONAL = ("prefill_pair_s", "decode_context_s")
@@ -120,7 +120,40 @@ def fit_step_model(prefill: Sequence[PrefillSample], decode: Sequence[DecodeSamp
     )
 
 
-def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample]) -> None:
+def fit_api_stream(api: Sequence[ApiSample]) -> tuple[float, float, str]:
+    """How much the API server's time for a request grows per request streaming beside it: per
+    request (``api_stream_s``) and per prompt token (``api_stream_token_s``, where probes of two
+    sizes tell it apart). Least squares over the median of each (load, size):
+    ``a + b x tokens + stream x load + stream_token x tokens x load``; the two load terms are
+    non-negative (the best of the subsets that keep them so). With its provenance."""
+    loads = sorted({a.streams for a in api})
+    if len(loads) < 2:
+        return 0.0, 0.0, "not measured: the endpoint exposes no engine timing (vLLM's request queue and prefill histograms at /metrics)"
+    sizes = len({a.prompt_tokens for a in api}) > 1
+    n = np.array([a.prompt_tokens for a in api], dtype=float)
+    load = np.array([a.streams for a in api], dtype=float)
+    y = np.array([a.seconds for a in api])
+    best: tuple[float, float, float] = (np.inf, 0.0, 0.0)
+    for keep in ((True, sizes), (True, False), (False, sizes), (False, False)):
+        cols = [np.ones_like(n), n] if sizes else [np.ones_like(n)]
+        cols += [load] if keep[0] else []
+        cols += [n * load] if keep[1] else []
+        coef = np.linalg.lstsq(np.stack(cols, axis=1), y, rcond=None)[0]
+        extra = coef[2 if sizes else 1:]
+        if (extra < 0).any():
+            continue
+        sse = float(np.sum((np.stack(cols, axis=1) @ coef - y) ** 2))
+        per = list(extra)
+        stream = per.pop(0) if keep[0] else 0.0
+        token = per.pop(0) if keep[1] else 0.0
+        if sse < best[0]:
+            best = (sse, float(stream), float(token))
+    medians = "; ".join(f"{a.streams} streaming, {a.prompt_tokens} tokens: {a.seconds * 1e3:.2f} ms" for a in sorted(api, key=lambda a: (a.prompt_tokens, a.streams)))
+    return best[1], best[2], (f"fitted: the API server's time for a text request (client TTFT less vLLM's queue and prefill time for it) "
+                              f"while others stream, medians {medians}; least squares, the load terms non-negative")
+
+
+def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample], api: Sequence[ApiSample] = ()) -> None:
     """Every repeat of every shape, the raw material of the fit."""
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
@@ -129,6 +162,8 @@ def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence
             w.writerows(("prefill", s.new, s.cached, s.text_tokens, "", "", i, f"{t:.6g}") for i, t in enumerate(s.ttft_s))
         for d in decode:
             w.writerows(("decode", "", "", "", d.batch, f"{d.context:g}", i, f"{t:.6g}") for i, t in enumerate(d.step_s))
+        for a in api:  # the batch column is the number of requests streaming beside the probe, new its prompt tokens
+            w.writerows(("api", a.prompt_tokens, "", "", a.streams, "", i, f"{t:.6g}") for i, t in enumerate(a.api_s))
 
 
 def measured_profile(
@@ -137,6 +172,7 @@ def measured_profile(
     prefill: Sequence[PrefillSample],
     decode: Sequence[DecodeSample],
     fit: StepFitResult,
+    api: Sequence[ApiSample] = (),
     *,
     kv_bytes_per_token: tuple[int, str],
     samples: str,
@@ -154,8 +190,11 @@ def measured_profile(
     src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes of {engine} measured through its API on {date}; samples in {samples}"
     metrics = "measured: vllm:cache_config_info at /metrics"
     c = fit.constants
+    stream_s, stream_token_s, stream_note = fit_api_stream(api)
     step_model = {
         **{k: c[k] for k in COLUMNS},
+        "api_stream_s": stream_s,
+        "api_stream_token_s": stream_token_s,
         "kv_bytes_per_token": kv_tok,
         "block_tokens": info.block_tokens,
         "kv_capacity_tokens": info.kv_capacity_tokens,
@@ -178,6 +217,8 @@ def measured_profile(
     forms = ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items())
     prov = {f"step_model.{k}": src + (f"; form chosen by leave-one-out median error ({forms})" if k in OPTIONAL else "") for k in COLUMNS}
     prov |= {
+        "step_model.api_stream_s": stream_note + (f"; samples in {samples}" if api else ""),
+        "step_model.api_stream_token_s": stream_note + (f"; samples in {samples}" if api else ""),
         "step_model.kv_bytes_per_token": kv_source,
         "step_model.block_tokens": metrics + " block_size",
         "step_model.kv_capacity_tokens": metrics + " num_gpu_blocks x block_size",

@@ -289,16 +289,16 @@ def run(out: Path, *, device: str = "cuda", budget_s: float = 420.0, seed: int =
             dev = torch.empty(size, dtype=torch.uint8, device="cuda")
             h2d_rows.append([size, timer(lambda dev=dev, host=host: dev.copy_(host, non_blocking=True))])
     files = [
-        _write(out / f"{prefix}_attention.csv", ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"], att_rows),
-        _write(
+        write_csv(out / f"{prefix}_attention.csv", ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"], att_rows),
+        write_csv(
             out / f"{prefix}_skew.csv",
             ["regime", "n", "nb", "ratio", "skew", "pc", "kp", "kvs", "kv_big", "kv_mean", "t_mean_us", "t_max_us", "t_skew_us", "alpha"],
             skew_rows,
         ),
-        _write(out / "cohorts.csv", ["n", "cut", "contexts", "t_full_us", "t_short_us", "t_long_us"], cohort_rows),
+        write_csv(out / "cohorts.csv", ["n", "cut", "contexts", "t_full_us", "t_short_us", "t_long_us"], cohort_rows),
     ]
     if h2d_rows:
-        files.append(_write(out / "h2d.csv", ["bytes", "seconds"], h2d_rows))
+        files.append(write_csv(out / "h2d.csv", ["bytes", "seconds"], h2d_rows))
     hw = {
         "device": name,
         "gpu": gpu,
@@ -313,7 +313,7 @@ def run(out: Path, *, device: str = "cuda", budget_s: float = 420.0, seed: int =
     return [*files, out / "hardware.json"]
 
 
-def _write(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
+def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(header)

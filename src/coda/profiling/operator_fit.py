@@ -366,11 +366,12 @@ def assemble(base: Profile, setup: Setup, geo: Geometry, gpu: dict[str, Any], op
     weights = total * geo.weight_bytes / tp
     slug = geo.name.lower().replace(".", "").replace("llama-", "llama")
     files = f"{setup.name}_tp{tp}_*.csv and {setup.name}_meta.yaml"
-    measured = f"measured: {files} ({SOURCE}; vLLM {setup.meta.get('vllm_version', '?')}, profiled {setup.meta.get('profiled_at', '?')})"
+    how = setup.meta.get("measured_with") or f"{SOURCE}; vLLM {setup.meta.get('vllm_version', '?')}"
+    measured = f"measured: {files} ({how}, profiled {setup.meta.get('profiled_at', '?')})"
     data: dict[str, Any] = {
         "name": name or f"{setup.gpu.lower()}-{slug}" + (f"-tp{tp}" if tp > 1 else ""),
         "description": (
-            f"{spec['name']} serving {geo.name} at TP {tp}: every operator fitted to {files} ({SOURCE}). No engine-time measurement on "
+            f"{spec['name']} serving {geo.name} at TP {tp}: every operator fitted to {files} ({how}). No engine-time measurement on "
             "this GPU: a step is the sum of its measured kernels (scheduler, sampling loop and API server not included). Host links, "
             f"DRAM and SSD tiers assumed (copied from {base.name})."
         ),

@@ -14,7 +14,8 @@ arrival or finished transfer interrupts the run at the next step boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +24,7 @@ from coda.cost.model import CohortPlan, CostModel
 from coda.policy.contracts import ExecutionPolicy, StatePolicy
 from coda.policy.snapshots import AdmissionSnapshot
 from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
@@ -40,54 +42,58 @@ class NodeLinks:
         self.ssd_busy = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What every worker of a cluster shares: the engine's scheduler limits (vLLM's flags), the
+    policies it runs, the clock and cost model, and the shell's hooks into its events."""
+
+    loop: EventLoop
+    cost: CostModel
+    versions: Versions
+    state_policy: StatePolicy
+    execution: ExecutionPolicy
+    recorder: Recorder
+    on_finish: Callable[[SimRequest], None]
+    chunk_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    decode_run_max: int
+    cpu_shadow: bool
+    observers: tuple[SimObserver, ...] = ()
+    on_first_token: Callable[[SimRequest], None] | None = None
+    on_admit: Callable[[SimRequest], None] | None = None
+
+
 class Worker:
-    def __init__(
-        self,
-        wid: int,
-        loop: EventLoop,
-        cost: CostModel,
-        hbm: HbmPool,
-        dram: KVStore | None,
-        ssd: KVStore | None,
-        links: NodeLinks,
-        versions: Versions,
-        state_policy: StatePolicy,
-        execution: ExecutionPolicy,
-        recorder: Recorder,
-        on_finish: Callable[[SimRequest], None],
-        *,
-        chunk_tokens: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        decode_run_max: int,
-        cpu_shadow: bool,
-        observers: Sequence[SimObserver] = (),
-        on_first_token: Callable[[SimRequest], None] | None = None,
-        on_admit: Callable[[SimRequest], None] | None = None,
-        touched: set[int] | None = None,
-    ) -> None:
+    def __init__(self, wid: int, settings: WorkerSettings, hbm: HbmPool, dram: KVStore | None, ssd: KVStore | None, links: NodeLinks,
+                 touched: set[int] | None = None, lockstep: Lockstep | None = None) -> None:
+        """Worker ``wid`` with its own HBM pool, the node's DRAM and SSD stores and links, and the
+        cluster's ``settings``; ``touched`` is the cluster's set of workers whose views changed;
+        ``lockstep``: the data-parallel group with expert parallelism whose steps this rank shares."""
+        st = settings
         self.id = wid
-        self.loop = loop
-        self.cost = cost
+        self.settings = st
+        self.loop = st.loop
+        self.cost = st.cost
         self.hbm = hbm
         self.dram = dram
         self.ssd = ssd
         self.links = links
-        self.versions = versions
-        self.state_policy = state_policy
-        self.execution = execution
-        self.recorder = recorder
-        self.on_finish = on_finish
-        self.C = chunk_tokens
-        self.max_num_seqs = max_num_seqs
-        self.budget = max_num_batched_tokens
-        self.run_max = decode_run_max
-        self.cpu_shadow = cpu_shadow
-        self.observers = tuple(observers)
-        self.on_first_token = on_first_token
-        self.on_admit = on_admit
-        self.frontier = state_policy.frontier
-        self.chunk_bytes = cost.kv_bytes(chunk_tokens)
+        self.versions = st.versions
+        self.state_policy = st.state_policy
+        self.execution = st.execution
+        self.recorder = st.recorder
+        self.on_finish = st.on_finish
+        self.C = st.chunk_tokens
+        self.max_num_seqs = st.max_num_seqs
+        self.budget = st.max_num_batched_tokens
+        self.run_max = st.decode_run_max
+        self.cpu_shadow = st.cpu_shadow
+        self.observers = st.observers
+        self.on_first_token = st.on_first_token
+        self.on_admit = st.on_admit
+        self.frontier = st.state_policy.frontier
+        self.chunk_bytes = st.cost.kv_bytes(st.chunk_tokens)
 
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -114,6 +120,7 @@ class Worker:
         # rebuilds only those views. Callbacks out of these events defer routing to the loop, so
         # no view is taken mid-event.
         self.touched = touched if touched is not None else set()
+        self.lockstep = lockstep
 
     # --- views -----------------------------------------------------------------------------
     @property
@@ -127,14 +134,15 @@ class Worker:
     # --- arrivals --------------------------------------------------------------------------
     def enqueue(self, req: SimRequest) -> None:
         """A request reaches the engine; its scheduler sees it after the engine's own per-request
-        time (``cost.request_s``: the API server's work), when the profile measured one."""
+        time (``cost.request_s``: the API server's work, with the requests running now), when the
+        profile measured one."""
         self.touched.add(self.id)
         req.worker = self.id
         req.state = WAITING
         if req.arrived_s < 0:
             req.arrived_s = self.loop.now
         self.active_tokens += req.orig_prompt_tokens + req.emitted
-        delay = self.cost.request_s(req.prompt_tokens)
+        delay = self.cost.request_s(req.prompt_tokens, len(self.running))
         if delay > 0:
             self.loop.at(self.loop.now + delay, self._arrive, req)
         else:
@@ -220,7 +228,11 @@ class Worker:
         )
 
     def _decide(self) -> int | None:
-        return self.state_policy.choose(self.snapshot())
+        snap = self.snapshot()
+        idx = self.state_policy.choose(snap)
+        for ob in self.observers:
+            ob.on_admission(self.id, snap, idx)
+        return idx
 
     def _admit(self, req: SimRequest) -> None:
         now = self.loop.now
@@ -381,25 +393,29 @@ class Worker:
             self._k = 0
             return
         self.busy = True
-        now = self.loop.now
         k = 1
-        plan = None
+        ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
+        chunks = [(n, r.computed) for r, n in prefills]
+        self._prefills, self._decoders, self._plan, self._ctx = prefills, decoders, None, ctx
+        if self.lockstep is not None:  # one step at a time, timed with the group's other ranks
+            self.lockstep.ready(self, chunks, ctx)
+            return
         if not prefills:
-            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
-            plan = self.execution.plan(ctx)
+            plan = self._plan = self.execution.plan(ctx)
             if not admissible_later:
                 k = self._run_length(decoders, ctx)
             durs = self.cost.decode_steps_s(ctx, k, plan)
         else:
-            chunks = [(n, r.computed) for r, n in prefills]
-            ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
-        self._prefills, self._decoders, self._plan, self._ctx = prefills, decoders, plan, ctx
-        self._start = now
-        self._ends = now + np.cumsum(durs)
-        self._k = k
+        self.launch(self.loop.now + np.cumsum(durs))
+
+    def launch(self, ends: np.ndarray) -> None:
+        """Run the batch fixed by ``_schedule`` now as ``len(ends)`` steps ending at ``ends``."""
+        self._start = self.loop.now
+        self._ends = ends
+        self._k = k = len(ends)
         self._gen += 1
-        self.loop.at(float(self._ends[k - 1]), self._step_end, self._gen)
+        self.loop.at(float(ends[k - 1]), self._step_end, self._gen)
 
     def _run_length(self, decoders: list[SimRequest], ctx: np.ndarray) -> int:
         """Steps the batch can run unchanged: until the first finish, within free KV, at most ``run_max``."""

@@ -48,13 +48,13 @@ from coda.integrations.vllm.settings import ENFORCED, SchedulerSettings, load_se
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
 from coda.policy.contracts import StatePolicy
-from coda.policy.presets import resolve_policies
 from coda.shell.build import build_policies
 from coda.shell.shadow import Shadowed
 
 try:  # only importable inside a vLLM process
     import vllm
     from vllm.logger import init_logger
+    from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.core.sched.request_queue import RequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
@@ -67,6 +67,8 @@ from coda.integrations.vllm.retention import Retention
 from coda.integrations.vllm.tool_calls import ToolCallReader
 
 logger = init_logger("vllm.coda.scheduler")
+#: the worker class that runs the cohort plans (imported by vLLM in the worker's process, not here)
+WORKER = "coda.integrations.vllm.worker.CodaWorker"
 
 
 def _finite(x: float | None) -> float | None:
@@ -212,7 +214,7 @@ class CodaScheduler(Scheduler):
         check_version(vllm.__version__)
         super().__init__(*args, **kwargs)
         settings = load_settings()
-        spec = resolve_policies(settings.system, settings.policies)
+        spec = settings.policy_spec
         policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=ENFORCED)
         self.coda_policies = policies
         self._coda_added_s = 0.0  # Coda's time outside schedule() (arrivals, finishes) since the last step
@@ -224,16 +226,31 @@ class CodaScheduler(Scheduler):
             queue.add_request(req)
         self.waiting = queue
         self._coda_queue = queue
-        self._coda_cohorts = spec.execution.name != "full"
+        self._coda_cohorts, cohort_note = self._cohorts(spec.execution.name)
         self._coda_retention, retention_note = self._retention(settings, policies.eviction)
         self._coda_step = 0
         self._coda_split_steps = 0
         line = (f"Coda {__version__} in vLLM {vllm.__version__} (tested: {TESTED}); state {spec.state.name}; "
-                f"tiers {probe.name}; execution {spec.execution.name}; eviction {spec.eviction.name} ({retention_note})")
+                f"tiers {probe.name}; execution {spec.execution.name} ({cohort_note}); eviction {spec.eviction.name} ({retention_note})")
         logger.info(line)
         if self._coda_trace is not None:
             self._coda_trace.write(json.dumps({"coda": __version__, "vllm": vllm.__version__, "tested": TESTED, "policies": spec.describe(),
                                                "profile": settings.profile, "tiers": probe.name, "retention": retention_note}) + "\n")
+
+    def _cohorts(self, execution: str) -> tuple[bool, str]:
+        """Whether steps are planned: only where ``CodaWorker`` runs the plans (a plan nobody runs
+        would only mislead the trace)."""
+        if execution == "full":
+            return False, "cohorts off"
+        worker_cls = self.vllm_config.parallel_config.worker_cls
+        try:
+            cls = resolve_obj_by_qualname(worker_cls) if isinstance(worker_cls, str) else worker_cls
+            ours = isinstance(cls, type) and WORKER in (f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__)
+        except (ImportError, AttributeError, ValueError):
+            ours = False
+        if not ours:
+            return False, f"cohorts off: the worker is {worker_cls}; pass --worker-cls {WORKER}"
+        return True, "cohorts on"
 
     def _retention(self, settings: SchedulerSettings, eviction: Any) -> tuple[Retention | None, str]:
         """The holds of a tool-aware eviction policy (``None`` with ``lru``), wired to the KV cache manager."""

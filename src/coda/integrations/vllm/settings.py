@@ -27,16 +27,15 @@ plans with their predicted gain, holds and releases).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, StrictBool, ValidationError, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, StrictBool, field_validator
 
-from coda.errors import CodaError, invalid
-from coda.policy.spec import PoliciesOverride
+from coda.config.load import read_config, validated
+from coda.config.policies import PoliciesConfig
+from coda.config.strict import StrictModel
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
 #: the policy kinds that act inside vLLM (the others are checked only)
@@ -47,7 +46,7 @@ DEFAULT_PROFILE = "a100-qwen3coder30b-fp8-roofline"
 DEFAULT_TOOL_CALL_PATTERN = r'<tool_call>\s*\{\s*"name"\s*:\s*"(?P<name>[^"]+)"|<function=(?P<function>[^>\s]+)>'
 
 
-class RetentionSettings(BaseModel):
+class RetentionSettings(StrictModel):
     """How long a request that ended with tool calls keeps its blocks (with ``eviction: tool_aware``).
 
     The hold lasts ``hold_factor`` times the predicted tool time (the policy's online predictor,
@@ -58,8 +57,6 @@ class RetentionSettings(BaseModel):
     ``tail_tokens`` tokens, decoded with the model's tokenizer) with ``tool_call_pattern``, a
     regular expression whose named groups capture tool names.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     prior_s: PositiveFloat = Field(30.0, description="hold of a tool without enough observed calls, in seconds (assumed)")
     hold_factor: PositiveFloat = Field(2.0, description="a hold lasts this times the predicted tool time (assumed)")
@@ -79,37 +76,15 @@ class RetentionSettings(BaseModel):
         return value
 
 
-class SchedulerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    system: str = "vllm+ta"
-    policies: PoliciesOverride | None = None
-    tiers: StrictBool = True
-    retention: RetentionSettings = RetentionSettings()
-    profile: str = DEFAULT_PROFILE
-    trace: str | None = None
+class SchedulerSettings(PoliciesConfig):
+    tiers: StrictBool = Field(True, description="read the KV connector's DRAM/SSD hits into the state cost (a supported connector only)")
+    retention: RetentionSettings = Field(RetentionSettings(), description="how long tool-aware retention holds a finished request's blocks")
+    profile: str = Field(DEFAULT_PROFILE, description="the cost profile the policies rank by")
+    trace: str | None = Field(None, description="JSONL file of every step's decisions, each with its rule")
 
 
-def load_settings(environ: dict[str, str] | None = None) -> SchedulerSettings:
+def load_settings(environ: Mapping[str, str] | None = None) -> SchedulerSettings:
     """Settings from ``CODA_SCHEDULER_CONFIG`` (inline JSON or a file path); the defaults when unset."""
     raw = (os.environ if environ is None else environ).get(CONFIG_ENV, "").strip()
-    data: Any = {}
-    if raw.startswith("{"):
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise CodaError(f"{CONFIG_ENV}: not valid JSON ({err.msg} at column {err.colno}); pass a JSON object or a file path") from None
-    elif raw:
-        path = Path(raw)
-        if not path.exists():
-            raise CodaError(f"{CONFIG_ENV}={raw}: no such file; pass inline JSON or a path to a JSON/YAML file")
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(path.read_text()) or {}
-        else:
-            data = json.loads(path.read_text())
-    try:
-        return SchedulerSettings.model_validate(data)
-    except ValidationError as err:
-        raise invalid(CONFIG_ENV, err, f"valid keys: {', '.join(SchedulerSettings.model_fields)}") from None
+    data = read_config(raw, CONFIG_ENV) if raw else {}
+    return validated(SchedulerSettings, data, CONFIG_ENV, f"valid keys: {', '.join(SchedulerSettings.model_fields)}")

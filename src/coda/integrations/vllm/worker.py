@@ -21,7 +21,6 @@ from vllm.platforms import current_platform
 from coda.integrations.vllm import cohort_backend
 from coda.integrations.vllm.cohort_plan import PLAN_ATTR, STEP
 from coda.integrations.vllm.settings import load_settings
-from coda.policy.presets import resolve_policies
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as PlatformWorker
@@ -34,8 +33,7 @@ logger = init_logger("vllm.coda.worker")
 class CodaWorker(PlatformWorker):  # type: ignore[misc,valid-type]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = load_settings()
-        execution = resolve_policies(settings.system, settings.policies).execution.name
+        execution = load_settings().policy_spec.execution.name
         self.coda_wrapped = cohort_backend.install() if execution != "full" else []
         logger.info("Coda worker: execution policy %s; cohort attention wraps %s", execution, ", ".join(self.coda_wrapped) or "nothing")
 
