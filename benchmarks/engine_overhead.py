@@ -110,7 +110,7 @@ def summarize(trace: Path) -> dict[str, Any]:
 def wrapper_call_us(calls: int = 200_000) -> float:
     """What retention's wrapper adds to an allocation that succeeds at once (the common case): the
     stand-in allocation returns at once, so the rest is the wrapper; median of 7 rounds."""
-    retention = Retention(None, None, RetentionSettings())  # no hold: the pool and predictor are never reached
+    retention = Retention(None, None, RetentionSettings())  # no hold: the pool and the policy are never reached
 
     def allocate() -> object:
         return retention

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from coda.integrations.vllm.retention import Retention
 from coda.integrations.vllm.settings import RetentionSettings
-from coda.policy.tools import ToolPredictor
+from coda.policy.eviction import ToolAware
 
 
 @dataclass(eq=False)
@@ -66,7 +66,7 @@ class Pool:
 
 
 def retention(pool: Pool, **kw) -> Retention:
-    return Retention(pool, ToolPredictor(min_samples=2), RetentionSettings(**kw))
+    return Retention(pool, ToolAware(min_samples=2), RetentionSettings(**kw))
 
 
 def hashes(key: str, n: int) -> list[object]:
@@ -130,7 +130,7 @@ def test_a_session_returning_after_its_hold_expired_is_still_learned():
     r.arrived("s2", hashes("s", 3), now=90.0)
     ret = r.events[-1]
     assert ret["event"] == "return" and ret["duration_s"] == 90.0 and ret["held"] is False
-    assert r.predictor.remaining(("sleep",), 0.0) == 0.0  # one sample, fewer than min_samples
+    assert r.policy.remaining_s(("sleep",), 0.0) is None  # one sample, fewer than min_samples: nothing predicted yet
     r.arrived("s3", hashes("s", 3), now=95.0)  # the same prompt again is not a second return
     assert r.events[-1] is ret
 

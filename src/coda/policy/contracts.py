@@ -188,6 +188,13 @@ class EvictionPolicy(ABC):
         arrived); a policy that learns nothing ignores it."""
         return None
 
+    def remaining_s(self, tools: Sequence[str], elapsed_s: float) -> float | None:
+        """Predicted seconds until a session out on ``tools`` (``()``: on its user) for ``elapsed_s``
+        returns; ``None`` while the policy predicts nothing for them. An engine that holds a
+        session's KV through its tool call (the vLLM plugin's retention) reads it; the base class
+        predicts nothing."""
+        return None
+
 
 # --- conformance ----------------------------------------------------------------------------------
 
@@ -199,7 +206,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "router": ("name", "worker_fields", "route", "explain"),
     "state": ("name", "frontier", "admission", "choose", "explain"),
     "execution": ("name", "plan", "explain"),
-    "eviction": ("name", "session_status", "victims", "observe"),
+    "eviction": ("name", "session_status", "victims", "observe", "remaining_s"),
 }
 
 

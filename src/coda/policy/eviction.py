@@ -56,6 +56,9 @@ class ToolAware(EvictionPolicy):
     def observe(self, tools: Sequence[str], duration_s: float) -> None:
         self.predictor.observe(tools, duration_s)
 
+    def remaining_s(self, tools: Sequence[str], elapsed_s: float) -> float | None:
+        return self.predictor.remaining(tools, elapsed_s) if self.predictor.known(tools) else None
+
     def score(self, owner: int, out: OutStatus) -> float:
         """Predicted seconds until the owner's session sends its next request; 0 when it is not out."""
         status = out(owner)

@@ -104,8 +104,7 @@ out["queue"] = {"head": queue.peek_request().request_id, "hit": list(queue._hit(
                 "free_blocks": kvm.block_pool.get_num_free_blocks()}
 
 # --- retention on the real block pool --------------------------------------------------------------
-policies.eviction.predictor.min_samples = 1
-retention = Retention(kvm.block_pool, policies.eviction.predictor, RetentionSettings())
+retention = Retention(kvm.block_pool, policies.eviction, RetentionSettings())
 c = request("c", list(range(700, 764)))  # 4 full blocks
 blocks = run(c)
 retention.finished("c", c.block_hashes[3], blocks, ("bash",), now=0.0)

@@ -4,8 +4,9 @@ vLLM frees a finished request's blocks into its LRU free queue, where the next a
 them; an agent's session that returns after a 30 s tool call often finds them gone. When a request
 ends with tool calls, ``Retention`` keeps one reference on each of its cached blocks (so they stay
 out of the free queue) until the session returns or its predicted return time has passed. The
-prediction is the eviction policy's online predictor (``coda.policy.tools.ToolPredictor``): the
-tool time learned per tool identity from calls that already ended.
+prediction is the eviction policy's (its ``remaining_s``; ``tool_aware``'s comes from its online
+predictor, ``coda.policy.tools.ToolPredictor``): the tool time learned per tool identity from calls
+that already ended.
 
 Holds never cost a running or admitted request anything: the KV cache manager's allocations go
 through ``Retention.allocate``, where every hold yields to an allocation that needs its blocks, the
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from coda.integrations.vllm.settings import RetentionSettings
+from coda.policy.tools import ToolPredictor
 
 #: finished requests whose return is awaited for learning, at most (assumed; the oldest are forgotten first)
 AWAITED_MAX = 4096
@@ -44,14 +46,12 @@ class Pool(Protocol):
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
 
 
-class Predictor(Protocol):
-    def key(self, names: Sequence[str]) -> tuple[str, ...]: ...
+class Forecast(Protocol):
+    """What retention reads of the eviction policy (``coda.policy.contracts.EvictionPolicy``)."""
 
-    def known(self, names: Sequence[str]) -> bool: ...
+    def remaining_s(self, tools: Sequence[str], elapsed_s: float) -> float | None: ...
 
-    def remaining(self, names: Sequence[str], elapsed_s: float) -> float: ...
-
-    def observe(self, names: Sequence[str], duration_s: float) -> None: ...
+    def observe(self, tools: Sequence[str], duration_s: float) -> None: ...
 
 
 @dataclass(eq=False)
@@ -74,9 +74,9 @@ class Out:
 class Retention:
     """Holds, returns and releases; ``events`` collects this step's decisions for the trace."""
 
-    def __init__(self, pool: Pool, predictor: Predictor, settings: RetentionSettings) -> None:
+    def __init__(self, pool: Pool, policy: Forecast, settings: RetentionSettings) -> None:
         self.pool = pool
-        self.predictor = predictor
+        self.policy = policy
         self.settings = settings
         self.events: list[dict[str, Any]] = []
         #: CPU time spent yielding holds to allocations (the retried allocation included), for the step's accounting
@@ -92,18 +92,18 @@ class Retention:
         if out.returned_by is not None:
             return -1.0
         elapsed = now - out.finished_s
-        if self.predictor.known(out.tools):
-            return self.predictor.remaining(out.tools, elapsed)
-        return max(0.0, self.settings.prior_s - elapsed)
+        predicted = self.policy.remaining_s(out.tools, elapsed)
+        return max(0.0, self.settings.prior_s - elapsed) if predicted is None else predicted
 
     # --- the session's events ---------------------------------------------------------------------
     def finished(self, request_id: str, key: Hashable | None, blocks: Sequence[Any], tools: Sequence[str], now: float) -> None:
         """A request ended; ``tools``: the tool calls it ended with (none: nothing is held)."""
         if not tools or key is None:
             return
-        names = self.predictor.key(tools)
-        known = self.predictor.known(names)
-        predicted = self.predictor.remaining(names, 0.0) if known else self.settings.prior_s
+        names = ToolPredictor.key(tools)
+        observed = self.policy.remaining_s(names, 0.0)
+        known = observed is not None
+        predicted = observed if observed is not None else self.settings.prior_s
         hold_s = min(self.settings.max_hold_s, self.settings.hold_factor * predicted)
         out = Out(request_id, key, names, now, now + hold_s)
         held = [b for b in blocks if getattr(b, "block_hash", None) is not None and not getattr(b, "is_null", False)]
@@ -140,7 +140,7 @@ class Retention:
         del self._awaited[out.key]
         out.returned_by = request_id
         duration = now - out.finished_s
-        self.predictor.observe(out.tools, duration)
+        self.policy.observe(out.tools, duration)
         if out.held:
             self._by_arrival[request_id] = out
         self.events.append({"event": "return", "request": request_id, "continues": out.request_id, "tools": list(out.tools),

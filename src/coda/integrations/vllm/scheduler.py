@@ -47,7 +47,7 @@ from coda.integrations.vllm.compat import RANGE, TESTED, check_version
 from coda.integrations.vllm.settings import ENFORCED, SchedulerSettings, load_settings
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
-from coda.policy.contracts import StatePolicy
+from coda.policy.contracts import EvictionPolicy, StatePolicy
 from coda.shell.build import build_policies
 from coda.shell.shadow import Shadowed
 
@@ -252,10 +252,10 @@ class CodaScheduler(Scheduler):
             return False, f"cohorts off: the worker is {worker_cls}; pass --worker-cls {WORKER}"
         return True, "cohorts on"
 
-    def _retention(self, settings: SchedulerSettings, eviction: Any) -> tuple[Retention | None, str]:
-        """The holds of a tool-aware eviction policy (``None`` with ``lru``), wired to the KV cache manager."""
-        predictor = getattr(eviction, "predictor", None)
-        if predictor is None:
+    def _retention(self, settings: SchedulerSettings, eviction: EvictionPolicy) -> tuple[Retention | None, str]:
+        """The holds of an eviction policy that reads sessions (``tool_aware``; none with ``lru``), wired
+        to the KV cache manager."""
+        if not eviction.session_status:
             return None, "retention off"
         if self.vllm_config.model_config.skip_tokenizer_init:
             return None, "retention off: the engine skips its tokenizer, so tool calls cannot be read"
@@ -263,7 +263,7 @@ class CodaScheduler(Scheduler):
 
         r = settings.retention
         self._coda_tools = ToolCallReader(cached_tokenizer_from_config(self.vllm_config.model_config), r.tool_call_pattern, r.tail_tokens)
-        retention = Retention(self.kv_cache_manager.block_pool, predictor, r)
+        retention = Retention(self.kv_cache_manager.block_pool, eviction, r)
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(*args: Any, **kwargs: Any) -> Any:
