@@ -427,11 +427,12 @@ class _DrainingServer(uvicorn.Server):
 
 
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
-    """Check the engines, listen, serve until SIGTERM/SIGINT, drain, clean up."""
+    """Take the address (a bad host or a port in use fails at once), check the engines, serve
+    until SIGTERM/SIGINT, drain, clean up."""
     gw = Gateway(config)
+    sock = listen(config.host, config.port)
     try:
         await gw.start()
-        sock = listen(config.host, config.port)
         server = _DrainingServer(uvicorn.Config(create_app(gw), log_level="warning", lifespan="off", access_log=False, server_header=False, date_header=False,
                                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S), gw)  # type: ignore[arg-type]
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
@@ -442,4 +443,5 @@ async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None])
             on_ready(f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}", gw)
         await task
     finally:
+        sock.close()
         await gw.close()

@@ -217,6 +217,14 @@ class GatewayState:
         """What the ingress policy (and its shadow) reads."""
         return frozenset(self.ingress.needs)
 
+    @property
+    def reads_scraped(self) -> bool:
+        """Whether a decision reads what an engine's /metrics says: an ingress signal scraped from
+        it, or, with a shared store, the engine's own count of the requests it runs and queues
+        (``inflight_of``). Otherwise telemetry serves only /metrics, /debug/state and the KV
+        capacity, and a scrape every ``idle_interval_s`` is enough."""
+        return bool(self.needed_signals & SCRAPED_SIGNALS.keys()) or self.shared
+
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))
 

@@ -1,7 +1,9 @@
 """Engine telemetry: models and ``max_model_len`` from /v1/models, load from /metrics (vLLM's
 metric names, parsed with prometheus_client's text parser), liveness from /health.
 
-Scrapes run every ``scrape_interval_s`` (default 250 ms); a worker whose last good scrape is
+Scrapes run every ``scrape_interval_s`` (default 250 ms) while a decision reads what they bring
+(``GatewayState.reads_scraped``), else every ``idle_interval_s``: reading a vLLM exposition is
+most of what an otherwise idle gateway spends between requests. A worker whose last good scrape is
 older than ``stale_after_s`` is stale, and admission counts it as saturated. Health checks eject
 a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
 passes (its models are read again then: it may have restarted with another configuration).
@@ -161,8 +163,9 @@ class Telemetry:
             self._tasks.append(asyncio.create_task(self._health_loop(w)))
 
     async def _scrape_loop(self, w: Worker) -> None:
+        every_s = self.cfg.scrape_interval_s if self.state.reads_scraped else self.cfg.idle_interval_s
         while True:
-            await self._pause(self.cfg.scrape_interval_s)
+            await self._pause(every_s)
             try:
                 await self.scrape(w)
             except (httpx.HTTPError, ValueError):

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
-from coda.errors import CodaError, invalid
+from coda.errors import CodaError, invalid, reading
 from coda.policy.spec import PoliciesOverride, TenantSpec
 
 
@@ -25,7 +25,7 @@ class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     system: str = "vllm"
-    workers: PositiveInt = 1
+    workers: PositiveInt = Field(1, le=4096, description="simulated engines (at most 4,096: each holds its KV tiers' arrays)")
     seed: int = 0
     profile: str = "a100-qwen3coder30b-fp8-calibrated"
     chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")
@@ -78,7 +78,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise CodaError(f"config {path}: no such file")
-    text = path.read_text()
+    with reading(path, "config"):
+        text = path.read_text()
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from coda.errors import CodaError, invalid
+from coda.errors import CodaError, invalid, reading
 from coda.policy.spec import PoliciesOverride
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
@@ -52,12 +52,14 @@ def load_settings(environ: dict[str, str] | None = None) -> SchedulerSettings:
         path = Path(raw)
         if not path.exists():
             raise CodaError(f"{CONFIG_ENV}={raw}: no such file; pass inline JSON or a path to a JSON/YAML file")
+        with reading(path, CONFIG_ENV):
+            text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(text) or {}
         else:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
     try:
         return SchedulerSettings.model_validate(data)
     except ValidationError as err:
