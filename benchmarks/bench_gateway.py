@@ -54,7 +54,7 @@ from coda import __version__  # noqa: E402
 from coda.bench.client import Endpoint  # noqa: E402
 from coda.engines import tokenizer as tok  # noqa: E402
 from coda.engines.launch import FakeEngineProcess  # noqa: E402
-from coda.procs import running  # noqa: E402
+from coda.serving.procs import running  # noqa: E402
 from tests.integration.vllm.support import build_tiny_model, free_port, metric_sum, vllm_servers  # noqa: E402
 
 PEER = "vllm-router"

@@ -2,7 +2,7 @@
 a minimal raw-socket streaming client, both driving the same `coda fake-engine` with the same
 requests at the same open-loop rate, in the same run.
 
-Goal: the harness sustains >= 300 streamed requests/s on this machine and adds
+Goal: the harness sustains >= 300 streamed requests/s on the machine it runs on and adds
 <= 1 ms to TTFT at p50 over what the baseline client measures.
 Run: python benchmarks/bench_harness.py [--rates 100,300,400] [--seconds 6] [--repeats 3] [--speedup 10]
 """

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import running
+from coda.serving.procs import running
 
 POLICIES = ("admit_all", "queue_limit", "session")
 
@@ -122,7 +122,7 @@ def main() -> None:
         for label, rate, policy in runs:
             try:
                 rows.append(policy_run(backends, label, rate, policy, duration, scale, out))
-            except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.procs)
+            except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.serving.procs)
                 console.print(f"{label} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
                 rows.append({"policy": label, "rate": rate, "error": str(err)})
         if rows[0]["error"]:

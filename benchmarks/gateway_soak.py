@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -59,7 +58,8 @@ from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import knee
 from coda.bench.run import summary_of
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import Proc, spawn
+from coda.profiling.machine import machine, this_process
+from coda.serving.procs import Proc, spawn
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from tests.integration.redis_server import RedisServer, started
@@ -354,7 +354,8 @@ def main() -> None:
     scale = 1.0 / args.speedup
     console = Console(width=160)
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {**vars(args), "out": str(args.out), "host": f"{platform.node()}: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start"}
+    config = {**vars(args), "out": str(args.out), "machine": machine(**this_process()),
+              "load_at_start": round(os.getloadavg()[0], 1)}
 
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1, \
             (redis_server() if args.store == "redis" else nullcontext()) as store:

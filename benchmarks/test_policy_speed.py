@@ -9,9 +9,9 @@ import pytest
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.policy.routing import CodaRouter, DynamoKV, RoundRobin, SMetric
+from coda.policy.routing import ContextCompatible, DynamoKV, RoundRobin, SMetric
+from coda.policy.snapshots import AdmissionSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.policy.state import Fifo, TieredAging
-from coda.types import AdmissionSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 
 rng = np.random.default_rng(0)
 
@@ -55,7 +55,7 @@ def routing_snapshot(workers=16, decoders=64):
     return RoutingSnapshot(0.0, req, ws)
 
 
-@pytest.mark.parametrize("router", [RoundRobin(), SMetric(), DynamoKV(), CodaRouter()], ids=lambda r: r.name)
+@pytest.mark.parametrize("router", [RoundRobin(), SMetric(), DynamoKV(), ContextCompatible()], ids=lambda r: r.name)
 def test_route_16x64(benchmark, router):
     snap = routing_snapshot()
     benchmark(router.route, snap)
@@ -63,7 +63,7 @@ def test_route_16x64(benchmark, router):
 
 def test_indexer_match_128k_tokens_16_workers(benchmark):
     """Goal: <= 100 us to match a 128K-token prompt (500 blocks of 256 tokens) against 16 workers."""
-    from coda.kvindex import KVIndexer, WorkerTiers
+    from coda.shell.kvindex import KVIndexer, WorkerTiers
 
     idx = KVIndexer()
     chain = list(range(10_000, 10_500))

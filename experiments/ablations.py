@@ -172,10 +172,10 @@ def exp_paper() -> str:
             rows.append([w, s, fmt_ci(col(rs, "decode_concurrency"), 2), fmt_ci(col(rs, "hbm_used_frac_mean"), 3), fmt_ci(col(rs, "resumed_paths.hbm"), 3),
                          fmt_ci(col(rs, "resumed_paths.dram"), 3), fmt_ci(col(rs, "preemptions"), 0), fmt_ci(col(rs, "waiting_mean"), 1),
                          fmt_ci(col(rs, "state_probe.mean_extra_blocks_chosen"), 1), fmt_ci(col(rs, "state_probe.admissions_equal_fcfs"), 3),
-                         fmt_ci(col(rs, "state_probe.head_waited_20s_share"), 3),
+                         fmt_ci(col(rs, "state_probe.head_waited_w_max_share"), 3),
                          "; ".join(f"{k} {v:.1%}" for k, v in sorted(br.items(), key=lambda kv: -kv[1]))])
     out.append(md_table(["workload", "system", "decode concurrency", "HBM used (mean frac)", "resumed via HBM", "resumed via DRAM", "preemptions",
-                         "waiting (mean)", "extra blocks of admitted", "admissions = FCFS head", "decisions with head waited >= 20 s",
+                         "waiting (mean)", "extra blocks of admitted", "admissions = FCFS head", "decisions with head waited >= W_max",
                          "decision branches"], rows))
     out.append("\nSLO regime: SLO tok/s gain of cachewise+ta over cachewise at other SLO pairs (same runs):\n")
     rows = []

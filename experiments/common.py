@@ -2,7 +2,7 @@
 
 Every number an experiment prints comes from ``run_cell``: one simulation of one system on one
 workload and seed, with read-only instrumentation attached (nothing here changes a policy's
-decision; wrappers call the policy and only count what it did). Aggregation follows DESIGN.md:
+decision; wrappers call the policy and only count what it did). Aggregation follows docs/simulator.md (Metrics):
 means with 95% Student-t intervals over seeds, gains as ratios of sums over seeds; the interval
 of a ratio of sums is a jackknife over seeds (``coda.metrics.ratio_ci``).
 
@@ -11,6 +11,7 @@ Run from the repository root with the project's venv:  python experiments/<scrip
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -25,13 +26,13 @@ import numpy as np
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.eval.paper import PaperWorkload
-from coda.metrics import mean_ci, ratio_ci, summarize
+from coda.metrics.requests import mean_ci, ratio_ci, summarize
 from coda.policy.eviction import ToolAware
 from coda.policy.execution import Cohort
 from coda.policy.registry import register
-from coda.policy.routing import CodaRouter, SMetric, candidates, context_distance, explain_route, least_loaded_of
+from coda.policy.routing import ContextCompatible, SMetric, candidates, context_distance, least_loaded_of
 from coda.policy.spec import PoliciesOverride
-from coda.policy.state import FewestBlocks, explain
+from coda.policy.state import FewestBlocks, TieredAging
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, ToolCall, Workload
@@ -157,6 +158,8 @@ def dataclasses_replace_round(r: Round, **kw: Any) -> Round:
 
 # --- instrumentation (read-only) ------------------------------------------------------------
 NOT_ADMITTED = ("hold: oldest does not fit, admit nothing", "nothing fits", "none", "empty")
+#: Tiered-Aging's default W_max, the bound a probe counts long waits against for a policy without one
+DEFAULT_W_MAX_S: float = next(f.default for f in dataclasses.fields(TieredAging) if f.name == "w_max_s")  # type: ignore[assignment]
 
 
 class StateProbe:
@@ -169,6 +172,7 @@ class StateProbe:
         self.window = window
         self.name = inner.name
         self.frontier = inner.frontier
+        self.w_max_s = inner.w_max_s if isinstance(inner, TieredAging) else DEFAULT_W_MAX_S
         self.fb = FewestBlocks()
         self.branches: Counter[str] = Counter()
         self.decisions = 0
@@ -181,7 +185,7 @@ class StateProbe:
         self.queue_len = 0
 
     def choose(self, snap: Any) -> int | None:
-        choice = explain(self.inner, snap)  # the policy's own decision and the rule that made it
+        choice = self.inner.explain(snap)  # the policy's own decision and the rule that made it
         idx = choice.index
         n = len(snap)
         if n == 0 or not self.window[0] <= snap.now_s <= self.window[1]:
@@ -190,7 +194,7 @@ class StateProbe:
         self.queue_len += n
         wait = snap.now_s - snap.ready_s
         self.branches[choice.rule] += 1
-        if wait[0] >= 20.0:
+        if wait[0] >= self.w_max_s:
             self.head_wait_over_wmax += 1
         fb = self.fb.choose(snap)
         if idx is not None:
@@ -214,7 +218,8 @@ class StateProbe:
             "mean_extra_blocks_chosen": self.chosen_extra / a,
             "mean_extra_blocks_fewest_blocks_choice": self.fb_extra / a,
             "mean_dram_tokens_chosen": self.chosen_dram_tokens / a,
-            "head_waited_20s_share": self.head_wait_over_wmax / d,
+            "w_max_s": self.w_max_s,
+            "head_waited_w_max_share": self.head_wait_over_wmax / d,
             "mean_frontier_len": self.queue_len / d,
         }
 
@@ -224,7 +229,7 @@ class StepProbe:
     (cost model of the run, full launch vs the plan executed), and a shadow cohort policy on
     batches that ran as one launch (what ``cohort`` would have done there)."""
 
-    needs: frozenset[str] = frozenset()
+    worker_fields: frozenset[str] = frozenset()
 
     def __init__(self, cost: Any, window: tuple[float, float] = (0.0, math.inf), shadow_cohort: bool = True) -> None:
         self.cost = cost
@@ -308,11 +313,11 @@ class RouteProbe:
     against the least-loaded fallback, the chosen worker's load above the minimum, and the
     load spread across workers at each decision."""
 
-    needs = frozenset({"match", "decode_contexts"})
+    worker_fields = frozenset({"match", "decode_contexts"})
 
     def __init__(self, window: tuple[float, float] = (0.0, math.inf)) -> None:
         self.window = window
-        self.coda = CodaRouter()
+        self.coda = ContextCompatible()
         self.smetric = SMetric()
         self.kinds: Counter[str] = Counter()
         self.decisions = 0
@@ -338,7 +343,7 @@ class RouteProbe:
         self.spread_req += loads.max() - loads.min()
         self.spread_kv += (kv.max() - kv.min())
         self.kv_max_over_mean += kv.max() / kv.mean() if kv.mean() > 0 else 1.0
-        rule = explain_route(self.coda, snap)
+        rule = self.coda.explain(snap)
         if rule.rule == "context compatible":
             same = rule.worker_id == least_loaded_of(ws).worker_id
             self.kinds["context rule, same as least loaded" if same else "context rule, differs from least loaded"] += 1

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from coda.eval.paper import PRESETS
-from coda.metrics import summarize
+from coda.metrics.requests import summarize
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 

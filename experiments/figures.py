@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matplotlib  # noqa: E402
 from common import OUT, ROOT, col  # noqa: E402
 
-from coda.metrics import mean_ci, ratio_ci  # noqa: E402
+from coda.metrics.requests import mean_ci, ratio_ci  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 
 from coda.eval.paper import PRESETS
 from coda.eval.pareto import plot_pareto
-from coda.metrics import mean_ci, ratio_ci
+from coda.metrics.requests import mean_ci, ratio_ci
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
@@ -47,6 +48,7 @@ from coda.workload.spec import load_workload
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt_ci  # noqa: E402
 
+DATA_ENV = "CODA_DATA_DIR"  # the folder of public traces, never part of the repository
 TRACES = {"mooncake": "conversation_trace.jsonl", "azure": "AzureLLMInferenceTrace_code.csv"}
 BASELINES = ("vllm", "cachewise")
 TARGET_SEEDS = 5  # the target is judged on five seeds or more
@@ -153,16 +155,19 @@ def main() -> int:
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--jobs", type=int, default=2, help="simulations run at once")
     ap.add_argument("--out", type=Path, default=Path("runs/tail"))
-    ap.add_argument("--data-dir", default=None, help="shared data folder (default: $CODA_DATA_DIR or ../shared)")
+    ap.add_argument("--data-dir", default=os.environ.get(DATA_ENV), help=f"folder holding traces/, for {' and '.join(TRACES)} (default: ${DATA_ENV})")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
-    import os
-
-    data_dir = args.data_dir or os.environ.get("CODA_DATA_DIR") or str(Path(__file__).resolve().parents[1].parent / "shared")
     unknown = [c for c in args.candidates.split(",") if c not in CANDIDATES]
     if unknown:
         print(f"error: unknown candidate(s) {', '.join(unknown)}; valid: {', '.join(CANDIDATES)}", file=sys.stderr)
         return 2
+    traces = [w for w in args.workloads.split(",") if w in TRACES]
+    if traces and not args.report_only and not args.data_dir:
+        print(f"error: --workloads {','.join(traces)} read public traces: set {DATA_ENV} (or --data-dir) to the folder holding traces/",
+              file=sys.stderr)
+        return 2
+    data_dir = args.data_dir or ""
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "runs.jsonl"
     runs = load_runs(store)

@@ -11,11 +11,9 @@ from hypothesis import HealthCheck, settings
 
 from coda.workload.schema import Round, Session, ToolCall, Workload
 
-ROOT = Path(__file__).resolve().parents[1]
-#: public traces and measured GPU operator profiles (not part of the repository); tests that read
-#: them skip when the folder is absent
+#: public traces and measured GPU operator profiles (not part of the repository) live in the folder
+#: this variable names; tests that read them skip when it is unset or the file is absent
 DATA_ENV = "CODA_DATA_DIR"
-SHARED = Path(os.environ.get(DATA_ENV) or ROOT.parent / "shared")
 
 # No deadline and no too-slow health check: how long an example takes depends on what else the
 # machine runs, so a time limit would turn a busy machine's run red. Speed is measured by the
@@ -25,9 +23,11 @@ settings.load_profile("coda")
 
 
 def shared_path(*parts: str) -> Path:
-    """A file of the data folder (``$CODA_DATA_DIR``, by default ``shared/`` beside the checkout),
-    or skip the test with the reason."""
-    path = SHARED.joinpath(*parts)
+    """A file of the data folder (``$CODA_DATA_DIR``), or skip the test with the reason."""
+    folder = os.environ.get(DATA_ENV)
+    if not folder:
+        pytest.skip(f"{DATA_ENV} is unset: point it at the folder holding traces/ and profiles/ to run this test")
+    path = Path(folder).joinpath(*parts)
     if not path.exists():
         pytest.skip(f"{path} is absent: point {DATA_ENV} at the folder holding traces/ and profiles/")
     return path

@@ -72,7 +72,7 @@ def test_compare_gives_each_ratio_a_jackknife_interval_over_seeds():
 
 
 def test_compare_pareto_writes_a_png_and_the_json_has_the_operator_metrics(tmp_path):
-    from coda.metrics import OPERATOR_KEYS
+    from coda.metrics.requests import OPERATOR_KEYS
 
     png = tmp_path / "fig" / "pareto.png"
     res = json.loads(coda("compare", "--workload", SMALL, "--systems", "vllm,coda", "--seeds", "2", "--json", "--pareto", str(png)).stdout)

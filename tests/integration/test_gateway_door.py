@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import Proc, running, spawn
+from coda.serving.procs import Proc, running, spawn
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)

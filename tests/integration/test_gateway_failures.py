@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import running, spawn
+from coda.serving.procs import running, spawn
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)

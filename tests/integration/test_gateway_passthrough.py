@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from coda.procs import running, spawn
+from coda.serving.procs import running, spawn
 
 pytestmark = pytest.mark.timeout(60)
 

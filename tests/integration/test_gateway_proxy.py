@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import running
+from coda.serving.procs import running
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "coda-fake"

@@ -21,7 +21,7 @@ import yaml
 
 from coda.engines.launch import FakeEngineProcess
 from coda.policy.routing import rendezvous
-from coda.procs import Proc, running
+from coda.serving.procs import Proc, running
 from tests.integration.redis_server import RedisServer, free_port, redis_server  # noqa: F401  (a fixture)
 from tests.waiting import wait_until
 

@@ -20,12 +20,12 @@ from coda.cost.profile import load_profile
 from coda.engines.launch import FakeEngineProcess
 from coda.gateway.config import build_config
 from coda.gateway.prompt import make_tokenizer
-from coda.gateway.state import GatewayState
+from coda.gateway.view import GatewayState
 from coda.integrations.vllm.settings import CONFIG_ENV, load_settings
-from coda.policy.build import build_policies
 from coda.policy.presets import resolve_policies
-from coda.policy.shadow import Shadowed
-from coda.procs import running
+from coda.serving.procs import running
+from coda.shell.build import build_policies
+from coda.shell.shadow import Shadowed
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload

@@ -1,4 +1,4 @@
-"""The README's Python API example runs as written, and `coda.simulate` gives what `coda sim --json`
+"""The Python API example of docs/cli.md runs as written, and `coda.simulate` gives what `coda sim --json`
 prints for the same configuration."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from coda.sim.run import SUMMARY_METRICS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_example() -> str:
-    section = (ROOT / "README.md").read_text().split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+def docs_example() -> str:
+    section = (ROOT / "docs" / "cli.md").read_text().split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     return code
 
 
-def test_the_readme_example_runs(capsys):
+def test_the_documented_example_runs(capsys):
     namespace: dict = {}
-    exec(compile(readme_example(), "README.md", "exec"), namespace)
+    exec(compile(docs_example(), "docs/cli.md", "exec"), namespace)
     printed = capsys.readouterr().out.split()
     assert len(printed) == 4 and int(printed[2]) == len(namespace["result"].records) > 0
     table = namespace["table"]

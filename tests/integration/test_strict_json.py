@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import yaml
 
-from coda import strict_json
 from coda.engines.launch import FakeEngineProcess
-from coda.procs import running
+from coda.serving.procs import running
+from coda.shell import strict_json
 
 SMALL = "synth:rate=6,duration=60,seed=1"
 

@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.policy.ingress import WorkerLoad
+from coda.policy.snapshots import PrefixMatch, WorkerLoad, WorkerView
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.request import RESTORING
 from coda.sim.worker import Worker
-from coda.types import PrefixMatch, WorkerView
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.spec import load_workload
 
@@ -194,12 +193,12 @@ def fresh_views(sim: Simulation, chain: list[int]) -> tuple[WorkerView, ...]:
     views = []
     for w in sim.workers:
         match = PrefixMatch()
-        if "match" in sim.router_needs:
+        if "match" in sim.worker_fields:
             h = lead(w.hbm.resident, 0)
             d = lead(w.dram.chunks, h) if w.dram is not None else 0
             match = PrefixMatch(h, d, lead(w.ssd.chunks, h + d) if w.ssd is not None else 0)
         views.append(WorkerView(w.id, len(w.running) + w.n_restoring + len(w.waiting), w.active_tokens // sim.C, len(w.waiting),
-                                w.decode_contexts() if "decode_contexts" in sim.router_needs else (), match))
+                                w.decode_contexts() if "decode_contexts" in sim.worker_fields else (), match))
     return tuple(views)
 
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.bench.client import Attempt, Endpoint
-from coda.metrics import Window, summarize
+from coda.metrics.requests import Window, summarize
 
 
 class ScriptedStream(httpx.AsyncByteStream):

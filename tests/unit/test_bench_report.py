@@ -1,4 +1,4 @@
-"""Bench summaries use coda.metrics's definitions: every offered request is exactly one of
+"""Bench summaries use coda.metrics.requests's definitions: every offered request is exactly one of
 completed, rejected or failed; goodput's denominator holds them all; the knee rule."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.bench.report import bench_summary, knee
-from coda.metrics import Window
+from coda.metrics.requests import Window
 
 
 @st.composite

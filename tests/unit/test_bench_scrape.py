@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coda.bench.scrape import EngineSeries, parse
-from coda.metrics import Window
+from coda.metrics.requests import Window
 
 
 def exposition(waiting: tuple[int, int], queries: float, hits: float, kv_name: str = "vllm:kv_cache_usage_perc") -> str:

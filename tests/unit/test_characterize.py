@@ -11,11 +11,11 @@ from coda.cost.model import AnalyticCost
 from coda.cost.profile import load_profile
 from coda.eval.characterize import growth_findings, path_findings, startup_findings, tier_findings, tool_findings
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity, near_uniform
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.policy.routing import SMetric
+from coda.policy.snapshots import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
-from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from tests.conftest import make_session
 

@@ -3,6 +3,11 @@ cost model charges what the profile says, and a bad endpoint gives one clear lin
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -13,10 +18,10 @@ import pytest
 
 from coda.cost.empirical import EmpiricalCost, step_features
 from coda.cost.model import build_cost_model
-from coda.cost.profile import Profile, load_profile
+from coda.cost.profile import Machine, Profile, load_profile
 from coda.errors import CodaError
 from coda.profiling.api_measure import DecodeSample, EngineInfo, Plan, PrefillSample, _samples
-from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile
+from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile, served_model
 
 TRUE = {"api_latency_s": 5e-3, "api_id_token_s": 2.5e-6, "api_text_token_s": 1e-6, "fixed_s": 1e-3, "token_s": 6e-6, "seq_s": 4e-5,
         "prefill_pair_s": 1.5e-8, "decode_context_s": 1.5e-7}
@@ -76,8 +81,30 @@ def test_too_few_shapes_is_refused():
 def profile() -> Profile:
     pre, dec = timings(TRUE, noise=0.0)
     data = measured_profile("t", INFO, pre, dec, fit_step_model(pre, dec), kv_bytes_per_token=(2048, "given: test"),
-                            samples="t.samples.csv", date="2026-01-01", machine="test", note="")
+                            samples="t.samples.csv", date="2026-01-01", machine=None, note="")
     return Profile.model_validate(data)
+
+
+def test_a_measured_profile_records_the_machine_and_no_path_host_name_or_kernel_build(tmp_path, monkeypatch):
+    """The endpoint's address, the model's local folder, the host's name and its kernel build say
+    where a profile was written, not what it measured; the hardware and software do."""
+    from coda.cli.profile import _engine_machine
+
+    monkeypatch.chdir(tmp_path)
+    pre, dec = timings(TRUE, noise=0.0)
+    remote = EngineInfo("http://gpu-node-7.example:8123", "tiny", str(tmp_path / "fmodel"), "0.32.0", 6144, 32, 8000)
+    assert _engine_machine(remote.url, remote.version) is None
+    local = _engine_machine("http://127.0.0.1:8123", "0.32.0")
+    assert local is not None and local["vllm"] == "0.32.0" and local["cpus"] == os.cpu_count() and local["torch"] is None
+    for info, where in ((remote, None), (remote, local)):
+        data = measured_profile("t", info, pre, dec, fit_step_model(pre, dec), kv_bytes_per_token=(2048, "given: test"),
+                                samples="t.samples.csv", date="2026-01-01", machine=where, note="")
+        text = json.dumps(data)
+        for leak in (str(tmp_path), "fmodel", "gpu-node-7.example", remote.url, socket.gethostname(), platform.node(), platform.release()):
+            assert not re.search(rf"(?<![\w.-]){re.escape(leak)}(?![\w.-])", text), leak
+        assert Profile.model_validate(data).machine == (None if where is None else Machine(**local))
+    hub = EngineInfo("http://127.0.0.1:1", "coder", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "0.32.0", 6144, 32, 8000)
+    assert served_model(hub) == "coder (Qwen/Qwen3-Coder-30B-A3B-Instruct)" and served_model(remote) == "tiny"
 
 
 def test_measured_profile_has_provenance_and_builds_the_empirical_model(profile):

@@ -1,11 +1,14 @@
 """`coda profile measure` on a CPU: a smoke test that writes CSVs `fit` can read."""
 
+import importlib.metadata
 import importlib.util
+import json
 import math
 
 import numpy as np
 import pytest
 
+from coda.cost.profile import Machine
 from coda.profiling.measured import read_attention, read_skew
 
 needs_torch = pytest.mark.skipif(
@@ -20,6 +23,8 @@ def test_cpu_smoke_writes_readable_csvs(tmp_path):
     files = run(tmp_path, device="cpu", budget_s=60.0, seed=1)
     names = {p.name for p in files}
     assert {"cohorts.csv", "hardware.json"} <= names
+    machine = Machine.model_validate(json.loads((tmp_path / "hardware.json").read_text())["machine"])
+    assert machine.torch == importlib.metadata.version("torch") and machine.cpus >= 1  # the software measured, not paths or host names
     grid = read_attention(next(p for p in files if p.name.endswith("_attention.csv")))
     assert {b.regime for b in grid} == {"pure", "prefill"}
     assert all(b.seconds > 0 for b in grid)

@@ -3,24 +3,27 @@ header stripping, usage extraction, KV-event translation."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from coda.api_errors import ApiError
 from coda.errors import CodaError
 from coda.gateway.admission import JsonlLog
-from coda.gateway.config import BackendConfig, build_config
+from coda.gateway.config import BackendConfig, build_config, env_overrides
 from coda.gateway.identity import MAX_TENANT_CHARS, Identities, session_id, session_key, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
 from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
-from coda.gateway.state import Worker
 from coda.gateway.telemetry import apply_metrics, parse_metrics
+from coda.gateway.view import Worker
 from coda.integrations.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
+from coda.serving.errors import ApiError
+from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
 
 URL = "http://127.0.0.1:8000"
 
@@ -38,6 +41,16 @@ def test_config_precedence_file_then_env_then_flags():
     assert cfg.port == 9200 and ingress.name == "session" and ingress.shadow.name == "admit_all"
     cfg = build_config({}, {}, {"CODA_SERVE_BACKENDS": f"{URL},http://h:1/"})
     assert [b.url for b in cfg.backends] == [URL, "http://h:1"] and cfg.backends[1].label == "h:1"
+
+
+def test_the_documented_environment_variables_are_accepted_and_take_effect():
+    """Every ``CODA_SERVE_*=value`` example of the docstring and the gateway doc is one the schema accepts."""
+    docs = (env_overrides.__doc__ or "") + (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
+    examples = re.findall(r"`(CODA_SERVE_[A-Z0-9_]+)=([^`]+)`", docs)
+    assert ("CODA_SERVE_POLICIES__INGRESS__NAME", "session") in examples and len(examples) >= 3
+    default = build_config({"backends": [URL]}, {}, {})
+    for name, value in examples:
+        assert build_config({"backends": [URL]}, {}, {name: value}) != default, name
 
 
 def test_config_errors_name_the_fix():

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.api_errors import ApiError
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import build_config
-from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import CharTokenizer
-from coda.gateway.state import GatewayState, Ticket
-from coda.policy.ingress import SessionLedger
+from coda.gateway.view import GatewayState, Ticket
+from coda.serving.errors import ApiError
+from coda.shell.sessions import SessionLedger
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 
@@ -240,7 +240,7 @@ def test_replicas_on_one_store_take_seats_as_one():
     """Two replicas deciding in turn on one store: each sees the other's requests, so the three
     seats (one per worker) are given once, not once per replica."""
     from coda.gateway.store import LocalStore
-    from coda.policy.ingress import SessionLedger
+    from coda.shell.sessions import SessionLedger
 
     async def run() -> list[str]:
         clock = Clock()
@@ -328,7 +328,7 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
     import itertools
 
     from coda.gateway.store import LocalStore
-    from coda.policy.ingress import SessionLedger
+    from coda.shell.sessions import SessionLedger
 
     async def run() -> None:
         clock = Clock()

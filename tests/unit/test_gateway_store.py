@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coda.gateway.store import LocalStore, RedisStore, Store, StoreUnavailable
-from coda.policy.ingress import SessionLedger
+from coda.shell.sessions import SessionLedger
 from tests.integration.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 from tests.waiting import wait_until
 

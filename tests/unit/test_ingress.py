@@ -11,9 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.errors import CodaError
-from coda.policy.build import make_policy
-from coda.policy.ingress import SIGNALS, IngressSnapshot, SessionLedger, WorkerLoad, session_ttl_s
+from coda.policy.contracts import SIGNALS
 from coda.policy.registry import names
+from coda.policy.snapshots import IngressSnapshot, WorkerLoad
+from coda.shell.build import make_policy
+from coda.shell.sessions import SessionLedger
 
 INGRESS_POLICIES = names("ingress")
 
@@ -26,7 +28,7 @@ def snap(*workers: WorkerLoad, **kw) -> IngressSnapshot:
 def test_every_policy_is_registered_frozen_and_declares_known_signals():
     for name in INGRESS_POLICIES:
         p = make_policy("ingress", name)
-        assert p.name == name and p.needs <= set(SIGNALS)
+        assert p.name == name and p.signals <= set(SIGNALS)
         with pytest.raises(dataclasses.FrozenInstanceError):
             p.name = "x"  # type: ignore[misc]
         assert p.decide(snap()).action == "admit"  # an idle cluster admits everything
@@ -95,8 +97,8 @@ def test_session_policy_lets_running_sessions_continue_and_defers_new_ones():
     assert (d.action, d.status, d.reason) == ("defer", 503, "new_session_deferred")
     assert p.decide(snap(session_id="new", active_sessions=2)).reason == "session_slots_full"
     assert p.decide(snap(session_id="new", active_sessions=1)).action == "admit"
-    assert session_ttl_s(p) == 300.0 and session_ttl_s(make_policy("ingress", "queue_limit+session", {"session": {"idle_ttl_s": 5.0}})) == 5.0
-    assert session_ttl_s(make_policy("ingress", "queue_limit")) is None
+    assert p.session_ttl_s == 300.0 and make_policy("ingress", "queue_limit+session", {"session": {"idle_ttl_s": 5.0}}).session_ttl_s == 5.0
+    assert make_policy("ingress", "queue_limit").session_ttl_s is None
 
 
 def test_deadline_rejects_what_cannot_meet_it():
@@ -109,7 +111,7 @@ def test_deadline_rejects_what_cannot_meet_it():
 
 def test_composition_takes_the_most_severe_decision_and_unions_needs():
     p = make_policy("ingress", "queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
-    assert p.name == "queue_limit+tenant_share" and p.needs == {"queue_depth", "kv_usage", "tenant_share", "inflight_requests", "inflight_tokens"}
+    assert p.name == "queue_limit+tenant_share" and p.signals == {"queue_depth", "kv_usage", "tenant_share", "inflight_requests", "inflight_tokens"}
     busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
     assert p.decide(snap(*busy, tenant_inflight_tokens=0, active_weight=2.0)).action == "defer"  # queue full, tenant light
     d = p.decide(snap(*busy, tenant_inflight_tokens=800, active_weight=2.0))

@@ -61,7 +61,7 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
         from coda.cost.profile import load_profile
         from coda.errors import CodaError
         from coda.integrations.vllm.settings import load_settings
-        from coda.policy.build import build_policies
+        from coda.shell.build import build_policies
         from coda.policy.presets import resolve_policies
         settings = load_settings({})
         spec = resolve_policies(settings.system, settings.policies)

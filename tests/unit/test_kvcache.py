@@ -1,6 +1,6 @@
 import pytest
 
-from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVStore, Versions
 
 
 def _pool(cap=10):
@@ -11,7 +11,7 @@ def _pool(cap=10):
 
 
 def ids(owner, *idx):
-    return [(owner << 32) | i for i in idx]
+    return [(owner << OWNER_SHIFT) | i for i in idx]
 
 
 def test_release_puts_tail_first_in_lru_and_evict_takes_it_first():

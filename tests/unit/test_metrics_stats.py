@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.metrics import mean_ci, ratio_ci, t_quantile
+from coda.metrics.requests import mean_ci, ratio_ci, t_quantile
 
 # Two-sided 95% (and one 99%) critical values of Student's t, from the standard tables
 # (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, table 1.3.6.7.2), to 3 decimals.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coda.metrics import STALL_S, Window, summarize
-from coda.metrics_tasks import Task, alone_times_s, jain_index, task_summary, tasks
+from coda.metrics.requests import STALL_S, Window, summarize
+from coda.metrics.tasks import Task, alone_times_s, jain_index, task_summary, tasks
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, Workload

@@ -62,7 +62,7 @@ def test_evicted_context_is_restored_from_dram_through_h2d():
 
 def test_observers_see_every_batch_and_routing_decision():
     class Obs:
-        needs = frozenset({"decode_contexts"})
+        worker_fields = frozenset({"decode_contexts"})
 
         def __init__(self):
             self.steps = 0

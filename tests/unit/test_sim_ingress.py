@@ -100,7 +100,7 @@ class StepBoundaries:
     """Observer: when each batch started and when each of its iterations ended (admissions happen
     at starts, finishes at iteration ends)."""
 
-    needs = frozenset()
+    worker_fields = frozenset()
 
     def __init__(self) -> None:
         self.instants: list[float] = []

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.eval.slo_fit import TBT_GRID_S, TTFT_GRID_S, SloSample, fit_slo, gain_grid
-from coda.metrics import Window, summarize
+from coda.metrics.requests import Window, summarize
 
 
 def sample(ttft, itl, out, window_s=100.0):

@@ -22,11 +22,11 @@ import pytest
 
 from coda.gateway.config import build_config
 from coda.gateway.prompt import make_tokenizer
-from coda.gateway.state import GatewayState, Ticket
-from coda.gateway.state import Session as GatewaySession
 from coda.gateway.telemetry import apply_metrics, parse_metrics
+from coda.gateway.view import GatewayState, Ticket
+from coda.gateway.view import Session as GatewaySession
 from coda.integrations.vllm.snapshot import admission_snapshot
-from coda.kvindex import BlockHasher
+from coda.shell.kvindex import BlockHasher
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.request import RUNNING, SimRequest

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coda.policy.build import make_policy
+from coda.policy.snapshots import AdmissionCandidate, AdmissionSnapshot
 from coda.policy.state import FewestBlocks, Fifo, TieredAging
-from coda.types import AdmissionCandidate, AdmissionSnapshot
+from coda.shell.build import make_policy
 
 
 class StubCost:

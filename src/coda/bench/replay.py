@@ -32,7 +32,7 @@ from coda.bench.prompts import Conversation
 from coda.bench.scrape import Scraper
 from coda.bench.vocab import HFVocabulary, Vocabulary, WordVocabulary
 from coda.errors import CodaError
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.sim.config import SloConfig
 from coda.workload.schema import Session, Workload, next_ready_s, session_prompts, unsent_ready_s
 from coda.workload.stats import workload_duration_s

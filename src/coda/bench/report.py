@@ -1,4 +1,4 @@
-"""Summaries, output files (JSON, CSV) and plots of bench runs; the metric definitions are ``coda.metrics``'s.
+"""Summaries, output files (JSON, CSV) and plots of bench runs; the metric definitions are ``coda.metrics.requests``'s.
 
 The client cannot tell which tier served a prefix hit, so the engine-reported cached tokens
 (``usage.prompt_tokens_details.cached_tokens``) are the hits behind ``reuse_rate`` and the per-tier
@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from coda import __version__, strict_json
-from coda.metrics import OPERATOR_KEYS, Window, mean_ci, summarize
+from coda import __version__
+from coda.metrics.requests import OPERATOR_KEYS, Window, mean_ci, summarize
+from coda.shell import strict_json
 
-# Keys of `coda bench --json` (the issue's contract), in the order tables print them.
+# Keys `coda bench --json` always prints (docs/bench.md), in the order tables print them.
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
 TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",

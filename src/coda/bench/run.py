@@ -10,12 +10,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from coda import strict_json
 from coda.bench.client import EndpointDown
 from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_csv, write_run
 from coda.bench.scrape import ScrapeError
 from coda.errors import CodaError
+from coda.shell import strict_json
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
@@ -66,7 +66,7 @@ def alone_s(workload: Workload, cfg: BenchConfig) -> dict[str, list[float]] | No
         return None
     from coda.cost.model import build_cost_model
     from coda.cost.profile import load_profile
-    from coda.metrics_tasks import alone_times_s
+    from coda.metrics.tasks import alone_times_s
     from coda.sim.config import SimConfig
 
     engine = SimConfig()

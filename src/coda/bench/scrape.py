@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from coda.metrics import Window
+from coda.metrics.requests import Window
 
 # series name -> the sample names that feed it, in order of preference (vLLM renamed the KV gauge)
 GAUGES = {

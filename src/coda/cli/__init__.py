@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-from coda import __version__, strict_json
+from coda import __version__
 from coda.errors import CodaError, missing_dependency
+from coda.shell import strict_json
 
 try:
     import typer

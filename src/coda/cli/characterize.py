@@ -1,4 +1,4 @@
-"""`coda characterize WORKLOAD --out DIR [--json]`: the paper's Findings 1-8 measured on a workload."""
+"""`coda characterize WORKLOAD --out DIR [--json]`: the Coda paper's Findings 1-8 measured on a workload."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda import strict_json
 from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, out_dir, print_json, progress_bar
 from coda.cli.sim import ConfigOpt, HbmOpt, ProfileOpt, SeedOpt, WarmupOpt, WorkersOpt, _settings
+from coda.shell import strict_json
 
-DEFAULT_WORKERS = 4  # the paper's node: 4 GPUs sharing a DRAM/SSD KV store
+DEFAULT_WORKERS = 4  # the Coda paper's node: 4 GPUs sharing a DRAM/SSD KV store
 
 
 @app.command()

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from coda import strict_json
 from coda.cli import app, err_console, out_console
 from coda.errors import CodaError, invalid
+from coda.shell import strict_json
 
 # Options that configure the simulated worker (SimConfig); the rest configure the server.
 WORKER_KEYS = ("system", "profile", "chunk_tokens", "max_num_seqs", "max_num_batched_tokens", "hbm_kv_gib", "dram", "ssd", "cpu_shadow",

@@ -40,6 +40,8 @@ def profile_show(
         print_json({"profile": p.model_dump(), "sizing": sizing})
         return
     out_console.print(f"[bold]{p.name}[/bold] ({p.kind}): {p.description}")
+    if p.machine is not None:
+        out_console.print("measured on: " + ", ".join(f"{k} {v}" for k, v in p.machine.model_dump().items() if v is not None), highlight=False)
     table = Table(show_header=True)
     table.add_column("constant")
     table.add_column("value", justify="right")
@@ -152,7 +154,7 @@ def profile_fit(
 
 
 def _write(out: Path, data: dict) -> None:
-    from coda import strict_json
+    from coda.shell import strict_json
 
     out_file(out).write_text(strict_json.dumps(data, indent=2) + "\n")
 
@@ -370,7 +372,7 @@ def profile_measure(
     ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure attention, skew, cohort, H2D and prefill CSVs on this machine (needs PyTorch), or with
+    """Measure attention, skew, cohort, H2D and prefill CSVs on the local GPU or CPU (needs PyTorch), or with
     --endpoint a live engine's step costs through its API, fitted into a profile `coda sim --profile` runs."""
     from coda.errors import CodaError
 
@@ -426,7 +428,7 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
     write_samples(samples, prefill, decode)
     data = measured_profile(name, info, prefill, decode, fit, kv_bytes_per_token=kv, samples=samples.name,
-                            date=datetime.date.today().isoformat(), machine=_machine(), note=note)
+                            date=datetime.date.today().isoformat(), machine=_engine_machine(url, info.version), note=note)
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
     if as_json:
@@ -455,14 +457,19 @@ def _kv_bytes(info: EngineInfo, given: int | None) -> tuple[int, str]:
     raise CodaError("--kv-bytes-per-token is needed: the engine does not tell (2 x layers x KV heads x head dim x dtype bytes)")
 
 
-def _machine() -> str:
-    import os
-    import platform
+def _engine_machine(url: str, engine_version: str | None) -> dict | None:
+    """The engine's machine when the endpoint is on loopback (it ran here), else ``None``."""
+    import ipaddress
+    from urllib.parse import urlsplit
 
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
-    return f"{platform.node()}, {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+    from coda.profiling.machine import machine
+
+    host = urlsplit(url).hostname or ""
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    return machine(vllm=engine_version) if local else None
 
 
 @profile_app.command("roofline")

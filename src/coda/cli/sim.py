@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda import strict_json
 from coda.cli import (
     FormatOpt,
     JsonOpt,
@@ -23,7 +22,8 @@ from coda.cli import (
     require,
 )
 from coda.errors import CodaError
-from coda.metrics import OPERATOR_KEYS
+from coda.metrics.requests import OPERATOR_KEYS
+from coda.shell import strict_json
 
 # Options shared by `sim` and `compare`; None means "not given" so config files can supply them.
 WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=3,duration=600,seed=0")]

@@ -359,6 +359,20 @@ class CohortGainSpec(_Strict):
         return self
 
 
+class Machine(_Strict):
+    """The machine a profile was measured on (``coda.profiling.machine``): its hardware and the
+    measured software, never its paths, host name or kernel build; ``None`` where not known."""
+
+    cpu: str
+    cpus: PositiveInt
+    memory_gib: float | None = None
+    gpu: str | None = None
+    os: str
+    python: str | None = None
+    torch: str | None = None
+    vllm: str | None = None
+
+
 MEASURED_SECTIONS = ("step_model",)
 MODEL_SECTIONS = ("gpu", "model", "overheads", "h2d", "d2h", "ssd_read")
 OPERATOR_SECTIONS = ("gpu", "geometry", "operators", "engine", "h2d", "d2h", "ssd_read")
@@ -382,6 +396,7 @@ class Profile(_Strict):
     operators: OperatorsSpec | None = None
     engine: EngineTime | None = None
     cohort_gain: CohortGainSpec | None = None
+    machine: Machine | None = Field(None, description="the machine it was measured on, where `coda profile measure` knows it")
     provenance: dict[str, str]
 
     @model_validator(mode="after")

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coda.api_errors import ApiError
 from coda.engines import tokenizer as tok
+from coda.serving.errors import ApiError
 
 Json = dict[str, Any]
 

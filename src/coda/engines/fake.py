@@ -24,16 +24,16 @@ from coda.cost.profile import load_profile
 from coda.engines import tokenizer as tok
 from coda.engines.blocks import BlockRegistry, TokenSequence
 from coda.engines.kv_publisher import KVEventPublisher
-from coda.engines.metrics import EngineMetrics
+from coda.engines.prometheus import EngineMetrics
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
-from coda.metrics import Window
-from coda.policy.build import build_policies
+from coda.metrics.requests import Window
 from coda.policy.presets import resolve_policies, system_preset
+from coda.shell.build import build_policies
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
-from coda.sim.kvcache import HbmPool, KVStore, Versions
+from coda.sim.kvcache import HbmPool, KVStore, Versions, owners_of
 from coda.sim.request import SimRequest
 from coda.sim.worker import NodeLinks, Worker
 
@@ -100,7 +100,7 @@ class FakeEngine:
         self.cost = build_cost_model(self.profile)
         # one worker: routing and ingress belong to whatever stands in front of it (coda serve)
         self.policies = build_policies(resolve_policies(cfg.system, cfg.policies), self.cost, kinds=("state", "execution", "eviction"))
-        if self.policies.eviction.needs_sessions:
+        if self.policies.eviction.session_status:
             raise CodaError(
                 f"eviction policy {self.policies.eviction.name} needs each session's tool calls; the fake engine sees requests, "
                 "not sessions: use a system with LRU eviction (e.g. vllm) or set policies.eviction to lru"
@@ -147,7 +147,7 @@ class FakeEngine:
             0,
             self.loop,  # type: ignore[arg-type]  # the EventLoop interface: now, at()
             self.cost,
-            HbmPool(0, t.hbm_chunks, versions, listener, lambda lru, n: eviction.victims(lru, n, lambda owner: None)),
+            HbmPool(0, t.hbm_chunks, versions, listener, lambda lru, n: eviction.victims(lru, n, lambda owner: None, owners_of)),
             dram,
             ssd,
             NodeLinks(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from types import TracebackType
 
-from coda.procs import Proc, spawn
+from coda.serving.procs import Proc, spawn
 
 
 class FakeEngineProcess:

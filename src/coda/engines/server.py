@@ -22,12 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from coda.api_errors import ApiError
 from coda.engines import tokenizer as tok
 from coda.engines.api import DIALECTS, Generation, Json, Outcome
 from coda.engines.fake import FakeEngine, FakeEngineConfig, LiveRequest
 from coda.errors import CodaError
-from coda.listen import listen
+from coda.serving.errors import ApiError
+from coda.serving.listen import listen
 
 _decode = msgspec.json.Decoder()
 

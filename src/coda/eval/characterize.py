@@ -1,6 +1,6 @@
-"""Workload characterization: the measured properties Coda's design rests on (the paper's Findings 1-8).
+"""Workload characterization: the measured properties Coda's design rests on (the Coda paper's Findings 1-8).
 
-Two replays of the workload in the simulator, each with the SSD tier on as in the paper's
+Two replays of the workload in the simulator, each with the SSD tier on as in the Coda paper's
 characterization:
 - a policy-neutral one with the ``vllm`` system (round-robin, FCFS, one attention launch) gives
   where resumed requests find their reusable KV (F1), their preparation paths (F2), their startup
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
-from coda.policy.build import build_policy
 from coda.policy.presets import resolve_policies
 from coda.policy.routing import SMetric
+from coda.shell.build import build_policy
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Workload, session_prompts

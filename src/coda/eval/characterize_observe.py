@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from coda.cost.model import CohortPlan
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.policy.routing import SMetric, candidates, context_distance
-from coda.types import RoutingSnapshot, WorkerView
+from coda.policy.snapshots import RoutingSnapshot, WorkerView
 
 
 def near_uniform(contexts: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ class DecodeMix:
 
     cost: DecodeAttention | None = None
     window: Window = Window(0.0, 0.0)
-    needs: frozenset[str] = frozenset()
+    worker_fields: frozenset[str] = frozenset()
     steps: int = 0
     time_s: float = 0.0
     pure_steps: int = 0
@@ -129,7 +129,7 @@ class RoutingOpportunity:
 
     smetric: SMetric
     window: Window = Window(0.0, 0.0)
-    needs: frozenset[str] = frozenset({"match", "decode_contexts"})
+    worker_fields: frozenset[str] = frozenset({"match", "decode_contexts"})
     decisions: int = 0
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     distance_gaps: list[float] = field(default_factory=list)

@@ -32,16 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from coda import strict_json
 from coda.eval.paper_reference import CACHEWISE, SOURCE, TOLERANCE
 from coda.eval.slo_fit import SloFit, SloSample, fit_slo, gain_grid
-from coda.metrics import Window, mean_ci, ratio_ci, summarize
+from coda.metrics.requests import Window, mean_ci, ratio_ci, summarize
 from coda.policy.routing import context_distance
-from coda.policy.shadow import Shadowed
+from coda.policy.snapshots import RoutingSnapshot
+from coda.shell import strict_json
+from coda.shell.shadow import Shadowed
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.sim.run import versions
-from coda.types import RoutingSnapshot
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample

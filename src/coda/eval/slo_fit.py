@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from coda.metrics import Window, column, within_slo
+from coda.metrics.requests import Window, column, within_slo
 
 # Search grid of the calibration: TTFT bounds 10 ms-3,000 s (log-spaced, ~5% apart) and TBT
 # bounds 20-300 ms (1 ms apart); chosen to cover every SLO an interactive or agent service uses.

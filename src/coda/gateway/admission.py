@@ -18,13 +18,14 @@ import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from coda import strict_json
-from coda.api_errors import ApiError
-from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.replica import Replica, open_store
-from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.store import Sessions, Synced
-from coda.policy.ingress import Decision, IngressSnapshot
+from coda.gateway.view import GatewayState, Ticket, Worker
+from coda.policy.contracts import Decision
+from coda.policy.snapshots import IngressSnapshot
+from coda.serving.errors import ApiError
+from coda.shell import strict_json
 
 MESSAGES = {
     "queue_full": "every worker's engine queue is at the policy's limit",

@@ -38,19 +38,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from coda.api_errors import ApiError
 from coda.errors import CodaError
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
 from coda.gateway.identity import Identities, session_id, session_key, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
-from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
 from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upstream, draining_error, strip_hop_by_hop
 from coda.gateway.replica import Replica, open_store
-from coda.gateway.state import GatewayState, Ticket, Worker
 from coda.gateway.telemetry import Telemetry
-from coda.listen import listen
+from coda.gateway.view import GatewayState, Ticket, Worker
+from coda.serving.errors import ApiError
+from coda.serving.listen import listen
 
 log = logging.getLogger("coda.gateway")
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")

@@ -168,7 +168,7 @@ class GatewayConfig(_Strict):
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``CODA_SERVE_PORT=9000``, ``CODA_SERVE_INGRESS__POLICY=session``: values parse as YAML scalars."""
+    """``CODA_SERVE_PORT=9000``, ``CODA_SERVE_POLICIES__INGRESS__NAME=session``: values parse as YAML scalars."""
     out: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX):

@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from coda.api_errors import ApiError
 from coda.gateway.config import GatewayConfig
+from coda.serving.errors import ApiError
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id")
 DEFAULT_TENANT = "default"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from coda.gateway.state import Worker
+from coda.gateway.view import Worker
 from coda.integrations.vllm.kv_events import (
     MEDIUM_CPU,
     MEDIUM_DISK,
@@ -35,7 +35,7 @@ from coda.integrations.vllm.kv_events import (
     KVEventError,
     decode_frames,
 )
-from coda.kvindex import BlockHasher, KVIndexer
+from coda.shell.kvindex import BlockHasher, KVIndexer
 
 log = logging.getLogger("coda.gateway")
 REPLAY_TIMEOUT_S = 2.0

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
-from coda.api_errors import ApiError
+from coda.serving.errors import ApiError
 
 if TYPE_CHECKING:
     from coda.gateway.local_tokenizer import LocalTokenizer

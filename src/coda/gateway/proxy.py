@@ -23,10 +23,10 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
-from coda.api_errors import ApiError
 from coda.gateway.admission import Admission, JsonlLog
-from coda.gateway.metrics import GatewayMetrics
-from coda.gateway.state import GatewayState, Ticket, Worker
+from coda.gateway.prometheus import GatewayMetrics
+from coda.gateway.view import GatewayState, Ticket, Worker
+from coda.serving.errors import ApiError
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
                         b"transfer-encoding", b"upgrade", b"proxy-connection"})

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from coda.gateway.metrics import GatewayMetrics
-from coda.gateway.state import GatewayState
+from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.store import LocalStore, RedisStore, Store, StoreUnavailable, Synced
-from coda.policy.ingress import SessionLedger
+from coda.gateway.view import GatewayState
+from coda.shell.sessions import SessionLedger
 
 log = logging.getLogger("coda.gateway")
 #: a table lives this many publish intervals without a refresh (assumed: a few, so one late publish does not drop a live replica)

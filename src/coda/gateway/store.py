@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coda.policy.ingress import SessionLedger
+from coda.shell.sessions import SessionLedger
 
 #: how far a claim's time moves past the session's previous claim made at the same instant, so
 #: each claim has its own stamp and settling one never ends another (the scripts' 1 ms)

@@ -26,7 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from coda.errors import CodaError
-from coda.gateway.state import SCRAPED_SIGNALS, GatewayState, Worker
+from coda.gateway.view import SCRAPED_SIGNALS, GatewayState, Worker
 
 log = logging.getLogger("coda.gateway")
 

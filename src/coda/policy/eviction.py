@@ -1,55 +1,40 @@
 """HBM reclaim: which idle (cached, unreferenced) KV chunks a worker evicts when it needs room.
 
-A policy's ``victims(lru, n, out)`` picks ``n`` chunks of ``lru`` (idle chunks, least recently
-used first; a chunk id's high bits name its owner, a session or a shared prefix). ``out(owner)``
-is what the shell observes of the owner's session: ``(tools, elapsed_s)`` while it waits on its
-tool calls (``()``: on its user), ``None`` while it is not out. Shells report every ended tool
-call to ``observe`` (its duration became observable when the session's next request arrived).
+A policy's ``victims(lru, n, out, owners)`` picks ``n`` chunks of ``lru`` (idle chunks, least
+recently used first; ``owners`` maps chunk ids to their owner, a session or a shared prefix, as
+the shell lays them out). ``out(owner)`` is what the shell observes of the owner's session:
+``(tools, elapsed_s)`` while it waits on its tool calls (``()``: on its user), ``None`` while it
+is not out. Shells report every ended tool call to ``observe`` (its duration became observable
+when the session's next request arrived). The contract is ``coda.policy.contracts.EvictionPolicy``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Literal, Protocol
+from typing import ClassVar, Literal
 
 import numpy as np
 
+from coda.policy.contracts import EvictionPolicy, OutStatus, Owners
 from coda.policy.tools import ToolPredictor
-
-#: a KV chunk id's bits above this name its owner (a session, a prefix group, a trace's shared blocks)
-OWNER_SHIFT = 32
-OutStatus = Callable[[int], "tuple[tuple[str, ...], float] | None"]
-
-
-class EvictionPolicy(Protocol):
-    name: str
-    #: whether the policy reads ``out`` (a shell that sees requests, not sessions, cannot supply it)
-    needs_sessions: bool
-
-    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]: ...
-
-    def observe(self, tools: Sequence[str], duration_s: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Lru:
+class Lru(EvictionPolicy):
     """The least recently used idle chunks (a released request's tail goes first, its prefix last)."""
 
     name: str = "lru"
-    needs_sessions = False
+    session_status: ClassVar[bool] = False
 
-    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]:
+    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus, owners: Owners) -> list[int]:
         return list(islice(lru, n))
-
-    def observe(self, tools: Sequence[str], duration_s: float) -> None:
-        pass
 
 
 @dataclass(slots=True)
-class ToolAware:
+class ToolAware(EvictionPolicy):
     """CacheWise-style reclaim: within the first ``window_chunks`` idle chunks in LRU order, evict
     first the chunks of sessions whose current tool call is predicted to stay out longest; the rest
     (shared chunks, sessions not out) in LRU order. Within a session LRU order keeps its tail going
@@ -60,7 +45,7 @@ class ToolAware:
     min_samples: int = 5
     statistic: Literal["mean", "median"] = "mean"
     name: str = "tool_aware"
-    needs_sessions = True
+    session_status: ClassVar[bool] = True
     predictor: ToolPredictor = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,12 +61,12 @@ class ToolAware:
         status = out(owner)
         return 0.0 if status is None else self.predictor.remaining(*status)
 
-    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus) -> list[int]:
+    def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus, owners: Owners) -> list[int]:
         w = min(max(self.window_chunks, n), len(lru))
         chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
         # The window is runs of one owner's chunks (a released request's chain joins the LRU at
         # once): each owner is scored once, each run gets its owner's score.
-        owners = chunks >> OWNER_SHIFT
+        owners = owners(chunks)
         starts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
         run_owner = owners[np.concatenate(([0], starts))].tolist()
         scores: dict[int, float] = {}

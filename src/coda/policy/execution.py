@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from coda.cost.model import CohortPlan, CostModel
-
-
-class ExecutionPolicy(Protocol):
-    name: str
-
-    def plan(self, contexts: np.ndarray) -> CohortPlan | None:
-        """A cohort split for this pure-decode batch, or ``None`` to run it as one batch."""
-        ...
+from coda.policy.contracts import ExecutionPolicy
 
 
 @dataclass(frozen=True, slots=True)
-class FullBatch:
+class FullBatch(ExecutionPolicy):
     """One attention launch for the whole batch (what every engine does today)."""
 
     name: str = "full"
@@ -30,7 +22,7 @@ class FullBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class Cohort:
+class Cohort(ExecutionPolicy):
     """Coda's Compatibility-Aware execution admission.
 
     Only for pure-decode batches of at least ``min_requests`` whose max/min context is at least
@@ -62,11 +54,8 @@ class Cohort:
         m = max(self.m_min, math.ceil(self.rho * n))
         if m > n - m:
             return None
-        bounds_fn = getattr(self.cost, "cohort_gain_bounds", None)
-        if bounds_fn is None:
-            return None
         cuts = np.arange(m, n - m + 1)
-        gb = bounds_fn(srt, cuts, self.launch_allowance_s)
+        gb = self.cost.cohort_gain_bounds(srt, cuts, self.launch_allowance_s)
         if not gb.in_domain:
             return None
         best = np.lexsort((gb.cuts, np.abs(2 * gb.cuts - n), -gb.predicted))[0]

@@ -18,7 +18,7 @@ class SystemPreset:
     name: str
     description: str
     policies: PoliciesSpec
-    # the paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
+    # the Coda paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
     dram: bool = True
     ssd: bool = False
     cpu_shadow: bool = True
@@ -49,14 +49,14 @@ SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
             "CacheWise-style: least-loaded routing, fewest-additional-blocks admission, tool-aware HBM reclaim with CPU-shadow"),
     _preset("cachewise+ta", "least_loaded", "tiered_aging", "full", "tool_aware",
             "CacheWise with Coda's Tiered-Aging state admission instead of fewest-blocks"),
-    _preset("coda", "coda", "tiered_aging", "cohort", "tool_aware",
+    _preset("coda", "context_compatible", "tiered_aging", "cohort", "tool_aware",
             "Coda: compatibility-aware routing over SMetric affinity, Tiered-Aging, cohorts, tool-aware reclaim"),
     # tau and W_max chosen on one M3 seed, evaluated on others (docs/evaluation.md, "Throughput against the tail")
-    _preset("coda-tail", "coda", "tiered_aging", "cohort", "tool_aware",
+    _preset("coda-tail", "context_compatible", "tiered_aging", "cohort", "tool_aware",
             "Coda with Tiered-Aging set for throughput and the tail: the state cost aged with tau 60 s, asked for every admission "
             "slot, the oldest feasible request first after 1,800 s",
             state_params={"tau_s": 60.0, "w_max_s": 1800.0, "admission": "every_slot"}),
-    _preset("coda-route-only", "coda", "fifo", "full", "lru", "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
+    _preset("coda-route-only", "context_compatible", "fifo", "full", "lru", "ablation: Coda's router with vLLM's engine (FCFS, one launch, LRU)"),
     _preset("coda-admit-only", "smetric", "tiered_aging", "cohort", "tool_aware", "ablation: Coda's engine admission behind the SMetric router"),
 )}
 

@@ -5,6 +5,8 @@ A factory is a class or a function called with the policy's parameters as keywor
 signature is the parameter schema (names, defaults, types), so every default lives once, in the
 policy. A parameter named ``cost`` is not the user's: Coda passes the shell's cost model. A
 parameter whose default is a dataclass instance takes a mapping of that dataclass's parameters.
+What a factory builds must fulfil its kind's contract (``coda.policy.contracts``): ``register``
+refuses a class that lacks a member, and building refuses an object that does.
 
 An out-of-tree policy registers itself in its package's metadata::
 
@@ -25,13 +27,28 @@ from importlib.metadata import entry_points
 from typing import Any, Literal
 
 from coda.errors import CodaError
+from coda.policy import eviction, execution, ingress, routing, state
+from coda.policy.contracts import CONTRACTS, MEMBERS, missing_members
 from coda.policy.spec import KINDS
 
 ENTRY_POINT_GROUP = "coda.policies"
 KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state admission policy",
               "execution": "execution policy", "eviction": "eviction policy"}
 #: fields of a policy class that are not parameters: its name, what it reads, and what Coda supplies
-RESERVED = frozenset({"name", "needs", "cost"})
+RESERVED = frozenset({"name", "signals", "worker_fields", "session_status", "cost"})
+#: Coda's own policies, by kind and name
+BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
+    "ingress": {"admit_all": ingress.AdmitAll, "queue_limit": ingress.QueueLimit, "kv_headroom": ingress.KVHeadroom,
+                "tenant_share": ingress.TenantShare, "overload": ingress.Overload, "session": ingress.SessionAdmission,
+                "deadline": ingress.Deadline},
+    "router": {"round_robin": routing.RoundRobin, "least_loaded": routing.LeastLoaded, "smetric": routing.SMetric,
+               "dynamo_kv": routing.DynamoKV, "context_compatible": routing.ContextCompatible},
+    "state": {"fifo": state.Fifo, "fewest_blocks": state.FewestBlocks, "tiered_aging": state.TieredAging},
+    "execution": {"full": execution.FullBatch, "cohort": execution.Cohort},
+    "eviction": {"lru": eviction.Lru, "tool_aware": eviction.ToolAware},
+}
+#: other names of a policy, kept so that configurations written with them still run
+ALIASES: dict[str, dict[str, str]] = {"router": {"coda": "context_compatible"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +76,20 @@ class Entry:
                 raise CodaError(f"{self.label} needs a cost model, which this shell does not have; give it a profile")
             kwargs["cost"] = cost
         try:
-            return self.factory(**kwargs)
+            policy = self.factory(**kwargs)
         except ValueError as err:
             raise CodaError(f"{self.label}: {err}") from None
+        _conform(self.kind, self.name, policy)
+        return policy
+
+
+def _conform(kind: str, name: str, obj: Any) -> None:
+    """Raise ``CodaError`` when ``obj`` lacks a member of its kind's contract."""
+    missing = missing_members(kind, obj)
+    if missing:
+        what = obj.__qualname__ if isinstance(obj, type) else type(obj).__qualname__
+        raise CodaError(f"{KIND_NAMES[kind]} {name} ({what}) lacks {', '.join(missing)} of its contract "
+                        f"({', '.join(MEMBERS[kind])}); subclass coda.policy.contracts.{CONTRACTS[kind].__name__} and declare them")
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
@@ -70,13 +98,21 @@ _loaded_entry_points = False
 
 def register(kind: str, name: str, factory: Callable[..., Any]) -> None:
     """Make ``factory`` the policy ``name`` of ``kind`` (one of ``ingress``, ``router``, ``state``,
-    ``execution``, ``eviction``). Registering a name again replaces it (built-in ones included)."""
+    ``execution``, ``eviction``). Registering a name again replaces it (built-in ones included).
+    A class must fulfil its kind's contract (a function is checked on what it builds)."""
     _load_entry_points()
+    _add(kind, name, factory, replace=True)
+
+
+def _add(kind: str, name: str, factory: Callable[..., Any], replace: bool) -> None:
     if kind not in _REGISTRY:
         raise CodaError(f"unknown policy kind {kind!r}; valid: {', '.join(KINDS)}")
     if not name or "+" in name:
         raise CodaError(f"{KIND_NAMES[kind]} name {name!r}: use a non-empty name without '+' ('+' composes ingress policies)")
-    _REGISTRY[kind][name] = Entry(kind, name, factory)
+    if isinstance(factory, type):
+        _conform(kind, name, factory)
+    if replace or name not in _REGISTRY[kind]:
+        _REGISTRY[kind][name] = Entry(kind, name, factory)
 
 
 def _load_entry_points() -> None:
@@ -86,8 +122,9 @@ def _load_entry_points() -> None:
     if _loaded_entry_points:
         return
     _loaded_entry_points = True
-    import coda.policy.builtin  # noqa: F401  (registers the built-in policies)
-
+    for kind, table in BUILTIN.items():
+        for name, factory in table.items():
+            _add(kind, name, factory, replace=True)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         kind, _, name = ep.name.partition(".")
         if kind not in _REGISTRY or not name:
@@ -96,7 +133,7 @@ def _load_entry_points() -> None:
             factory = ep.load()
         except Exception as err:  # a broken plugin must name itself, not crash Coda with its traceback
             raise CodaError(f"entry point {ep.name} = {ep.value}: cannot load it ({type(err).__name__}: {err})") from None
-        _REGISTRY[kind].setdefault(name, Entry(kind, name, factory))
+        _add(kind, name, factory, replace=False)
 
 
 def names(kind: str) -> list[str]:
@@ -106,8 +143,9 @@ def names(kind: str) -> list[str]:
 
 
 def lookup(kind: str, name: str) -> Entry:
+    """The entry registered under ``name`` (or the name it is an alias of)."""
     _load_entry_points()
-    entry = _REGISTRY[kind].get(name)
+    entry = _REGISTRY[kind].get(name) or _REGISTRY[kind].get(ALIASES.get(kind, {}).get(name, ""))
     if entry is None:
         raise CodaError(f"unknown {KIND_NAMES[kind]} {name!r}; valid: {', '.join(names(kind))}")
     return entry

@@ -10,39 +10,14 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from coda.types import RoutingSnapshot, WorkerView
-
-
-class Router(Protocol):
-    name: str
-    #: snapshot fields the router reads beyond counts ("match", "decode_contexts")
-    needs: frozenset[str]
-
-    def route(self, snap: RoutingSnapshot) -> int:
-        """The chosen ``worker_id`` (one of ``snap.workers``)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class RouteChoice:
-    """A routing decision explained: the worker, the rule that chose it, and the per-worker scores
-    it compared (by name, each a mapping of worker id to score)."""
-
-    worker_id: int
-    rule: str
-    scores: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
-
-
-def explain_route(router: Any, snap: RoutingSnapshot) -> RouteChoice:
-    """The router's own explanation, or its choice with the rule ``chosen``."""
-    fn = getattr(router, "explain", None)
-    return fn(snap) if fn is not None else RouteChoice(router.route(snap), "chosen")
+from coda.policy.contracts import RouteChoice, Router
+from coda.policy.snapshots import RoutingSnapshot, WorkerView
 
 
 def candidates(snap: RoutingSnapshot) -> list[WorkerView]:
@@ -66,11 +41,11 @@ def least_loaded_of(workers: Sequence[WorkerView]) -> WorkerView:
 
 
 @dataclass(frozen=True, slots=True)
-class RoundRobin:
+class RoundRobin(Router):
     """The request's arrival counter modulo the healthy workers."""
 
     name: str = "round_robin"
-    needs: frozenset[str] = frozenset()
+    worker_fields: frozenset[str] = frozenset()
 
     def route(self, snap: RoutingSnapshot) -> int:
         ws = candidates(snap)
@@ -78,18 +53,18 @@ class RoundRobin:
 
 
 @dataclass(frozen=True, slots=True)
-class LeastLoaded:
+class LeastLoaded(Router):
     """Fewest active requests (then fewest active KV blocks)."""
 
     name: str = "least_loaded"
-    needs: frozenset[str] = frozenset()
+    worker_fields: frozenset[str] = frozenset()
 
     def route(self, snap: RoutingSnapshot) -> int:
         return least_loaded_of(candidates(snap)).worker_id
 
 
 @dataclass(frozen=True, slots=True)
-class SMetric:
+class SMetric(Router):
     """Session affinity with a load guard.
 
     A session's first request goes to a least-loaded worker. A continuation goes to the worker
@@ -103,7 +78,7 @@ class SMetric:
     slack: int = 2
     ratio: float = 0.25
     name: str = "smetric"
-    needs: frozenset[str] = frozenset({"match"})
+    worker_fields: frozenset[str] = frozenset({"match"})
 
     def affinity(self, snap: RoutingSnapshot) -> WorkerView | None:
         """The worker KV affinity chooses, or ``None`` when affinity does not decide."""
@@ -133,7 +108,7 @@ class SMetric:
 
 
 @dataclass(frozen=True, slots=True)
-class DynamoKV:
+class DynamoKV(Router):
     """NVIDIA Dynamo's KV-aware cost: ``w * prefill_blocks + decode_blocks``.
 
     Prefill blocks are the prompt's blocks not credited as hits: device (HBM) hits count fully,
@@ -150,7 +125,7 @@ class DynamoKV:
     temperature: float = 0.0
     seed: int = 0
     name: str = "dynamo_kv"
-    needs: frozenset[str] = frozenset({"match"})
+    worker_fields: frozenset[str] = frozenset({"match"})
 
     def cost(self, w: WorkerView, prompt_blocks: int) -> float:
         m = w.match
@@ -179,23 +154,24 @@ def context_distance(contexts: Sequence[int], arrival_tokens: int) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class CodaRouter:
-    """Coda's compatibility-aware router on top of SMetric.
+class ContextCompatible(Router):
+    """Coda's context-compatibility router on top of SMetric (registered as ``context_compatible``;
+    ``coda`` is an alias).
 
     When KV affinity decides (SMetric chooses a prefix holder), that choice stands. Otherwise,
     among workers at the minimum load or ``load_slack`` above it (the load-eligible ones), choose
     the one whose active decoders are closest in context length to the arrival (``L``: its prompt,
     the reusable prefix and the new input together), so decode batches stay homogeneous; ties by
     load, then id. The parent's (least-loaded) choice stands only when no load-eligible worker has
-    an active decode population (the paper's fallback; ``idle_near_worker="fall_back"`` falls back
+    an active decode population (the Coda paper's fallback; ``idle_near_worker="fall_back"`` falls back
     as soon as one of them has none).
     """
 
     parent: SMetric = SMetric()
     load_slack: int = 1
     idle_near_worker: Literal["skip", "fall_back"] = "skip"
-    name: str = "coda"
-    needs: frozenset[str] = frozenset({"match", "decode_contexts"})
+    name: str = "context_compatible"
+    worker_fields: frozenset[str] = frozenset({"match", "decode_contexts"})
 
     def near(self, snap: RoutingSnapshot) -> list[WorkerView]:
         """The workers within ``load_slack`` of the least load, among which compatibility decides."""

@@ -1,58 +1,30 @@
 """State admission: which waiting request prepares its KV state next on a worker.
 
 Every policy reads an ``AdmissionSnapshot`` (oldest-ready first) and returns the index of the
-request to admit now, or ``None`` to admit nothing at this opportunity. ``explain`` says which rule
-decided and the scores it compared, for decision logs and analyses (they never repeat a policy's
-branches).
+request to admit now, or ``None`` to admit nothing at this opportunity (the contract is
+``coda.policy.contracts.StatePolicy``). ``explain`` says which rule decided and the scores it
+compared, for decision logs and analyses (they never repeat a policy's branches).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from coda.cost.model import CostModel
-from coda.types import AdmissionSnapshot
+from coda.policy.contracts import Admission, Choice, StatePolicy
+from coda.policy.snapshots import AdmissionSnapshot
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
-    """A state-admission decision explained: the chosen index (or ``None``), the rule that decided,
-    and the scores it compared (arrays over the snapshot's rows, by name)."""
-
-    index: int | None
-    rule: str
-    scores: Mapping[str, Any] = field(default_factory=dict)
-
-
-class StatePolicy(Protocol):
-    name: str
-    #: how many oldest-ready candidates the policy looks at per decision
-    frontier: int
-
-    def choose(self, snap: AdmissionSnapshot) -> int | None:
-        """Index of the candidate to admit now, or ``None`` to admit nothing at this opportunity."""
-        ...
-
-
-def explain(policy: Any, snap: AdmissionSnapshot) -> Choice:
-    """The policy's own explanation, or its choice with the rule ``chosen`` / ``none``."""
-    fn = getattr(policy, "explain", None)
-    if fn is not None:
-        return fn(snap)
-    idx = policy.choose(snap)
-    return Choice(idx, "none" if idx is None else "chosen")
-
-
-@dataclass(frozen=True, slots=True)
-class Fifo:
+class Fifo(StatePolicy):
     """vLLM's first-come-first-served: the oldest ready request, and nothing while it does not fit."""
 
     name: str = "fifo"
     frontier: int = 1
+    admission: ClassVar[Admission] = "every_slot"  # the oldest each time: both integrations admit the same
 
     def choose(self, snap: AdmissionSnapshot) -> int | None:
         if len(snap) and snap.fits[0]:
@@ -107,15 +79,8 @@ class StateCost:
         return np.array(out)
 
 
-Admission = Literal["promote_one", "every_slot"]
-"""How an engine integrates a state policy: ``promote_one`` asks it once per scheduling step and
-moves its choice to the head of the waiting queue, after which the engine's own FCFS order admits
-what else fits (the Coda paper's integration, one remove-and-prepend per step); ``every_slot`` asks
-it again for every request the step admits."""
-
-
 @dataclass(frozen=True, slots=True)
-class FewestBlocks:
+class FewestBlocks(StatePolicy):
     """CacheWise-style prefix-aware order: among requests that fit, the one needing the fewest
     additional KV blocks (ties: oldest), chosen for every admission slot."""
 
@@ -131,18 +96,18 @@ class FewestBlocks:
 
 
 @dataclass(slots=True)
-class TieredAging:
+class TieredAging(StatePolicy):
     """Coda's Tiered-Aging state admission.
 
     Among ready requests that fit in HBM now (the feasible set), admit the one with the least
     age-adjusted cost ``C / (1 + wait / tau)`` (wait: time since the request reached the engine;
     tool time is not in it); ties by raw cost, then extra KV blocks, then ready time. The progress
-    guard: once the oldest *feasible* request has waited ``w_max_s`` it goes first (the paper's
+    guard: once the oldest *feasible* request has waited ``w_max_s`` it goes first (the Coda paper's
     Eq. 4: the guard overrides the efficiency preference, never HBM feasibility).
 
-    ``hold_queue`` (beyond the paper, off by default): once the oldest request of all has waited
+    ``hold_queue`` (beyond the Coda paper, off by default): once the oldest request of all has waited
     ``w_max_s`` but does not fit, admit nothing until it fits, so memory drains for it.
-    ``cost_unit``: ``seconds`` is the paper's C (restore, load and prefill time per the cost
+    ``cost_unit``: ``seconds`` is the Coda paper's C (restore, load and prefill time per the cost
     model); ``blocks`` ranks by the extra KV blocks instead (an ablation: with ``tau_s`` = inf it
     is fewest-blocks with the W_max rules). ``admission``: see ``Admission``.
     """

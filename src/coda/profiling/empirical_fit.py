@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,15 +141,17 @@ def measured_profile(
     kv_bytes_per_token: tuple[int, str],
     samples: str,
     date: str,
-    machine: str,
+    machine: dict[str, Any] | None,
     note: str,
 ) -> dict[str, Any]:
-    """A ``measured`` profile (JSON-ready) with the provenance of every constant."""
+    """A ``measured`` profile (JSON-ready) with the provenance of every constant. ``machine``: the
+    engine's machine (``coda.profiling.machine``) when it ran where it was measured from, else
+    ``None``. The endpoint's address and the model's local path are not recorded."""
     if info.block_tokens is None or info.kv_capacity_tokens is None or info.max_model_len is None:
         raise ValueError("the engine did not report its block size, KV capacity and max_model_len")
     kv_tok, kv_source = kv_bytes_per_token
-    where = f"{info.url} ({info.model}: {info.root}, engine {info.version or 'version unknown'}) on {date}"
-    src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes measured through the API of {where}; samples in {samples}"
+    engine = f"{served_model(info)} served by engine {info.version or '(version unknown)'}"
+    src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes of {engine} measured through its API on {date}; samples in {samples}"
     metrics = "measured: vllm:cache_config_info at /metrics"
     c = fit.constants
     step_model = {
@@ -186,12 +189,22 @@ def measured_profile(
         "tiers.ssd_kv_bytes": "measured: none; the profile describes one engine without KV offload",
         "tiers.workers_per_node": "measured: one engine",
     }
+    host = "on the machine described in `machine`" if machine is not None else "from another machine (the engine's is not recorded)"
     return {
         "name": name,
-        "description": f"Step costs of {info.model} ({info.root}) served by engine {info.version or '?'} at {info.url}, measured "
-        f"through its OpenAI API on {date}; machine: {machine}. {note}".strip(),
+        "description": f"Step costs of {engine}, measured through its OpenAI API on {date}, {host}. {note}".strip(),
         "kind": "measured",
         "tiers": {"hbm_kv_bytes": info.kv_capacity_tokens * kv_tok, "dram_kv_bytes": 0, "ssd_kv_bytes": 0, "workers_per_node": 1},
         "step_model": step_model,
+        **({"machine": machine} if machine is not None else {}),
         "provenance": prov,
     }
+
+
+def served_model(info: EngineInfo) -> str:
+    """The served model's name, with its Hugging Face id when the engine reports one (a local
+    path is left out: it names a folder of the machine, not the model)."""
+    root = info.root
+    if root is None or root == info.model or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", root) or Path(root).exists():
+        return info.model
+    return f"{info.model} ({root})"

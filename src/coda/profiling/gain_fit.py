@@ -37,7 +37,7 @@ from coda.profiling.pairs import PairSet, gain_summary
 QUADRATIC = ("cut_fraction", "log2_short_total", "log2_long_total", "log2_long_max")
 TERMS = ("log2_ratio", *QUADRATIC, *(f"{a}*{b}" for a, b in itertools.combinations_with_replacement(QUADRATIC, 2)))
 FOLDS = 5
-TARGET_COVERAGE = 0.95  # the share of held-out shapes the conservative gain must not exceed (the paper's 95%)
+TARGET_COVERAGE = 0.95  # the share of held-out shapes the conservative gain must not exceed (the Coda paper's 95%)
 QUANTILE_STEP = 0.005  # assumed: fine enough that the level found is within half a percent of the least one
 
 

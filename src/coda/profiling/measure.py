@@ -1,4 +1,4 @@
-"""Measure the CSVs ``coda profile fit`` reads, on this machine (PyTorch, and Triton on a GPU).
+"""Measure the CSVs ``coda profile fit`` reads, on the local GPU or CPU (PyTorch, and Triton on a GPU).
 
 Decode attention runs on exact context vectors, never padded (padding would invent cohort
 gains): on a GPU a Triton split-KV kernel that lays out its grid and picks its split count the
@@ -28,6 +28,7 @@ import numpy as np
 from coda.cost import kernels
 from coda.errors import CodaError
 from coda.profiling import catalog
+from coda.profiling.machine import machine, this_process
 
 MODEL = "Qwen3-Coder-30B-A3B-Instruct-FP8"
 
@@ -302,8 +303,8 @@ def run(out: Path, *, device: str = "cuda", budget_s: float = 420.0, seed: int =
         "device": name,
         "gpu": gpu,
         "model": model,
-        "torch": torch.__version__,
         "kernel": "triton split-KV (FA2 grid and split heuristic)" if device == "cuda" else "nested-jagged SDPA (CPU smoke test)",
+        "machine": machine(**this_process()),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)

@@ -16,21 +16,21 @@ from typing import Any
 from coda.cost.model import CostModel, build_cost_model
 from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
-from coda.kvindex import KVIndexer, WorkerTiers
-from coda.metrics import Window, summarize
-from coda.metrics_tasks import alone_times_s
-from coda.policy.build import PolicySet, build_policies
-from coda.policy.ingress import IngressSnapshot, WorkerLoad, ttft_estimate
+from coda.metrics.requests import Window, summarize
+from coda.metrics.tasks import alone_times_s
 from coda.policy.presets import SystemPreset, resolve_policies, system_preset
+from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
+from coda.shell.build import PolicySet, build_policies
+from coda.shell.estimates import ttft_estimate
+from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions
+from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions, owners_of
 from coda.sim.loop import EventLoop
-from coda.sim.metrics import Recorder
 from coda.sim.observe import SimObserver
+from coda.sim.recorder import Recorder
 from coda.sim.request import REJECTED, SessionState, SimRequest
 from coda.sim.worker import NodeLinks, Worker
-from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
 from coda.workload.schema import Workload, next_ready_s, reused_prefix_of, unsent_ready_s
 from coda.workload.stats import workload_duration_s
 
@@ -147,7 +147,7 @@ class Simulation:
             shadowed.window = (self.window.start_s, self.window.end_s)
         self.router = self.policies.router
         self.observers = tuple(observers)
-        self.router_needs = frozenset(getattr(self.router, "needs", ())).union(*(ob.needs for ob in self.observers))
+        self.worker_fields = self.router.worker_fields.union(*(ob.worker_fields for ob in self.observers))
         self.eviction = self.policies.eviction
         self.ingress = self._ingress(config)
         self.ttft_estimates: list[float | None] = [None] * config.workers
@@ -214,7 +214,7 @@ class Simulation:
     def _ingress(self, config: SimConfig) -> SimIngress:
         """The simulated gateway's admission (every request passes it, as every request passes ``coda serve``)."""
         policy, spec = self.policies.ingress, self.policies.spec.ingress
-        missing = sorted(policy.needs - SIM_SIGNALS)
+        missing = sorted(policy.signals - SIM_SIGNALS)
         if missing:
             raise CodaError(f"ingress policy {spec.name} needs {', '.join(missing)}, which the simulator cannot supply")
         return SimIngress(policy, spec.defer, config.tenants)
@@ -231,7 +231,7 @@ class Simulation:
         return listener
 
     def _victims(self, lru: Any, n: int) -> list[int]:
-        return self.eviction.victims(lru, n, self._out_status)
+        return self.eviction.victims(lru, n, self._out_status, owners_of)
 
     def _out_status(self, owner: int) -> tuple[tuple[str, ...], float] | None:
         """What a shell observes of the session owning a chunk: the tools it waits on and for how
@@ -340,7 +340,7 @@ class Simulation:
         ing = self.ingress
         assert ing is not None
         hit = 0.0
-        if "prefix_hit" in ing.policy.needs:
+        if "prefix_hit" in ing.policy.signals:
             best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self._matches(req.chain).values()), default=0)
             hit = best / max(len(req.chain), 1)
         self._refresh()
@@ -431,7 +431,7 @@ class Simulation:
             active_requests=w.active_requests,
             active_kv_blocks=w.active_tokens // self.C,
             waiting_requests=len(w.waiting),
-            decode_contexts=w.decode_contexts() if "decode_contexts" in self.router_needs else (),
+            decode_contexts=w.decode_contexts() if "decode_contexts" in self.worker_fields else (),
         )
 
     def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
@@ -442,7 +442,7 @@ class Simulation:
         prefix probe (``tests/property`` checks every snapshot against a fresh build)."""
         self._refresh()
         placed = list(self._views)
-        if "match" in self.router_needs:
+        if "match" in self.worker_fields:
             for wid, m in self._matches(req.chain).items():
                 v = placed[wid]
                 placed[wid] = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m, v.healthy)

@@ -17,8 +17,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coda.policy.ingress import Decision, IngressPolicy, IngressSnapshot, SessionLedger, WorkerLoad, deadline_slack_s, ledger_ttl_s
+from coda.policy.contracts import Decision, IngressPolicy
+from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
+from coda.shell.estimates import deadline_slack_s
+from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
 

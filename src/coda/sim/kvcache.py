@@ -12,7 +12,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Sequence
 from itertools import islice, takewhile
 
-from coda.policy.eviction import OWNER_SHIFT
+import numpy as np
+
+#: a KV chunk id's bits above this name its owner (a session, a prefix group, a trace's shared blocks)
+OWNER_SHIFT = 32
 
 KVListener = Callable[[str, int, str, Sequence[int]], None]
 """Called as ``listener(event, where, tier, chunk_ids)``: event ``stored``/``removed``, tier
@@ -21,6 +24,11 @@ KVListener = Callable[[str, int, str, Sequence[int]], None]
 
 def owner_of(chunk: int) -> int:
     return chunk >> OWNER_SHIFT
+
+
+def owners_of(chunks: np.ndarray) -> np.ndarray:
+    """``owner_of`` over an array of chunk ids (what an eviction policy groups chunks by)."""
+    return chunks >> OWNER_SHIFT
 
 
 def leading_run(held: Container[int], chain: Sequence[int], start: int = 0) -> int:

@@ -12,12 +12,12 @@ from typing import Protocol
 import numpy as np
 
 from coda.cost.model import CohortPlan
-from coda.types import RoutingSnapshot
+from coda.policy.snapshots import RoutingSnapshot
 
 
 class SimObserver(Protocol):
     #: extra routing-snapshot fields the observer needs built ("match", "decode_contexts")
-    needs: frozenset[str]
+    worker_fields: frozenset[str]
 
     def on_step(
         self,

@@ -9,11 +9,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from coda import __version__, strict_json
+from coda import __version__
 from coda.errors import CodaError, invalid
-from coda.metrics import OPERATOR_KEYS, mean_ci, ratio_ci
+from coda.metrics.requests import OPERATOR_KEYS, mean_ci, ratio_ci
 from coda.policy.presets import system_preset
 from coda.policy.spec import PoliciesOverride
+from coda.shell import strict_json
 from coda.sim.cluster import SimResult, Simulation
 from coda.sim.config import SimConfig
 from coda.sim.roofline import config_roofline

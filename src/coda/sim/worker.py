@@ -20,16 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coda.cost.model import CohortPlan, CostModel
-from coda.policy.execution import ExecutionPolicy
-from coda.policy.state import StatePolicy
+from coda.policy.contracts import ExecutionPolicy, StatePolicy
+from coda.policy.snapshots import AdmissionSnapshot
 from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.request import RESTORING, RUNNING, WAITING, SimRequest
-from coda.types import AdmissionSnapshot
 
 if TYPE_CHECKING:
-    from coda.sim.metrics import Recorder
+    from coda.sim.recorder import Recorder
 
 
 class NodeLinks:
@@ -358,7 +357,7 @@ class Worker:
             i += 1
         admissible_later = True
         if not preempted:
-            promote_one = getattr(self.state_policy, "admission", "every_slot") == "promote_one"
+            promote_one = self.state_policy.admission == "promote_one"
             asked = False
             while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
                 if promote_one and asked:  # the policy promoted one request; the engine's FCFS admits the rest

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from coda.metrics import useful_tokens
+from coda.metrics.requests import useful_tokens
 from coda.workload.schema import Workload, session_prompts
 
 

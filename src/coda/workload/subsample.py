@@ -14,7 +14,7 @@ def subsample(workload: Workload, *, rate: float | None = None, fraction: float 
 
     ``rate``: target requests/s over the workload's arrival window (sessions are drawn in random
     order until their rounds reach ``rate * duration``). ``fraction``: share of sessions to keep
-    (the paper's single-worker M1-M3 keep about a quarter). Arrival times, rounds and tool
+    (the Coda paper's single-worker M1-M3 keep about a quarter). Arrival times, rounds and tool
     intervals are unchanged, so the kept sessions' pacing is exactly the original's.
     """
     if (rate is None) == (fraction is None):

@@ -1,7 +1,8 @@
 """Synthetic coding-agent workload, deterministic from a seed.
 
-Calibrated to the published statistics of the TraceLab corpus (357,161 rounds, 4,281 sessions;
-see ``shared/traces/README.md``) and the GitHub Copilot coding-agent trace. The joint structure
+Calibrated to the published statistics of the TraceLab corpus (357,161 rounds, 4,281 sessions,
+as the Coda paper reports them) and of the GitHub Copilot coding-agent trace in the Azure Public
+Dataset; the sources are cited in the README's References. The joint structure
 is generative, not just the marginals: a session starts from a system prompt shared with its
 agent (prefix group) plus a task context, and every round appends its output and then the tool
 results (or a user message) to one growing context. The session's growth target max/first is
@@ -22,7 +23,7 @@ import numpy as np
 
 from coda.workload.schema import Round, Session, ToolCall, Workload
 
-# Published TraceLab statistics (Coda paper; shared/traces/README.md).
+# Published TraceLab statistics, as the Coda paper reports them (README: References).
 TRACELAB_ROUNDS_PER_SESSION = 357_161 / 4_281
 TRACELAB_FOLLOWUP_FRAC = 0.8789
 TRACELAB_TOOL_CALLS_PER_TOOL_ROUND = 432_510 / (357_161 * TRACELAB_FOLLOWUP_FRAC)

@@ -16,7 +16,7 @@ Mapping (each choice is stated in the workload's ``meta``):
   event of the previous round to the ``user_message``) minus that tool time;
 - session *starts* are re-paced: the corpus's real starts span months across 43 developers,
   which is no serving load. Sessions start, in their real order, as a Poisson process sized so
-  the whole file offers ``REPLAY_RATE`` requests/s (the paper's densest TraceLab replay, Q3);
+  the whole file offers ``REPLAY_RATE`` requests/s (the Coda paper's densest TraceLab replay, Q3);
   ``coda workload subsample --rate 3|5|7`` then gives Q1-Q3 and ``--fraction 0.25`` M1-M3.
 """
 

@@ -5,9 +5,10 @@ The engine is a tiny random Llama (block 32, 250 KV blocks, 8 seats, a 4,096-tok
 tokenizer is rebuilt so that Coda's words and chat markers are one token each, so that
 ``coda bench --tokenizer`` sizes prompts exactly as the workload says.
 
-On a 2-core machine the engine process (vLLM's EngineCore, which spins while it waits for its
-worker) is pinned to the worker's core and the API server to the other one (``pin``); otherwise
-the spinner starves the API server and tokens reach clients late and in bursts.
+The engine process (vLLM's EngineCore, which spins while it waits for its worker) is pinned to
+the worker's core and the API server to the other cores (``pin``); on a machine with few cores
+the spinner would otherwise starve the API server, and tokens would reach clients late and in
+bursts.
 
 The simulator models the engine, its API server included: what a client waits beyond the
 engine's steps (HTTP, the server's tokenization of the prompt, the first chunk out) is the

@@ -62,7 +62,7 @@ def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None 
     files = []
     urls = []
     # One core for the model's OMP threads leaves the other to the API servers, so requests reach
-    # the scheduler while it decodes (on a 2-core machine the default binding starves front ends).
+    # the scheduler while it decodes (on a machine with few cores the default binding starves front ends).
     # Coda's scheduler comes from coda[scheduler] installed in vLLM's environment (`make test` does
     # it), as an operator runs it: never from this checkout's path.
     inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -13,7 +13,7 @@ import openai
 import pytest
 import yaml
 
-from coda.procs import running
+from coda.serving.procs import running
 from tests.integration.vllm.support import build_tiny_model, vllm_servers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

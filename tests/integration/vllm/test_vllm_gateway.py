@@ -19,7 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from coda.gateway.local_tokenizer import LocalTokenizer
-from coda.procs import running
+from coda.serving.procs import running
 from tests.integration.vllm.support import build_tiny_model, free_port, vllm_servers
 from tests.waiting import wait_until
 

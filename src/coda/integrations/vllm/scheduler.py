@@ -29,10 +29,10 @@ from coda.cost.profile import load_profile
 from coda.integrations.vllm.compat import RANGE, check_version
 from coda.integrations.vllm.settings import load_settings
 from coda.integrations.vllm.snapshot import admission_snapshot
-from coda.policy.build import build_policies
+from coda.policy.contracts import StatePolicy
 from coda.policy.presets import resolve_policies
-from coda.policy.shadow import Shadowed
-from coda.policy.state import explain
+from coda.shell.build import build_policies
+from coda.shell.shadow import Shadowed
 
 try:  # only importable inside a vLLM process
     import vllm
@@ -45,7 +45,7 @@ except ImportError as err:  # pragma: no cover - exercised only without vLLM
 class PolicyQueue(RequestQueue):
     """vLLM's waiting queue, ordered at each peek by a state-admission policy."""
 
-    def __init__(self, scheduler: Scheduler, policy: Any, explain_rules: bool = False) -> None:
+    def __init__(self, scheduler: Scheduler, policy: StatePolicy, explain_rules: bool = False) -> None:
         self._s = scheduler
         self.policy = policy
         self.explain_rules = explain_rules  # the trace names the rule of each decision (one more evaluation per decision)
@@ -53,7 +53,7 @@ class PolicyQueue(RequestQueue):
         self._head: Any = None
         self._hits: dict[str, tuple[int, int, int]] = {}  # request_id -> (num_tokens, hit_tokens, idle_hit_blocks)
         self.decisions: list[list[str | None]] = []  # this step's [chosen, FCFS head, the shadow's choice, the rule that decided]
-        self.promote_one = getattr(policy, "admission", "every_slot") == "promote_one"
+        self.promote_one = policy.admission == "promote_one"
         self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
 
@@ -83,7 +83,7 @@ class PolicyQueue(RequestQueue):
         idx = self.policy.choose(snap)
         chosen = front[0] if idx is None else front[idx]
         shadow = self.policy.last_shadow if isinstance(self.policy, Shadowed) and idx is not None else None
-        rule = explain(self.policy, snap).rule if self.explain_rules else None
+        rule = self.policy.explain(snap).rule if self.explain_rules else None
         self.decisions.append([chosen.request_id, front[0].request_id, front[shadow].request_id if shadow is not None else None, rule])
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)

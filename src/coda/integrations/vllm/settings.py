@@ -8,7 +8,7 @@ A JSON object, or a path to a JSON or YAML file::
 ``system`` and ``policies`` select the policies as ``coda sim`` and ``coda serve`` do; inside vLLM
 only the state-admission policy acts (the other kinds are checked, so the same block moved here
 from a simulation fails as it would there). ``profile`` is the cost model state admission ranks
-by (by default the analytic roofline of the paper's setup: the base install that vLLM loads has no
+by (by default the analytic roofline of the Coda paper's setup: the base install that vLLM loads has no
 numba, which a profile with a kernel attention section, like the simulator's default, needs; install
 ``coda[sim]`` to use one); ``trace`` a JSONL file of every step's admissions and decisions (with the shadow's, if any, and the rule that decided).
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coda.types import AdmissionSnapshot
+from coda.policy.snapshots import AdmissionSnapshot
 
 HitFn = Callable[[Any], tuple[int, int]]
 """``hit(request) -> (GPU prefix-cache hit tokens, idle hit blocks)``."""

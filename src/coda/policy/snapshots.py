@@ -8,6 +8,7 @@ observe it; ``tests/unit/test_snapshot_parity.py`` holds the shells to it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -162,3 +163,101 @@ class RoutingSnapshot:
     now_s: float
     request: RouteRequest
     workers: tuple[WorkerView, ...]
+
+
+# --- ingress -----------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class WorkerLoad:
+    """One worker's load as the shell observed it."""
+
+    worker_id: int
+    healthy: bool = True
+    #: its telemetry is too old to trust (a stale worker counts as full)
+    stale: bool = False
+    #: requests in the engine's waiting queue (vLLM's ``vllm:num_requests_waiting``)
+    queue_depth: int = 0
+    #: share of the engine's KV blocks held by its running requests (``vllm:kv_cache_usage_perc``)
+    kv_usage: float = 0.0
+    #: requests sent to the engine and not yet finished (running, restoring or waiting there)
+    inflight_requests: int = 0
+    #: prompt tokens of those requests
+    inflight_tokens: int = 0
+    #: requests the engine runs at once (vLLM's ``--max-num-seqs``); 0 when unknown
+    max_num_seqs: int = 0
+    #: tokens the engine's KV cache holds (vLLM: ``num_gpu_blocks`` x ``block_size`` of its
+    #: ``vllm:cache_config_info``); 0 when unknown
+    kv_capacity_tokens: int = 0
+
+    def can_start(self, prompt_tokens: int) -> bool:
+        """A request sent now would start at once: a seat is free and its prompt fits in the KV cache
+        beside the prompts in flight (by the shell's own count, which has no scrape lag). A limit
+        that is unknown does not bind; the first request always fits an idle engine."""
+        seats = self.max_num_seqs <= 0 or self.inflight_requests < self.max_num_seqs
+        kv = self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + prompt_tokens <= self.kv_capacity_tokens
+        return seats and kv
+
+
+@dataclass(slots=True, frozen=True)
+class IngressSnapshot:
+    """What an admission decision may read about one arriving request and the cluster."""
+
+    now_s: float
+    tenant: str
+    prompt_tokens: int
+    workers: tuple[WorkerLoad, ...]
+    session_id: str | None = None
+    #: the request's session holds an admission slot (it was admitted within the session TTL)
+    session_active: bool = False
+    #: how many sessions hold a slot
+    active_sessions: int = 0
+    #: share of the prompt's blocks resident, in any tier, on the worker that holds most of them
+    #: (0 when the policy does not read it)
+    prefix_hit: float = 0.0
+    #: prompt tokens in flight for this request's tenant
+    tenant_inflight_tokens: int = 0
+    #: the tenant's weight, and the sum of the weights of the tenants with work in flight (this one
+    #: included): its entitlement is their ratio
+    tenant_weight: float = 1.0
+    active_weight: float = 1.0
+    #: the request's time-to-first-token deadline minus the lowest predicted TTFT among healthy
+    #: workers (``deadline_slack_s``); ``inf`` without a deadline
+    deadline_slack_s: float = math.inf
+    #: requests the shell holds deferred right now
+    queued: int = 0
+
+    @property
+    def inflight_tokens(self) -> int:
+        return sum(w.inflight_tokens for w in self.workers)
+
+    @property
+    def inflight_requests(self) -> int:
+        return sum(w.inflight_requests for w in self.workers)
+
+    @property
+    def tenant_share(self) -> float:
+        """The tenant's share of in-flight tokens if this request were admitted."""
+        total = self.inflight_tokens + self.prompt_tokens
+        return (self.tenant_inflight_tokens + self.prompt_tokens) / total if total else 0.0
+
+    @property
+    def entitlement(self) -> float:
+        return self.tenant_weight / self.active_weight if self.active_weight > 0 else 1.0
+
+    def signals(self) -> dict[str, float]:
+        """Cluster-level values of every signal, for decision logs."""
+        live = [w for w in self.workers if w.healthy]
+        return {
+            "queue_depth": sum(w.queue_depth for w in live),
+            "kv_usage": max((w.kv_usage for w in live), default=0.0),
+            "kv_usage_min": min((w.kv_usage for w in live), default=1.0),
+            "inflight_requests": self.inflight_requests,
+            "inflight_tokens": self.inflight_tokens,
+            "prefix_hit": self.prefix_hit,
+            "tenant_share": round(self.tenant_share, 4),
+            "entitlement": round(self.entitlement, 4),
+            "deadline_slack_s": self.deadline_slack_s,
+            "stale_workers": sum(w.stale for w in live),
+            "healthy_workers": len(live),
+            "active_sessions": self.active_sessions,
+            "queued": self.queued,
+        }

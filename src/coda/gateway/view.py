@@ -17,23 +17,15 @@ from typing import Any
 from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
-from coda.kvindex import BlockHasher, KVIndexer, WorkerTiers
-from coda.policy.build import build_policies
-from coda.policy.ingress import (
-    SIGNALS,
-    Decision,
-    IngressPolicy,
-    IngressSnapshot,
-    SessionLedger,
-    WorkerLoad,
-    deadline_slack_s,
-    ledger_ttl_s,
-    ttft_estimate,
-)
+from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
 from coda.policy.presets import resolve_policies
-from coda.policy.routing import Router, rendezvous
-from coda.policy.shadow import Shadowed
-from coda.types import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerView
+from coda.policy.routing import rendezvous
+from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
+from coda.shell.build import build_policies
+from coda.shell.estimates import deadline_slack_s, ttft_estimate
+from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
+from coda.shell.sessions import SessionLedger, ledger_ttl_s
+from coda.shell.shadow import Shadowed
 
 #: signals read from an engine's /metrics, with the vLLM metric names that carry them
 SCRAPED_SIGNALS: dict[str, tuple[str, ...]] = {
@@ -215,7 +207,7 @@ class GatewayState:
     @property
     def needed_signals(self) -> frozenset[str]:
         """What the ingress policy (and its shadow) reads."""
-        return frozenset(self.ingress.needs)
+        return frozenset(self.ingress.signals)
 
     @property
     def reads_scraped(self) -> bool:

@@ -22,7 +22,7 @@ from itertools import repeat, takewhile
 
 import numpy as np
 
-from coda.types import PrefixMatch
+from coda.policy.snapshots import PrefixMatch
 
 MASK63 = (1 << 63) - 1
 

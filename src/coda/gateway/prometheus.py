@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from coda.engines.metrics import E2E_BUCKETS, TTFT_BUCKETS
-from coda.gateway.state import GatewayState
+from coda.engines.prometheus import E2E_BUCKETS, TTFT_BUCKETS
+from coda.gateway.view import GatewayState
 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from coda.gateway.metrics import GatewayMetrics
+from coda.gateway.prometheus import GatewayMetrics
 from tests.integration.vllm.support import vllm_python_path
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "coda-dashboard.json"
 METRIC = re.compile(r"\b(?:coda_|vllm:)[A-Za-z0-9_:]+")
 # vLLM's metric constructors in vllm/v1/metrics/loggers.py: self._counter_cls(name="vllm:...", ...)

@@ -10,7 +10,7 @@ pool every inter-token gap of every measured request, where tokens that arrive t
 streamed chunk, one simulated step of several) are one gap followed by zeros. Goodput = SLO-meeting requests / offered requests (ready in window),
 so rejecting or never finishing a request counts against it. A request *stalled* when it waited
 more than ``STALL_S`` for its first token or never finished. Task (whole-session) metrics are
-``coda.metrics_tasks``'s.
+``coda.metrics.tasks``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from coda.metrics_tasks import task_summary, tasks
+from coda.metrics.tasks import task_summary, tasks
 
 LATENCY_KEYS = ("ttft", "e2e")
 # What an agent's operator reads beside throughput (request tails, then task metrics), in table order.
@@ -71,7 +71,7 @@ def summarize(
     run_end_s: float | None = None,
     alone_s: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """Metrics of DESIGN.md from per-request records.
+    """The metrics docs/simulator.md defines (section Metrics), from per-request records.
 
     ``records`` carry ``ready_s``, ``first_token_s``, ``finish_s``, ``output_tokens``,
     ``prompt_tokens``, ``new_input_tokens``, ``round``, ``tbt_mean_s`` (the request's

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coda.metrics import Window
+from coda.metrics.requests import Window
 from coda.sim.request import SimRequest
 
 

@@ -1,7 +1,7 @@
 """Task metrics: an agent's unit of work is its whole session, not one request.
 
 A task's completion time runs from its first request's ready time to the finish of its last
-round. Which tasks are measured follows the request convention of ``coda.metrics``: a session is
+round. Which tasks are measured follows the request convention of ``coda.metrics.requests``: a session is
 measured when its first request became ready inside the measurement window. A measured session
 whose last round has not completed by the end of the run (still running, never sent because the
 run ended, or abandoned after a rejection or a failure) is *censored*: it counts with its time so

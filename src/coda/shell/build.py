@@ -14,9 +14,10 @@ from typing import Any
 
 from coda.errors import CodaError
 from coda.policy import ingress
+from coda.policy.contracts import EvictionPolicy, ExecutionPolicy, IngressPolicy, Router, StatePolicy
 from coda.policy.registry import KIND_NAMES, Entry, lookup
-from coda.policy.shadow import Shadowed
 from coda.policy.spec import KINDS, PoliciesSpec, PolicySpec
+from coda.shell.shadow import SHADOWS, Shadowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +25,11 @@ class PolicySet:
     """The built policies (``None`` for a kind the shell does not enforce) and the block they came from."""
 
     spec: PoliciesSpec
-    ingress: Any = None
-    router: Any = None
-    state: Any = None
-    execution: Any = None
-    eviction: Any = None
+    ingress: IngressPolicy | None = None
+    router: Router | None = None
+    state: StatePolicy | None = None
+    execution: ExecutionPolicy | None = None
+    eviction: EvictionPolicy | None = None
 
     def shadows(self) -> dict[str, Shadowed]:
         """The kinds that run a shadow, by kind."""
@@ -66,7 +67,7 @@ def build_policy(kind: str, spec: PolicySpec, cost: Any = None) -> Any:
     if spec.shadow is None:
         return policy
     _no_eviction_shadow(kind)
-    return Shadowed(policy, build_policy(kind, spec.shadow, cost))
+    return SHADOWS[kind](policy, build_policy(kind, spec.shadow, cost))
 
 
 def make_policy(kind: str, name: str, params: dict[str, Any] | None = None, cost: Any = None) -> Any:
@@ -99,4 +100,4 @@ def describe(kind: str, policy: Any) -> str:
     """A policy's name as logs print it, with its shadow."""
     if isinstance(policy, Shadowed):
         return f"{policy.primary.name} (shadow {policy.shadow.name})"
-    return f"{getattr(policy, 'name', type(policy).__name__)}" if policy is not None else f"({KIND_NAMES[kind]} not enforced here)"
+    return policy.name if policy is not None else f"({KIND_NAMES[kind]} not enforced here)"
