@@ -291,6 +291,8 @@ class Exchange:
                 metrics.upstream_errors.labels(w.label, f"http_{resp.status_code}").inc()
                 error = f"backend {w.label} answered {resp.status_code}"
                 continue
+            if resp.status_code < 500:
+                w.answered_s = state.clock()  # alive: its next health check may be skipped
             ttft = time.perf_counter() - sent if self.stream else None
             if ttft is not None:
                 metrics.backend_ttft.labels(w.label).observe(ttft)
