@@ -155,13 +155,26 @@ def test_clients_that_leave_after_the_headers_are_logged_once_each_without_flood
     assert "socket.send() raised exception" not in err and "Traceback" not in err, err[-2000:]
 
 
-def test_a_drain_answers_503_with_retry_after_until_the_stream_under_way_ends(tmp_path, engine):
-    gw = spawn("serve", "--config", config(tmp_path, engine, drain_timeout_s=60), "--port", "0")
+@contextlib.contextmanager
+def draining(tmp: Path, engine: FakeEngineProcess, drain_timeout_s: float, max_tokens: int) -> Iterator[tuple[Proc, openai.OpenAI, Iterator]]:
+    """A gateway with one stream under way, sent SIGTERM; yields the gateway, a client and the
+    stream's remaining chunks, then checks the gateway exited 0 without a traceback."""
+    gw = spawn("serve", "--config", config(tmp, engine, drain_timeout_s=drain_timeout_s), "--port", "0")
     try:
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
-        stream = iter(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=400, stream=True))
+        stream = iter(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=max_tokens, stream=True))
         assert next(stream).choices
         gw.popen.send_signal(signal.SIGTERM)
+        yield gw, c, stream
+        assert gw.popen.wait(60) == 0
+        err = gw.stderr()
+    finally:
+        gw.stop()
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-2000:]
+
+
+def test_a_drain_answers_503_with_retry_after_until_the_stream_under_way_ends(tmp_path, engine):
+    with draining(tmp_path, engine, drain_timeout_s=60, max_tokens=400) as (gw, c, stream):
         wait_until(lambda: httpx.get(gw.url + "/ready", timeout=10).status_code == 503)
         ready = httpx.get(gw.url + "/ready", timeout=10)
         assert ready.json()["draining"] is True and "retry-after" in ready.headers
@@ -170,28 +183,13 @@ def test_a_drain_answers_503_with_retry_after_until_the_stream_under_way_ends(tm
         assert refused.value.status_code == 503 and "retry-after" in refused.value.response.headers
         chunks = list(stream)
         assert chunks[-1].choices[0].finish_reason == "length"  # finished, not cut
-        assert gw.popen.wait(60) == 0
-        err = gw.stderr()
-    finally:
-        gw.stop()
-    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-2000:]
     outcomes = sorted((r["status"], r["outcome"]) for r in records(tmp_path / "access.jsonl"))
     assert outcomes == [(200, "ok"), (503, "draining")]
 
 
 def test_a_stream_past_the_drain_timeout_is_cut_and_logged_once(tmp_path, engine):
-    gw = spawn("serve", "--config", config(tmp_path, engine, drain_timeout_s=0.5), "--port", "0")
-    try:
-        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
-        stream = iter(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=100_000, stream=True))
-        assert next(stream).choices
-        gw.popen.send_signal(signal.SIGTERM)
+    with draining(tmp_path, engine, drain_timeout_s=0.5, max_tokens=100_000) as (_, _, stream):
         with pytest.raises(openai.APIConnectionError):
             list(stream)
-        assert gw.popen.wait(60) == 0
-        err = gw.stderr()
-    finally:
-        gw.stop()
-    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-2000:]
     [access], [decision] = records(tmp_path / "access.jsonl"), records(tmp_path / "decisions.jsonl")
     assert access["status"] == 200 and access["outcome"] == "drain_timeout" and decision["status"] == 200
