@@ -61,7 +61,7 @@ class SkewRow:
 
 
 def _open(path: Path, columns: tuple[str, ...], kind: str) -> tuple[list[dict[str, str]], int]:
-    if not path.is_file():
+    if not path.exists():
         raise CodaError(f"{kind} CSV {path}: no such file (pass the path of a measured CSV)")
     with reading(path, f"{kind} CSV"), path.open(newline="") as fh:
         reader = csv.DictReader(fh)
