@@ -49,7 +49,7 @@ def run(label: str, seed: int, system: str, variant: str, slo: tuple[float, floa
         over["profile"] = profile
     if ta_params and system == "cachewise+ta":
         over["policies"] = {"state": {"params": ta_params}}
-    result = Simulation(wl, SimConfig().with_overrides(**over)).run()
+    result = Simulation(wl, SimConfig(system="vllm").with_overrides(**over)).run()
     s = result.summary()
     cal = summarize(result.records, result.sim.window, ttft_slo_s=slo[0], tbt_slo_s=slo[1], gaps=result.sim.recorder.gaps())
     return {"output_tps": s["output_tps"], "slo_tps": s["slo_tps"], "slo_tps_calibrated": cal["slo_tps"]}

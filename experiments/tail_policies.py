@@ -86,7 +86,7 @@ def workload_setup(label: str, seed: int, data_dir: Path) -> tuple[Any, dict[str
 def run_one(label: str, seed: int, candidate: str, data_dir: str) -> dict[str, Any]:
     system, policies = CANDIDATES[candidate]
     wl, settings = workload_setup(label, seed, Path(data_dir))
-    cfg = SimConfig().with_overrides(system=system, seed=seed, policies=policies or None, **settings)
+    cfg = SimConfig(system="vllm").with_overrides(system=system, seed=seed, policies=policies or None, **settings)
     s = Simulation(wl, cfg).run().summary()
     return {"workload": label, "seed": seed, "candidate": candidate, "profile": cfg.profile, **{k: s.get(k) for k in METRICS}}
 

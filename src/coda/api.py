@@ -29,7 +29,7 @@ __all__ = ["SimResult", "compare", "simulate"]
 
 
 def simulate(workload: str | Path | Workload, config: SimConfig | None = None, *, fmt: str | None = None) -> SimResult:
-    """Simulate ``config``'s system (default ``SimConfig()``: ``vllm`` on one worker) on ``workload``:
+    """Simulate ``config``'s system (default ``SimConfig()``: the ``coda`` system on one worker) on ``workload``:
     a spec such as ``synth:rate=3,duration=600,seed=0``, a trace file (format detected unless
     ``fmt`` names it) or a ``Workload``. ``result.summary()`` is what ``coda sim --json`` prints,
     ``result.records`` one dict per request."""

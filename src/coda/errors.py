@@ -24,12 +24,14 @@ class CodaError(Exception):
     exit_code = 2
 
 
-def invalid(source: str, err: ValidationError, fix: str = "", show_input: bool = False) -> CodaError:
-    """A validation error as one line: ``source: field.path: what is wrong[ (got X)][; fix]``."""
+def invalid(source: str, err: ValidationError, fix: str = "", show_input: bool = False, at: str = "") -> CodaError:
+    """A validation error as one line: ``source: field.path: what is wrong[ (got X)][; fix]``
+    (``at``: the path of the validated part within the whole input)."""
     first = err.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
-    got = f" (got {first.get('input')!r})" if show_input else ""
-    return CodaError(f"{source}: {loc}: {first['msg']}{got}{'; ' + fix if fix else ''}")
+    loc = ".".join(str(x) for x in (*([at] if at else []), *first["loc"])) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    got = f" (got {first.get('input')!r})" if show_input and first["type"] != "value_error" else ""
+    return CodaError(f"{source}: {loc}: {msg}{got}{'; ' + fix if fix else ''}")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ def single():
     preset = PaperPreset(name="mini-single", workers=1, workloads=(PaperWorkload("M2", 12, 0.25),),
                          systems=("vllm", "cachewise", "coda"), duration_s=1200, warmup_s=300,
                          shadow_state="fewest_blocks", slo_targets=(("M2", "M2"),))
-    base = SimConfig()
+    base = SimConfig(system="vllm")
     runs = run_preset(preset, [0, 1], base)
     return preset, runs, build_report(preset, runs, base)
 
@@ -94,7 +94,7 @@ def test_markdown_and_figures(single, tmp_path):
 def test_multi_report_records_routing_distance_against_smetric():
     preset = PaperPreset(name="mini-multi", workers=3, workloads=(PaperWorkload("Q", 5),), systems=("smetric", "coda"),
                          duration_s=600, warmup_s=200, shadow_router="smetric")
-    base = SimConfig()
+    base = SimConfig(system="vllm")
     runs = run_preset(preset, [0], base)
     rep = build_report(preset, runs, base)
     rv = rep["cells"]["Q/coda"]["routing_vs_smetric"]
@@ -112,5 +112,5 @@ def test_paper_multi_16_is_paper_multi_on_four_nodes_of_four_at_four_times_the_l
     assert wide.workers == 4 * multi.workers and wide.systems == multi.systems and wide.shadow_router == multi.shadow_router
     assert wide.slo_targets == multi.slo_targets
     assert [(w.label, w.rate) for w in wide.workloads] == [(w.label, 4 * w.rate) for w in multi.workloads]
-    sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(workers=wide.workers))
+    sim = Simulation(wide.workloads[0].build(0, 60.0), SimConfig(system="vllm", workers=wide.workers))
     assert [sum(w.dram is store for w in sim.workers) for store in sim.dram_stores] == [4, 4, 4, 4]

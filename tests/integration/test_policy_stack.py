@@ -22,7 +22,6 @@ from coda.gateway.config import build_config
 from coda.gateway.prompt import make_tokenizer
 from coda.gateway.view import GatewayState
 from coda.integrations.vllm.settings import CONFIG_ENV, load_settings
-from coda.policy.presets import resolve_policies
 from coda.serving.procs import running
 from coda.shell.build import build_policies
 from coda.shell.shadow import Shadowed
@@ -45,7 +44,7 @@ def test_the_same_block_selects_the_same_policy_objects_in_every_shell():
     sim = Simulation(load_workload("synth:rate=1,duration=120,seed=0"), SimConfig(workers=2, **BLOCK)).policies
     gateway = GatewayState(build_config({"backends": ["http://127.0.0.1:1"], **BLOCK}, {}, {}), make_tokenizer("chars")).policies
     settings = load_settings({CONFIG_ENV: json.dumps(BLOCK)})
-    plugin = build_policies(resolve_policies(settings.system, settings.policies), build_cost_model(load_profile(settings.profile)),
+    plugin = build_policies(settings.policy_spec, build_cost_model(load_profile(settings.profile)),
                             kinds=("state",))
     assert sim.spec == gateway.spec == plugin.spec
     assert sim.ingress == gateway.ingress and sim.router == gateway.router and sim.state == plugin.state

@@ -109,7 +109,7 @@ def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions
 @given(sessions=sessions_st, workers=st.integers(1, 3))
 def test_same_seed_gives_identical_json(sessions, workers):
     wl = build(sessions)
-    cfg = SimConfig(workers=workers, chunk_tokens=64, warmup_s=0)
+    cfg = SimConfig(system="vllm", workers=workers, chunk_tokens=64, warmup_s=0)
 
     def run():
         s = Simulation(wl, cfg).run().summary()
@@ -127,7 +127,7 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
     import random
 
     wl = build(sessions)
-    sim = Simulation(wl, SimConfig(workers=2, chunk_tokens=64, warmup_s=0))
+    sim = Simulation(wl, SimConfig(system="vllm", workers=2, chunk_tokens=64, warmup_s=0))
     for sess in sim.sessions:
         sim.loop.at(sess.session.start_s, sim._start_session, sess)
     sim.loop.run(until=stop_at)

@@ -83,7 +83,7 @@ def test_in_a_simulation_the_observer_counts_exactly_the_executed_steps():
     sessions = [make_session(f"s{i}", 0.3 * i, [(2000 + 500 * i, 300, 0.5), (200, 200, 0.0)]) for i in range(8)]
     wl = Workload(sessions=sessions, meta={"duration_s": 1000.0})
     mix = DecodeMix()
-    sim = Simulation(wl, SimConfig(workers=2, warmup_s=0), observers=[mix])
+    sim = Simulation(wl, SimConfig(system="vllm", workers=2, warmup_s=0), observers=[mix])
     mix.bind(sim.cost, sim.window)
     sim.run()
     assert mix.steps == sum(w.steps for w in sim.workers)  # runs cut short by arrivals report only what ran

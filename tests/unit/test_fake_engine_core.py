@@ -41,7 +41,7 @@ def test_events_run_in_time_then_schedule_order_with_now_at_their_time():
 
 
 def engine(**sim) -> FakeEngine:
-    return FakeEngine(FakeEngineConfig(speedup=20.0, engine=SimConfig(chunk_tokens=16, **sim)))
+    return FakeEngine(FakeEngineConfig(speedup=20.0, engine=SimConfig(**{"system": "vllm", "chunk_tokens": 16, **sim})))
 
 
 async def generate(e: FakeEngine, prompt: list[str], n: int) -> tuple[list[str], object]:

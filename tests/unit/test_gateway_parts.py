@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 
 from coda.errors import CodaError
 from coda.gateway.admission import JsonlLog
-from coda.gateway.config import BackendConfig, build_config, env_overrides
+from coda.gateway.config import BackendConfig, build_config
 from coda.gateway.identity import MAX_TENANT_CHARS, Identities, session_id, session_key, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
@@ -45,7 +45,7 @@ def test_config_precedence_file_then_env_then_flags():
 
 def test_the_documented_environment_variables_are_accepted_and_take_effect():
     """Every ``CODA_SERVE_*=value`` example of the docstring and the gateway doc is one the schema accepts."""
-    docs = (env_overrides.__doc__ or "") + (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
+    docs = (build_config.__doc__ or "") + (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
     examples = re.findall(r"`(CODA_SERVE_[A-Z0-9_]+)=([^`]+)`", docs)
     assert ("CODA_SERVE_POLICIES__INGRESS__NAME", "session") in examples and len(examples) >= 3
     default = build_config({"backends": [URL]}, {}, {})
@@ -58,7 +58,7 @@ def test_config_errors_name_the_fix():
         build_config({}, {}, {})
     with pytest.raises(CodaError, match="must start with http"):
         build_config({"backends": ["localhost:8000"]}, {}, {})
-    with pytest.raises(CodaError, match="coda.yaml: ingress.defer.max_queu: Extra inputs"):
+    with pytest.raises(CodaError, match="coda.yaml: policies.ingress.defer.max_queu: Extra inputs"):
         build_config({"backends": [URL], "policies": {"ingress": {"defer": {"max_queu": 3}}}}, {}, {}, source="coda.yaml")
 
 

@@ -62,9 +62,8 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
         from coda.errors import CodaError
         from coda.integrations.vllm.settings import load_settings
         from coda.shell.build import build_policies
-        from coda.policy.presets import resolve_policies
         settings = load_settings({})
-        spec = resolve_policies(settings.system, settings.policies)
+        spec = settings.policy_spec
         policy = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state",)).state
         try:
             build_cost_model(load_profile("a100-qwen3coder30b-fp8-fa2"))  # has an attention section: the numba kernel model

@@ -90,7 +90,7 @@ def test_time_alone_agrees_with_a_one_session_simulation(profile):
     largest prompt, decode runs split at ``decode_run_max`` and a round of one output token
     exercise every branch."""
     wl = Workload(sessions=[lone_session(group=False)], meta={"duration_s": 1e5})
-    cfg = SimConfig(profile=profile, workers=1, warmup_s=0, max_num_batched_tokens=2048, decode_run_max=300, num_gpu_blocks=100)
+    cfg = SimConfig(system="vllm", profile=profile, workers=1, warmup_s=0, max_num_batched_tokens=2048, decode_run_max=300, num_gpu_blocks=100)
     res = Simulation(wl, cfg).run()
     (task,) = tasks(res.records, 0.0, 1e5, res.sim.loop.now)
     alone = alone_times_s(wl.sessions[0], res.sim.cost, chunk_tokens=cfg.chunk_tokens, max_num_batched_tokens=2048, decode_run_max=300)
@@ -104,7 +104,7 @@ def test_time_alone_agrees_with_a_one_session_simulation(profile):
 def test_a_cold_shared_prompt_makes_the_lone_session_slower_than_its_best_case():
     """Alone assumes the session's prefix group is warm (its best case); a lone simulation starts cold."""
     wl = Workload(sessions=[lone_session(group=True)], meta={"duration_s": 1e5})
-    s = Simulation(wl, SimConfig(workers=1, warmup_s=0)).run().summary()
+    s = Simulation(wl, SimConfig(system="vllm", workers=1, warmup_s=0)).run().summary()
     assert s["slowdown_p50"] > 1.0
 
 

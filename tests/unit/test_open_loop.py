@@ -50,7 +50,7 @@ def test_bad_trace_lines_name_the_line_and_field(tmp_path):
 
 def test_a_20_request_trace_replays_under_the_engine_configuration(tmp_path):
     wl = read_requests(_trace(tmp_path / "requests.jsonl"))
-    config = SimConfig(profile=PROFILE, chunk_tokens=16, num_gpu_blocks=2000, max_num_seqs=8, max_num_batched_tokens=2048, warmup_s=0,
+    config = SimConfig(system="vllm", profile=PROFILE, chunk_tokens=16, num_gpu_blocks=2000, max_num_seqs=8, max_num_batched_tokens=2048, warmup_s=0,
                        drain_s=120, dram=False)
     result = run_one(wl, config)
     summary = result.summary()
@@ -65,18 +65,18 @@ def test_a_20_request_trace_replays_under_the_engine_configuration(tmp_path):
 def test_kv_capacity_follows_vllms_gpu_memory_utilization():
     profile = load_profile(PROFILE)
     wl = load_workload("synth:rate=0.2,duration=60,seed=0,tokens=0.03")
-    result = run_one(wl, SimConfig(profile=PROFILE, chunk_tokens=16, gpu_memory_utilization=0.9, dram=False))
+    result = run_one(wl, SimConfig(system="vllm", profile=PROFILE, chunk_tokens=16, gpu_memory_utilization=0.9, dram=False))
     chunk = build_cost_model(profile).kv_bytes(16)
     expect = math.floor((0.9 * profile.gpu.memory_bytes - profile.weight_bytes_per_rank()) / chunk)
     assert result.summary()["config"]["tiers"]["hbm_chunks_per_worker"] == expect
     assert result.summary()["config"]["profile"]["extrapolated"] == ["steps up to 8192 tokens, operators measured to 2048"]
     with pytest.raises(CodaError, match="num_gpu_blocks and hbm_kv_gib both size the HBM KV"):
-        run_one(wl, SimConfig(profile=PROFILE, num_gpu_blocks=10, hbm_kv_gib=1.0))
+        run_one(wl, SimConfig(system="vllm", profile=PROFILE, num_gpu_blocks=10, hbm_kv_gib=1.0))
 
 
 def test_roofline_bounds_every_system():
     spec = "synth:rate=1,duration=300,seed=0"
-    base = SimConfig(workers=2)
+    base = SimConfig(system="vllm", workers=2)
     bound = config_roofline(load_workload(spec), base)
     assert 0 < bound["output_tps_bound"] <= bound["offered_tps"] and bound["batch"] <= base.max_num_seqs
     table = compare(spec, ["vllm", "coda"], [0], base)
@@ -85,4 +85,4 @@ def test_roofline_bounds_every_system():
         assert 0 < row["roofline_fraction"] <= 1.0
         assert row["roofline_fraction"] == pytest.approx(row["output_tps"] / bound["output_tps_bound"])
     with pytest.raises(CodaError, match="states no GPU bandwidth"):
-        config_roofline(load_workload(spec), SimConfig(profile="vllm-cpu-tiny"))
+        config_roofline(load_workload(spec), SimConfig(system="vllm", profile="vllm-cpu-tiny"))

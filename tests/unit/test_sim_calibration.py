@@ -13,7 +13,7 @@ from tests.conftest import make_session
 
 def _run(sessions, **cfg):
     wl = Workload(sessions=sessions, meta={"duration_s": 100.0})
-    sim = Simulation(wl, SimConfig(warmup_s=0, **cfg))
+    sim = Simulation(wl, SimConfig(**{"system": "vllm", "warmup_s": 0, **cfg}))
     return sim, sim.run()
 
 
@@ -77,7 +77,7 @@ def test_observers_see_every_batch_and_routing_decision():
 
     ob = Obs()
     wl = Workload(sessions=[make_session("a", 0.0, [(3000, 100, 2.0), (400, 10, 0.0)])], meta={"duration_s": 100.0})
-    sim = Simulation(wl, SimConfig(warmup_s=0), observers=[ob])
+    sim = Simulation(wl, SimConfig(system="vllm", warmup_s=0), observers=[ob])
     sim.run()
     assert ob.steps == sum(w.steps for w in sim.workers)
     assert ob.routes == [("a", 0), ("a", 0)]

@@ -37,9 +37,9 @@ def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], A
     from pydantic import ValidationError
 
     from coda.bench.replay import BenchConfig
-    from coda.sim.config import load_config_file
+    from coda.config.load import read_config
 
-    data = load_config_file(config) if config else {}
+    data = read_config(config) if config else {}
     slo = dict(data.pop("slo", {}) or {})
     for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")):
         value = cli.pop(flag)

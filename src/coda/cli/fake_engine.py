@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from coda.cli import app, err_console, out_console
-from coda.errors import CodaError, invalid
+from coda.errors import CodaError
 from coda.shell import strict_json
 
 # Options that configure the simulated worker (SimConfig); the rest configure the server.
@@ -18,20 +18,16 @@ WORKER_KEYS = ("system", "profile", "chunk_tokens", "max_num_seqs", "max_num_bat
 
 
 def build_config(config: Path | None, cli: dict[str, Any]) -> Any:
-    """Merge a YAML/TOML file with flags (flags win) into a ``FakeEngineConfig``."""
-    from pydantic import ValidationError
+    """A YAML/TOML file with flags laid over it (flags win) as a ``FakeEngineConfig``."""
+    from coda.config.load import layered, read_config, validated
+    from coda.engines.fake import ENGINE_SYSTEM, FakeEngineConfig
+    from coda.sim.config import SimConfig
 
-    from coda.engines.fake import FakeEngineConfig
-    from coda.sim.config import load_config_file, validate_config
-
-    data = load_config_file(config) if config else {}
-    data.update({k: v for k, v in cli.items() if v is not None})
     source = str(config) if config else "command line"
-    engine = validate_config({k: data.pop(k) for k in WORKER_KEYS if k in data}, source)
-    try:
-        return FakeEngineConfig.model_validate({**data, "engine": engine})
-    except ValidationError as err:
-        raise invalid(source, err, show_input=True) from None
+    data = layered({"system": ENGINE_SYSTEM}, read_config(config) if config else {}, {k: v for k, v in cli.items() if v is not None},
+                   source=source)
+    engine = validated(SimConfig, {k: data.pop(k) for k in WORKER_KEYS if k in data}, source, show_input=True)
+    return validated(FakeEngineConfig, {**data, "engine": engine}, source, show_input=True)
 
 
 @app.command("fake-engine")
@@ -40,7 +36,7 @@ def fake_engine(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     model: Annotated[str | None, typer.Option("--model", help="served model name (default coda-fake)")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="cost profile name or JSON path")] = None,
-    system: Annotated[str | None, typer.Option("--system", "-s", help="system preset of the worker (LRU-eviction presets)")] = None,
+    system: Annotated[str | None, typer.Option("--system", "-s", help="system preset of the worker (LRU-eviction presets; default vllm, the engine it fakes)")] = None,
     speedup: Annotated[float | None, typer.Option("--speedup", help="virtual seconds per wall second (tests use > 1)")] = None,
     kv_events: Annotated[str | None, typer.Option("--kv-events", help="publish vLLM-format KV events on this ZMQ endpoint, e.g. tcp://*:5557")] = None,
     kv_events_replay: Annotated[str | None, typer.Option("--kv-events-replay", help="ZMQ ROUTER endpoint for replay requests, e.g. tcp://*:5558")] = None,

@@ -33,9 +33,9 @@ def serve(
     """Serve /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages in front of the
     engines, with ingress admission and KV-aware routing; also /v1/models, /health, /ready,
     /metrics and /debug/state. Options also come from --config and CODA_SERVE_* variables."""
+    from coda.config.load import read_config
     from coda.gateway.app import serve as run
     from coda.gateway.config import build_config
-    from coda.sim.config import load_config_file
 
     cli: dict[str, Any] = {k: v for k, v in dict(port=port, host=host, drain_timeout_s=drain_timeout_s, system=system,
                                                   decision_log=decision_log).items() if v is not None}
@@ -57,7 +57,7 @@ def serve(
         given = {k: v for k, v in values.items() if v is not None}
         if given:
             cli[section] = given
-    cfg = build_config(load_config_file(config) if config else {}, cli, source=str(config) if config else "command line")
+    cfg = build_config(read_config(config) if config else {}, cli, source=str(config) if config else "command line")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def ready(url: str, gw: Any) -> None:

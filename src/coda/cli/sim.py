@@ -49,28 +49,19 @@ CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
 
 def _settings(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Merge a config file with CLI values (CLI wins) into (extra keys, SimConfig)."""
-    from coda.sim.config import load_config_file, validate_config
+    """A config file with CLI values laid over it (CLI wins) as (extra keys, SimConfig)."""
+    from coda.config.load import layered, read_config, validated
+    from coda.sim.config import SimConfig
 
-    data = load_config_file(config) if config else {}
+    data = read_config(config) if config else {}
     extra = {k: data.pop(k) for k in CONFIG_ONLY_KEYS if k in data}
-    slo = dict(data.pop("slo", {}) or {})
-    for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")):
-        if cli.get(flag) is not None:
-            slo[key] = cli.pop(flag)
-        cli.pop(flag, None)
-    for key in CONFIG_ONLY_KEYS:
-        if cli.get(key) is not None:
-            extra[key] = cli.pop(key)
-        cli.pop(key, None)
+    extra.update({k: cli.pop(k) for k in CONFIG_ONLY_KEYS if cli.get(k) is not None})
+    slo = {key: cli.pop(flag) for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")) if cli.get(flag) is not None}
     flags = {kind: {"name": cli.pop(kind)} for kind in POLICY_FLAGS if cli.get(kind) is not None}
-    for kind in POLICY_FLAGS:
-        cli.pop(kind, None)
-    data.update({k: v for k, v in cli.items() if v is not None})
-    if slo:
-        data["slo"] = slo
-    cfg = validate_config(data, str(config) if config else "command line")
-    return extra, cfg.with_overrides(policies=flags) if flags else cfg
+    given = {k: v for k, v in cli.items() if v is not None and k not in (*CONFIG_ONLY_KEYS, *POLICY_FLAGS, "slo_ttft_s", "slo_tbt_s")}
+    over = {**given, **({"slo": slo} if slo else {}), **({"policies": flags} if flags else {})}
+    source = str(config) if config else "command line"
+    return extra, validated(SimConfig, layered(data, over, source=source), source, show_input=True)
 
 
 @app.command()
@@ -166,7 +157,7 @@ def compare(
 ) -> None:
     """Run several systems on the same workload and seeds; gains are ratios of sums. A system is a
     preset name or, in a config file, a variant ``{name, system, policies}``."""
-    from coda.sim.config import load_config_file
+    from coda.config.load import read_config
     from coda.sim.run import compare as run_compare
     from coda.sim.run import spec_seed, variants
 
@@ -188,7 +179,7 @@ def compare(
     names = variants([n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names)
     n_seeds = _seeds(extra, 1)
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
-    base_seed = cfg.seed if seed is not None or "seed" in (load_config_file(config) if config else {}) else spec_seed(spec, cfg.seed)
+    base_seed = cfg.seed if seed is not None or "seed" in (read_config(config) if config else {}) else spec_seed(spec, cfg.seed)
     seed_list = [base_seed + i for i in range(n_seeds)]
     with progress_bar() as prog:
         task = prog.add_task("compare", total=1.0)
@@ -252,20 +243,6 @@ def _seeds(extra: dict[str, Any], default: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CodaError(f"--seeds must be an integer >= 1 (the number of seeds to run), got {n!r}")
     return n
-
-
-@app.command()
-def systems() -> None:
-    """List the system presets with their policies and tiers."""
-    from coda.policy.presets import SYSTEMS
-
-    table = Table(show_header=True)
-    for c in ("system", "router", "state", "execution", "eviction", "tiers", "description"):
-        table.add_column(c)
-    for p in SYSTEMS.values():
-        b = p.policies
-        table.add_row(p.name, b.router.name, b.state.name, b.execution.name, b.eviction.name, p.tiers_text(), p.description)
-    out_console.print(table)
 
 
 def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json: bool) -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
+from coda.config.strict import StrictModel
 from coda.cost.cohorts import CUT_FEATURES
 from coda.cost.geometry import Geometry
 from coda.errors import CodaError, invalid, reading
@@ -24,18 +25,14 @@ from coda.errors import CodaError, invalid, reading
 GiB = 1024**3
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LinkSpec(_Strict):
+class LinkSpec(StrictModel):
     """The GPU-to-GPU link that tensor parallelism all-reduces over (``coda.cost.parallel``)."""
 
     kind: Literal["nvlink", "pcie"]
     bus_bw_bytes_s: PositiveFloat = Field(description="per GPU and direction")
 
 
-class GpuSpec(_Strict):
+class GpuSpec(StrictModel):
     name: str
     hbm_bw_bytes_s: PositiveFloat
     peak_flops: PositiveFloat = Field(description="dense bf16 tensor FLOP/s")
@@ -48,7 +45,7 @@ class GpuSpec(_Strict):
     attn_compute_efficiency: float | None = Field(None, gt=0, le=1, description="achieved share of peak FLOP/s in prefill attention")
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     name: str
     num_layers: PositiveInt
     num_q_heads: PositiveInt
@@ -67,14 +64,14 @@ class ModelSpec(_Strict):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
 
-class TierSpec(_Strict):
+class TierSpec(StrictModel):
     hbm_kv_bytes: PositiveFloat = Field(description="usable HBM for KV per worker")
     dram_kv_bytes: float = Field(ge=0, description="DRAM KV store per node (shared by its workers)")
     ssd_kv_bytes: float = Field(ge=0, description="SSD KV store per node (0 = none)")
     workers_per_node: PositiveInt
 
 
-class LinkCurve(_Strict):
+class LinkCurve(StrictModel):
     """Transfer time as a piecewise-linear function of bytes; past the last point, the last slope."""
 
     points: list[tuple[float, float]] = Field(min_length=2, description="(bytes, seconds), increasing")
@@ -102,13 +99,13 @@ class LinkCurve(_Strict):
         return float(np.interp(nbytes, xs, ys))
 
 
-class Overheads(_Strict):
+class Overheads(StrictModel):
     step_s: float = Field(ge=0, description="fixed time per engine step (scheduling, sampling, launch)")
     decode_per_request_s: float = Field(ge=0, description="attention cost per decoding request per step")
     attn_launch_per_layer_s: float = Field(ge=0, description="launch cost of one attention kernel per layer")
 
 
-class AttentionDomain(_Strict):
+class AttentionDomain(StrictModel):
     """Where the attention constants were measured; predictions outside are extrapolated."""
 
     context_min: PositiveInt
@@ -120,7 +117,7 @@ class AttentionDomain(_Strict):
         return self.batch_min <= n <= self.batch_max and self.context_min <= cmin and cmax <= self.context_max
 
 
-class ResidualBounds(_Strict):
+class ResidualBounds(StrictModel):
     """Relative error bounds of predicted attention time from held-out rows: measured time lies
     in [predicted x (1 - lower), predicted x (1 + upper)] for the stated share of them."""
 
@@ -130,7 +127,7 @@ class ResidualBounds(_Strict):
     held_out_rows: PositiveInt
 
 
-class HeldOut(_Strict):
+class HeldOut(StrictModel):
     """The measured groups kept out of the fit: whole batch sizes and every batch reaching
     ``context_from`` tokens (the latter checks the model's extrapolation to longer contexts)."""
 
@@ -138,7 +135,7 @@ class HeldOut(_Strict):
     context_from: PositiveInt
 
 
-class AttentionSpec(_Strict):
+class AttentionSpec(StrictModel):
     """Kernel-level decode attention (``coda.cost.kernels``): a handful of physical constants."""
 
     family: Literal["fa2-split", "balanced"]
@@ -155,7 +152,7 @@ class AttentionSpec(_Strict):
     held_out: HeldOut
 
 
-class StepDomain(_Strict):
+class StepDomain(StrictModel):
     """Where a step model was measured; the simulator may go beyond it (extrapolation)."""
 
     prefill_tokens_max: PositiveInt
@@ -164,7 +161,7 @@ class StepDomain(_Strict):
     decode_context_max: PositiveInt
 
 
-class StepFit(_Strict):
+class StepFit(StrictModel):
     """How well the step model explains its own measurements (|predicted / measured - 1|)."""
 
     samples: PositiveInt
@@ -175,7 +172,7 @@ class StepFit(_Strict):
     loo_err: float = Field(ge=0, description="leave-one-out median error, the worse of prefill's and decode's")
 
 
-class StepModel(_Strict):
+class StepModel(StrictModel):
     """An engine's step time measured through its API (``coda profile measure --endpoint``):
 
     step = fixed_s + token_s x (prefill tokens + decodes) + seq_s x (prefill chunks + decodes)
@@ -202,7 +199,7 @@ class StepModel(_Strict):
     fit: StepFit
 
 
-class Curve(_Strict):
+class Curve(StrictModel):
     """Seconds of one operator as a piecewise-linear function of its count (tokens or sequences),
     fitted at ``knots``; past the last knot it goes on with the last slope (extrapolated)."""
 
@@ -216,7 +213,7 @@ class Curve(_Strict):
         return self
 
 
-class HeldOutError(_Strict):
+class HeldOutError(StrictModel):
     """|predicted / measured - 1| over the measured rows a fit did not see."""
 
     rows: PositiveInt
@@ -224,7 +221,7 @@ class HeldOutError(_Strict):
     p90: float = Field(ge=0)
 
 
-class MoeSpec(_Strict):
+class MoeSpec(StrictModel):
     """One MoE block on one rank: fixed_s + expert_s x distinct experts touched + pair_s x routed
     (token, expert) pairs. The expert term reads weights, the pair term computes."""
 
@@ -234,7 +231,7 @@ class MoeSpec(_Strict):
     tokens_max: PositiveInt = Field(description="largest step measured (beyond: extrapolated)")
 
 
-class Residual(_Strict):
+class Residual(StrictModel):
     """log(measured / kernel model) of attention, multilinear in the log2 of its axes between the
     knots and held at the edge value beyond them; ``values`` in C order over ``axes``."""
 
@@ -248,7 +245,7 @@ class Residual(_Strict):
         return self
 
 
-class OperatorAttention(_Strict):
+class OperatorAttention(StrictModel):
     """Attention: the kernel model (skew, split rule, any context) times a fitted correction per
     regime toward the measured grid: decode (batch, mean context), prefill (new tokens, new +
     cached), mixed (new tokens, decode batch, mean decode context)."""
@@ -259,7 +256,7 @@ class OperatorAttention(_Strict):
     mixed: Residual
 
 
-class OperatorsSpec(_Strict):
+class OperatorsSpec(StrictModel):
     """The measured operators of one layer on one rank, fitted (``coda profile fit --operators``)."""
 
     layer: dict[str, Curve] = Field(description="dense operators of one layer, by the step's tokens")
@@ -273,7 +270,7 @@ class OperatorsSpec(_Strict):
     held_out: dict[str, HeldOutError] = Field(description="per operator, rows kept out of the fit")
 
 
-class EngineTime(_Strict):
+class EngineTime(StrictModel):
     """The engine's own time around the kernels: per step (scheduling, input preparation) and per
     request before it reaches the scheduler (the API server's work). Measured through an API
     (``coda profile measure --endpoint``), or zero where nothing was measured (its provenance says)."""
@@ -282,7 +279,7 @@ class EngineTime(_Strict):
     request_s: float = Field(ge=0)
 
 
-class GainDomain(_Strict):
+class GainDomain(StrictModel):
     """Where a paired gain model was measured: batch sizes, contexts, the range of each cut feature
     over the measured pairs, and the leverage of the fit's design (a cut inside every range may
     still combine them as no measured pair did, a hidden extrapolation: its leverage then exceeds
@@ -304,7 +301,7 @@ class GainDomain(_Strict):
         return self
 
 
-class GainHeldOut(_Strict):
+class GainHeldOut(StrictModel):
     """How the paired model did on whole shape groups kept out of its fit (grouped K-fold)."""
 
     folds: int = Field(ge=2)
@@ -316,7 +313,7 @@ class GainHeldOut(_Strict):
     conservative_positive: int = Field(ge=0, description="held-out shapes with a positive conservative gain")
 
 
-class CohortGainSpec(_Strict):
+class CohortGainSpec(StrictModel):
     """A paired cohort-gain model (``coda.cost.paired``), fitted on measured full-versus-cohort
     pairs (``coda profile fit-gain``); any profile kind may carry one. Self-contained: its
     numbers carry their provenance in ``provenance`` (not in the profile's), so the section can
@@ -359,7 +356,7 @@ class CohortGainSpec(_Strict):
         return self
 
 
-class Machine(_Strict):
+class Machine(StrictModel):
     """The machine a profile was measured on (``coda.profiling.machine``): its hardware and the
     measured software, never its paths, host name or kernel build; ``None`` where not known."""
 
@@ -378,7 +375,7 @@ MODEL_SECTIONS = ("gpu", "model", "overheads", "h2d", "d2h", "ssd_read")
 OPERATOR_SECTIONS = ("gpu", "geometry", "operators", "engine", "h2d", "d2h", "ssd_read")
 
 
-class Profile(_Strict):
+class Profile(StrictModel):
     name: str
     description: str
     kind: Literal["analytic", "fitted", "measured", "operators"]

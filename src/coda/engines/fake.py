@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
+from coda.config.strict import StrictModel
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.engines import tokenizer as tok
@@ -29,7 +30,7 @@ from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
 from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from coda.metrics.requests import Window
-from coda.policy.presets import resolve_policies, system_preset
+from coda.policy.presets import system_preset
 from coda.shell.build import build_policies
 from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
@@ -40,10 +41,13 @@ from coda.sim.worker import NodeLinks, Worker
 MEDIUM = {"hbm": MEDIUM_GPU, "dram": MEDIUM_CPU, "ssd": MEDIUM_DISK}
 
 
-class FakeEngineConfig(BaseModel):
-    """What the fake engine adds to the simulator's worker configuration (``engine``)."""
+#: the system a fake engine runs unless told otherwise: the engine it fakes (vLLM's FCFS order, one
+#: attention launch, LRU eviction), not the cluster default, whose tool-aware eviction needs sessions
+ENGINE_SYSTEM = "vllm"
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class FakeEngineConfig(StrictModel):
+    """What the fake engine adds to the simulator's worker configuration (``engine``)."""
 
     model: str = Field("coda-fake", description="the served model name")
     speedup: PositiveFloat = Field(1.0, description="virtual seconds per wall second")
@@ -52,7 +56,7 @@ class FakeEngineConfig(BaseModel):
     kv_events: str | None = Field(None, description="ZMQ PUB endpoint for vLLM-format KV events, e.g. tcp://*:5557")
     kv_events_replay: str | None = Field(None, description="ZMQ ROUTER endpoint answering replay requests")
     kv_events_topic: str = ""
-    engine: SimConfig = SimConfig()
+    engine: SimConfig = SimConfig(system=ENGINE_SYSTEM)
 
 
 class _Recorder:
@@ -99,7 +103,7 @@ class FakeEngine:
         self.profile = load_profile(cfg.profile)
         self.cost = build_cost_model(self.profile)
         # one worker: routing and ingress belong to whatever stands in front of it (coda serve)
-        self.policies = build_policies(resolve_policies(cfg.system, cfg.policies), self.cost, kinds=("state", "execution", "eviction"))
+        self.policies = build_policies(cfg.policy_spec, self.cost, kinds=("state", "execution", "eviction"))
         if self.policies.eviction.session_status:
             raise CodaError(
                 f"eviction policy {self.policies.eviction.name} needs each session's tool calls; the fake engine sees requests, "

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
-from coda.policy.presets import resolve_policies
 from coda.policy.routing import SMetric
 from coda.shell.build import build_policy
 from coda.sim.cluster import SimResult, Simulation
@@ -254,7 +253,7 @@ def characterize(workload: Workload, base: SimConfig, *, workload_info: dict[str
     if base.workers >= 2:
         t1 = time.perf_counter()
         routed_cfg = base.with_overrides(system="smetric", ssd=True)
-        smetric = build_policy("router", resolve_policies(routed_cfg.system, routed_cfg.policies).router)  # the run's router
+        smetric = build_policy("router", routed_cfg.policy_spec.router)  # the run's router
         assert isinstance(smetric, SMetric)
         opp = RoutingOpportunity(smetric)
         routed = _replay(workload, routed_cfg, opp, "replay smetric (F8)", progress)

@@ -14,20 +14,17 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
-from coda.errors import invalid
-from coda.policy.spec import PoliciesOverride, TenantSpec
+from coda.config.load import env_layer, layered, validated
+from coda.config.policies import PoliciesConfig
+from coda.config.strict import StrictModel
+from coda.policy.spec import TenantSpec
 
 ENV_PREFIX = "CODA_SERVE_"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BackendConfig(_Strict):
+class BackendConfig(StrictModel):
     url: str = Field(description="base URL of an OpenAI-compatible engine, e.g. http://10.0.0.5:8000")
     name: str | None = Field(None, description="label in metrics and logs (default: host:port)")
     api_key: str | None = Field(None, description="sent to the engine as 'Authorization: Bearer'")
@@ -56,7 +53,7 @@ class TenantConfig(TenantSpec):
     cache_salt: str | None = Field(None, description="injected as the request's cache_salt so no other tenant can hit (or time) its prefix cache")
 
 
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     api_keys: dict[str, str] = Field(default_factory=dict, description="API key -> tenant; when set, a request without a known key gets 401")
     admin_key: str | None = Field(None, description="bearer key for /debug/state (absent: /debug/state is off)")
 
@@ -65,7 +62,7 @@ class AuthConfig(_Strict):
         return bool(self.api_keys)
 
 
-class TelemetryConfig(_Strict):
+class TelemetryConfig(StrictModel):
     scrape_interval_s: PositiveFloat = Field(0.25, description="how often each engine's /metrics is read")
     stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
     stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
@@ -78,7 +75,7 @@ class TelemetryConfig(_Strict):
     startup_timeout_s: PositiveFloat = Field(30.0, description="how long startup waits for every engine to answer")
 
 
-class IndexerConfig(_Strict):
+class IndexerConfig(StrictModel):
     tokenizer: Literal["chars", "words", "engine"] = Field(
         "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
         "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)")
@@ -93,18 +90,18 @@ class IndexerConfig(_Strict):
                                            "seen dropped first; a dropped session's next prompt is hashed in full)")
 
 
-class KVEventsConfig(_Strict):
+class KVEventsConfig(StrictModel):
     expect_within_s: PositiveFloat = Field(
         10.0, description="a worker with kv_events whose first batch has not come this long after its first request is flagged "
         "(/ready, coda_worker_kv_events_missing, one log line) and routed with the gateway's own index until one comes")
 
 
-class AccessLogConfig(_Strict):
+class AccessLogConfig(StrictModel):
     path: str | None = Field(None, description="JSONL file with one line per request, no prompt text ('-': stderr; absent: off)")
     sample: float = Field(1.0, gt=0.0, le=1.0, description="share of requests logged, each kept at random")
 
 
-class StoreConfig(_Strict):
+class StoreConfig(StrictModel):
     """Where replicas of the gateway keep what must be global (in-flight counts per worker and
     tenant, session slots, deferred requests, TTFT estimates); one replica needs none."""
 
@@ -132,14 +129,12 @@ class StoreConfig(_Strict):
         return v
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(PoliciesConfig):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     backends: list[BackendConfig] = Field(min_length=1)
     auth: AuthConfig = AuthConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
-    system: str = Field("coda", description="the system preset whose policies block the gateway starts from (see `coda systems`)")
-    policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block: ingress (with defer), router, ...")
     decision_log: str | None = Field(None, description="JSONL file of every decision with its signal values ('-': stderr)")
     access_log: AccessLogConfig = AccessLogConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
@@ -167,44 +162,10 @@ class GatewayConfig(_Strict):
         return self.tenants.get(name) or TenantConfig()
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``CODA_SERVE_PORT=9000``, ``CODA_SERVE_POLICIES__INGRESS__NAME=session``: values parse as YAML scalars."""
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
-        path = key[len(ENV_PREFIX):].lower().split("__")
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        try:
-            node[path[-1]] = yaml.safe_load(raw) if raw else raw
-        except yaml.YAMLError:
-            node[path[-1]] = raw
-    return out
-
-
-def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``, mappings merged key by key."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def build_config(file_data: dict[str, Any], cli: dict[str, Any], environ: Mapping[str, str] | None = None, source: str = "command line") -> GatewayConfig:
-    """File, then environment, then flags; ``policies`` layered kind by kind as every shell does
-    (a new policy name drops the parameters given for the old one)."""
-    layers = [dict(file_data), env_overrides(os.environ if environ is None else environ), dict(cli)]
-    try:
-        overrides = [PoliciesOverride.model_validate(layer.pop("policies")) for layer in layers if layer.get("policies") is not None]
-        data = merge(merge(layers[0], layers[1]), layers[2])
-        if overrides:
-            combined = overrides[0]
-            for later in overrides[1:]:
-                combined = combined.then(later)
-            data["policies"] = combined
-        return GatewayConfig.model_validate(data)
-    except ValidationError as err:
-        missing_backends = err.errors()[0]["loc"] == ("backends",)
-        raise invalid(source, err, "give at least one --backend URL" if missing_backends else "") from None
+    """File, then ``CODA_SERVE_*`` environment variables, then flags (``coda.config.load.layered``).
+    A variable names a nested key with ``__``: ``CODA_SERVE_PORT=9000``,
+    ``CODA_SERVE_POLICIES__INGRESS__NAME=session``; values parse as YAML scalars."""
+    data = layered(file_data, env_layer(os.environ if environ is None else environ, ENV_PREFIX), cli, source=source)
+    missing_backends = not data.get("backends")
+    return validated(GatewayConfig, data, source, "give at least one --backend URL" if missing_backends else "")

@@ -18,7 +18,6 @@ from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
 from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
-from coda.policy.presets import resolve_policies
 from coda.policy.routing import rendezvous
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.build import build_policies
@@ -155,7 +154,7 @@ class GatewayState:
         ]
         self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
         self.approx = ApproxIndex(self.indexer, config.indexer.approx_blocks_per_worker)
-        self.policies = build_policies(resolve_policies(config.system, config.policies), kinds=("ingress", "router"))
+        self.policies = build_policies(config.policy_spec, kinds=("ingress", "router"))
         self.defer = self.policies.spec.ingress.defer
         self.ingress: IngressPolicy = self.policies.ingress
         self.router: Router = self.policies.router

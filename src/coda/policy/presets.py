@@ -61,6 +61,10 @@ SYSTEMS: dict[str, SystemPreset] = {p.name: p for p in (
 )}
 
 
+#: the system every shell starts from when a configuration names none: Coda's own mechanisms
+DEFAULT_SYSTEM = "coda"
+
+
 def system_preset(name: str) -> SystemPreset:
     preset = SYSTEMS.get(name)
     if preset is None:

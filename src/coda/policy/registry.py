@@ -214,3 +214,53 @@ def _check_type(label: str, key: str, value: Any, default: Any, hint: Any) -> No
         ok, want = True, ""
     if not ok:
         raise CodaError(f"{label}: parameter {key}={value!r} must be {want}")
+
+
+# --- the catalogue -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    name: str
+    type: str
+    default: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """One registered policy as ``coda policies`` lists it."""
+
+    kind: str
+    name: str
+    factory: str
+    aliases: tuple[str, ...]
+    summary: str
+    parameters: tuple[Parameter, ...]
+
+
+def catalogue(kind: str | None = None) -> list[Described]:
+    """Every registered policy (of ``kind``, or of all kinds), with its parameters, their types and
+    defaults, and the first sentence of its docstring."""
+    _load_entry_points()
+    kinds = KINDS if kind is None else (kind,)
+    if kind is not None and kind not in _REGISTRY:
+        raise CodaError(f"unknown policy kind {kind!r}; valid: {', '.join(KINDS)}")
+    out = []
+    for k in kinds:
+        aliases = ALIASES.get(k, {})
+        for name in names(k):
+            factory = _REGISTRY[k][name].factory
+            hints = _hints(factory)
+            params = tuple(Parameter(p.name, _type_name(hints.get(p.name, p.annotation)),
+                                     None if p.default is inspect.Parameter.empty else p.default)
+                           for p in parameters(factory).values())
+            doc = " ".join((inspect.getdoc(factory) or "").split("\n\n")[0].split())
+            out.append(Described(k, name, f"{factory.__module__}.{factory.__qualname__}",
+                                 tuple(a for a, target in aliases.items() if target == name), doc, params))
+    return out
+
+
+def _type_name(hint: Any) -> str:
+    if hint is inspect.Parameter.empty:
+        return "any"
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint).replace("typing.", "")

@@ -10,23 +10,21 @@
 
 Each kind is ``{name, params}``, optionally with a ``shadow`` evaluated on the same snapshots and
 logged, never enforced; a bare string is a name. A system preset is a named block; a block given
-by the user is laid over the preset's kind by kind (``merged``).
+by the user is laid over the preset's kind by kind (``PoliciesOverride.then``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from coda.config.strict import StrictModel
 
 KINDS = ("ingress", "router", "state", "execution", "eviction")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PolicySpec(_Strict):
+class PolicySpec(StrictModel):
     """One policy by its registered name, with keyword parameters (defaults live in the policy)."""
 
     name: str
@@ -39,7 +37,7 @@ class PolicySpec(_Strict):
         return {"name": data} if isinstance(data, str) else data
 
 
-class DeferSpec(_Strict):
+class DeferSpec(StrictModel):
     """How a shell holds deferred requests: an event-driven queue (a request decides again whenever
     something that could free room happens) of at most ``max_queue`` requests, each held at most
     ``max_wait_s`` before a 503 with the policy's Retry-After."""
@@ -52,7 +50,7 @@ class IngressSpec(PolicySpec):
     defer: DeferSpec = DeferSpec()
 
 
-class PoliciesSpec(_Strict):
+class PoliciesSpec(StrictModel):
     """A complete block: every kind named. ``BASELINE`` is what an empty block means."""
 
     ingress: IngressSpec
@@ -62,34 +60,18 @@ class PoliciesSpec(_Strict):
     eviction: PolicySpec
 
     def merged(self, over: PoliciesOverride | None) -> PoliciesSpec:
-        """This block with ``over`` laid on top, kind by kind: a new name replaces the policy (and
-        its parameters); the same name (or none) merges parameters key by key."""
+        """This block with ``over`` laid on top, kind by kind, with the rules of ``PoliciesOverride.then``."""
         if over is None:
             return self
-        out: dict[str, Any] = {}
-        for kind in KINDS:
-            base: PolicySpec = getattr(self, kind)
-            given: PolicyOverride | None = getattr(over, kind)
-            if given is None:
-                out[kind] = base
-                continue
-            same = given.name in (None, base.name)
-            spec = {
-                "name": base.name if given.name is None else given.name,
-                "params": {**base.params, **given.params} if same else dict(given.params),
-                "shadow": given.shadow if "shadow" in given.model_fields_set else base.shadow if same else None,
-            }
-            if kind == "ingress":
-                spec["defer"] = given.defer if given.defer is not None else base.defer  # type: ignore[attr-defined]
-            out[kind] = spec
-        return PoliciesSpec.model_validate(out)
+        whole = PoliciesOverride.model_validate(self.model_dump(exclude_none=True))
+        return PoliciesSpec.model_validate(whole.then(over).model_dump(exclude_none=True))
 
     def describe(self) -> dict[str, Any]:
         """The block as plain data (for result files and decision logs)."""
         return self.model_dump(exclude_none=True)
 
 
-class PolicyOverride(_Strict):
+class PolicyOverride(StrictModel):
     """A kind as a user writes it: every field optional (see ``PoliciesSpec.merged``)."""
 
     name: str | None = None
@@ -103,7 +85,7 @@ class PolicyOverride(_Strict):
         return {"name": data} if isinstance(data, str) else data
 
 
-class PoliciesOverride(_Strict):
+class PoliciesOverride(StrictModel):
     ingress: PolicyOverride | None = None
     router: PolicyOverride | None = None
     state: PolicyOverride | None = None
@@ -111,7 +93,9 @@ class PoliciesOverride(_Strict):
     eviction: PolicyOverride | None = None
 
     def then(self, later: PoliciesOverride | None) -> PoliciesOverride:
-        """``later`` laid over this one, kind by kind, with the rules of ``PoliciesSpec.merged``."""
+        """``later`` laid over this one, kind by kind: a new name replaces the policy (and its
+        parameters, and its shadow unless ``later`` gives one); the same name (or none) merges
+        parameters key by key and keeps the shadow unless ``later`` sets it."""
         if later is None:
             return self
         out: dict[str, Any] = {}
@@ -139,7 +123,7 @@ class PoliciesOverride(_Strict):
         return self
 
 
-class TenantSpec(_Strict):
+class TenantSpec(StrictModel):
     """What ingress policies know of a tenant (shared by the gateway and the simulator)."""
 
     weight: PositiveFloat = Field(1.0, description="share of in-flight tokens under saturation, relative to other active tenants")

@@ -60,6 +60,12 @@ def check_policy(kind: str, spec: PolicySpec) -> None:
         check_policy(kind, spec.shadow)
 
 
+def check_policies(spec: PoliciesSpec) -> None:
+    """Raise ``CodaError`` for an unknown name or parameter of any kind, without building anything."""
+    for kind in KINDS:
+        check_policy(kind, getattr(spec, kind))
+
+
 def build_policy(kind: str, spec: PolicySpec, cost: Any = None) -> Any:
     """One policy (wrapped in ``Shadowed`` when the spec names a shadow)."""
     parts = [entry.build(params, cost) for entry, params in _entries(kind, spec)]

@@ -18,7 +18,7 @@ from coda.cost.profile import GiB, Profile, load_profile
 from coda.errors import CodaError
 from coda.metrics.requests import Window, summarize
 from coda.metrics.tasks import alone_times_s
-from coda.policy.presets import SystemPreset, resolve_policies, system_preset
+from coda.policy.presets import SystemPreset, system_preset
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.build import PolicySet, build_policies
 from coda.shell.estimates import ttft_estimate
@@ -142,7 +142,7 @@ class Simulation:
         self.loop = EventLoop()
         self.versions = Versions()
         self.recorder = Recorder(self.window)
-        self.policies: PolicySet = build_policies(resolve_policies(config.system, config.policies), self.cost)
+        self.policies: PolicySet = build_policies(config.policy_spec, self.cost)
         for shadowed in self.policies.shadows().values():
             shadowed.window = (self.window.start_s, self.window.end_s)
         self.router = self.policies.router

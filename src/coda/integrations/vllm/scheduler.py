@@ -30,7 +30,6 @@ from coda.integrations.vllm.compat import RANGE, check_version
 from coda.integrations.vllm.settings import load_settings
 from coda.integrations.vllm.snapshot import admission_snapshot
 from coda.policy.contracts import StatePolicy
-from coda.policy.presets import resolve_policies
 from coda.shell.build import build_policies
 from coda.shell.shadow import Shadowed
 
@@ -158,7 +157,7 @@ class CodaScheduler(Scheduler):
         check_version(vllm.__version__)
         super().__init__(*args, **kwargs)
         settings = load_settings()
-        spec = resolve_policies(settings.system, settings.policies)
+        spec = settings.policy_spec
         self.coda_policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=("state",))
         trace_path = settings.trace
         self._coda_trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the engine

@@ -2,7 +2,7 @@
 
 A JSON object, or a path to a JSON or YAML file::
 
-    {"system": "vllm+ta", "policies": {"state": {"name": "tiered_aging", "params": {"w_max_s": 30}}},
+    {"system": "coda", "policies": {"state": {"name": "tiered_aging", "params": {"w_max_s": 30}}},
      "profile": "a100-qwen3coder30b-fp8-roofline", "trace": "/var/log/coda-scheduler.jsonl"}
 
 ``system`` and ``policies`` select the policies as ``coda sim`` and ``coda serve`` do; inside vLLM
@@ -15,52 +15,26 @@ numba, which a profile with a kernel attention section, like the simulator's def
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import Field
 
-from coda.errors import CodaError, invalid, reading
-from coda.policy.spec import PoliciesOverride
+from coda.config.load import read_config, validated
+from coda.config.policies import PoliciesConfig
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
 # A profile the base install can evaluate without numba (see the module docstring).
 DEFAULT_PROFILE = "a100-qwen3coder30b-fp8-roofline"
 
 
-class SchedulerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    system: str = "vllm+ta"
-    policies: PoliciesOverride | None = None
-    profile: str = DEFAULT_PROFILE
-    trace: str | None = None
+class SchedulerSettings(PoliciesConfig):
+    profile: str = Field(DEFAULT_PROFILE, description="the cost profile state admission ranks by")
+    trace: str | None = Field(None, description="JSONL file of every step's admissions and decisions")
 
 
-def load_settings(environ: dict[str, str] | None = None) -> SchedulerSettings:
+def load_settings(environ: Mapping[str, str] | None = None) -> SchedulerSettings:
     """Settings from ``CODA_SCHEDULER_CONFIG`` (inline JSON or a file path); the defaults when unset."""
     raw = (os.environ if environ is None else environ).get(CONFIG_ENV, "").strip()
-    data: Any = {}
-    if raw.startswith("{"):
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise CodaError(f"{CONFIG_ENV}: not valid JSON ({err.msg} at column {err.colno}); pass a JSON object or a file path") from None
-    elif raw:
-        path = Path(raw)
-        if not path.exists():
-            raise CodaError(f"{CONFIG_ENV}={raw}: no such file; pass inline JSON or a path to a JSON/YAML file")
-        with reading(path, CONFIG_ENV):
-            text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    try:
-        return SchedulerSettings.model_validate(data)
-    except ValidationError as err:
-        raise invalid(CONFIG_ENV, err, f"valid keys: {', '.join(SchedulerSettings.model_fields)}") from None
+    data = read_config(raw, CONFIG_ENV) if raw else {}
+    return validated(SchedulerSettings, data, CONFIG_ENV, f"valid keys: {', '.join(SchedulerSettings.model_fields)}")

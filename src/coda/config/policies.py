@@ -1,0 +1,33 @@
+"""The ``system`` and ``policies`` fields every shell's schema shares, with the one default system.
+
+A configuration names a system preset (``coda systems``) and lays a ``policies`` block over it.
+Both are checked when the configuration is loaded, against the registered policies and their
+parameter classes, so a misspelt name or an ill-typed parameter is reported with the file it
+came from, before anything is built.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from coda.config.strict import StrictModel
+from coda.policy.presets import DEFAULT_SYSTEM, resolve_policies
+from coda.policy.spec import PoliciesOverride, PoliciesSpec
+from coda.shell.build import check_policies
+
+
+class PoliciesConfig(StrictModel):
+    system: str = Field(DEFAULT_SYSTEM, description="the system preset whose policies block this starts from (see `coda systems`)")
+    policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block (ingress, router, state, execution, "
+                                              "eviction; each {name, params, shadow}; ingress also {defer})")
+
+    @model_validator(mode="after")
+    def _check_policies(self) -> PoliciesConfig:
+        """An unknown system, policy or parameter is a ``CodaError`` (``validated`` names the source)."""
+        check_policies(self.policy_spec)
+        return self
+
+    @property
+    def policy_spec(self) -> PoliciesSpec:
+        """The system's block with ``policies`` laid over it."""
+        return resolve_policies(self.system, self.policies)
