@@ -1,6 +1,6 @@
 """Single-worker evaluation and one-factor-at-a-time ablations (docs/evaluation.md, part 1).
 
-    python experiments/ablations.py [EXPERIMENT ...]     # default: all, in the order below
+    python -m experiments.ablations [EXPERIMENT ...]     # default: all, in the order below
 
 Experiments (each prints markdown tables to stdout and writes runs/experiments/<name>.json):
 
@@ -32,9 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import (  # noqa: E402
+from experiments.common import (
     ROOT,
     SEEDS,
     cached,
@@ -61,7 +59,7 @@ SLO_SWEEP = [(0.05, 0.1), (0.1, 0.1), (0.25, 0.1), (0.5, 0.1), (1.0, 0.1), (2.0,
 
 
 def calibrated_slo() -> tuple[float, float]:
-    """The calibrated SLO of `coda compare --preset paper-single --seeds 5` (its report.json)."""
+    """The calibrated SLO of `python -m experiments.paper paper-single --seeds 5` (its report.json)."""
     p = ROOT / "runs" / "paper-single" / "report.json"
     if p.exists():
         cal = json.loads(p.read_text())["slo_calibrated"]

@@ -6,8 +6,8 @@ mean TBT, useful/output ratio and decode concurrency next to the Coda paper's pu
 numbers (Table 1), with the relative error of each. ``--grid`` evaluates variants of the profile's
 three calibrated terms (weight-read efficiency, KV-read efficiency, fixed step time):
 
-    python experiments/calibrate_paper.py --seeds 0,1,2
-    python experiments/calibrate_paper.py --profile a100-qwen3coder30b-fp8-fa2 --grid 0.4,0.5,0.005 0.5,0.55,0.005
+    python -m experiments.calibrate_paper --seeds 0,1,2
+    python -m experiments.calibrate_paper --profile a100-qwen3coder30b-fp8-fa2 --grid 0.4,0.5,0.005 0.5,0.55,0.005
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 from coda.cost.profile import BUILTIN_DEFAULT, load_profile
-from coda.eval.paper import PRESETS
-from coda.eval.paper_reference import CACHEWISE
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from experiments.paper import PRESETS
+from experiments.paper_reference import CACHEWISE
 
 PRESET = PRESETS["paper-single"]
 

@@ -25,18 +25,21 @@ import numpy as np
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.eval.paper import PaperWorkload
 from coda.metrics.requests import mean_ci, ratio_ci, summarize
+from coda.policy.contracts import StatePolicy
 from coda.policy.eviction import ToolAware
 from coda.policy.execution import Cohort
 from coda.policy.registry import register
 from coda.policy.routing import ContextCompatible, SMetric, candidates, context_distance, least_loaded_of
 from coda.policy.spec import PoliciesOverride
 from coda.policy.state import FewestBlocks, TieredAging
+from coda.shell.build import build_policies
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.observe import SimObserver
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.stats import workload_duration_s
+from experiments.paper import PaperWorkload
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "runs" / "experiments"
@@ -82,7 +85,7 @@ WARMUP_S = 1200.0
 
 
 def paper_workload(label: str, seed: int) -> Workload:
-    """M1-M3 / Q1-Q3 exactly as ``coda compare --preset paper-single|paper-multi`` builds them;
+    """M1-M3 / Q1-Q3 exactly as ``python -m experiments.paper paper-single|paper-multi`` builds them;
     also ``m<r>`` / ``q<r>`` for other rates r (m9 = a quarter of the sessions of the 9 req/s
     workload, built like M1-M3; q9 = all of them)."""
     return _paper_def(label).build(seed, DURATION_S)
@@ -162,17 +165,15 @@ NOT_ADMITTED = ("hold: oldest does not fit, admit nothing", "nothing fits", "non
 DEFAULT_W_MAX_S: float = next(f.default for f in dataclasses.fields(TieredAging) if f.name == "w_max_s")  # type: ignore[assignment]
 
 
-class StateProbe:
-    """Wraps a worker's state policy: returns exactly the wrapped policy's choice and counts which
-    branch of Tiered-Aging decided (or, for any policy, how its choice relates to FCFS and to
-    fewest-blocks on the same snapshot)."""
+class StateProbe(SimObserver):
+    """Observer of state-admission decisions: which rule of the run's policy decided (its own
+    ``explain`` on the same snapshot), and how its choice relates to FCFS and to fewest-blocks on
+    that snapshot."""
 
-    def __init__(self, inner: Any, window: tuple[float, float] = (0.0, math.inf)) -> None:
-        self.inner = inner
+    def __init__(self, policy: StatePolicy, window: tuple[float, float] = (0.0, math.inf)) -> None:
+        self.policy = policy
         self.window = window
-        self.name = inner.name
-        self.frontier = inner.frontier
-        self.w_max_s = inner.w_max_s if isinstance(inner, TieredAging) else DEFAULT_W_MAX_S
+        self.w_max_s = policy.w_max_s if isinstance(policy, TieredAging) else DEFAULT_W_MAX_S
         self.fb = FewestBlocks()
         self.branches: Counter[str] = Counter()
         self.decisions = 0
@@ -184,12 +185,11 @@ class StateProbe:
         self.head_wait_over_wmax = 0
         self.queue_len = 0
 
-    def choose(self, snap: Any) -> int | None:
-        choice = self.inner.explain(snap)  # the policy's own decision and the rule that made it
-        idx = choice.index
+    def on_admission(self, worker: int, snap: Any, idx: int | None) -> None:
         n = len(snap)
         if n == 0 or not self.window[0] <= snap.now_s <= self.window[1]:
-            return idx
+            return
+        choice = self.policy.explain(snap)  # the rule that made the decision
         self.decisions += 1
         self.queue_len += n
         wait = snap.now_s - snap.ready_s
@@ -204,7 +204,6 @@ class StateProbe:
             self.chosen_dram_tokens += float(snap.dram_tokens[idx])
             if fb is not None:
                 self.fb_extra += float(snap.extra_blocks[fb])
-        return idx
 
     def report(self) -> dict[str, Any]:
         admitted = self.decisions - sum(v for k, v in self.branches.items() if k in NOT_ADMITTED)
@@ -224,7 +223,7 @@ class StateProbe:
         }
 
 
-class StepProbe:
+class StepProbe(SimObserver):
     """Observer of executed batches: pure-decode steps, cohort splits, attention time saved
     (cost model of the run, full launch vs the plan executed), and a shadow cohort policy on
     batches that ran as one launch (what ``cohort`` would have done there)."""
@@ -307,7 +306,7 @@ class StepProbe:
         }
 
 
-class RouteProbe:
+class RouteProbe(SimObserver):
     """Observer of routing decisions: which rule of the coda router decides (re-evaluated on the
     same snapshot with the router's own methods), whether the context rule changes the outcome
     against the least-loaded fallback, the chosen worker's load above the minimum, and the
@@ -397,15 +396,12 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
     if "route" in probes:
         route = RouteProbe(win)
         observers.append(route)
+    state = StateProbe(build_policies(cfg.policy_spec, cost, kinds=("state",)).state, win) if "state" in probes else None
+    if state is not None:
+        observers.append(state)
     sim = Simulation(workload, cfg, cost=cost, observers=observers)
     if isinstance(sim.eviction, OracleToolAware):
         sim.eviction.sim = sim
-    state_probes = []
-    if "state" in probes:
-        for w in sim.workers:
-            p = StateProbe(w.state_policy, (sim.window.start_s, sim.window.end_s))
-            w.state_policy = p
-            state_probes.append(p)
     t0 = time.perf_counter()
     res = sim.run()
     wall = time.perf_counter() - t0
@@ -426,8 +422,8 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
     for ttft, tbt in slo_pairs:
         s = summarize(res.records, w, ttft_slo_s=ttft, tbt_slo_s=tbt, gaps=res.sim.recorder.gaps())
         out[f"slo_tps@{ttft:g}/{tbt:g}"] = s["slo_tps"]
-    if state_probes:
-        out["state_probe"] = _merge_state(state_probes)
+    if state is not None:
+        out["state_probe"] = state.report()
     if step is not None:
         out["step_probe"] = step.report()
     if route is not None:
@@ -443,17 +439,6 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
     out["config"] = {"system": system, "seed": seed, "workers": workers, "profile": cfg.profile, "hbm_kv_gib": cfg.hbm_kv_gib,
                      "policies": sim.policies.spec.describe(), "slo": cfg.slo.model_dump(), "warmup_s": cfg.warmup_s}
     return out
-
-
-def _merge_state(probes: list[StateProbe]) -> dict[str, Any]:
-    if len(probes) == 1:
-        return probes[0].report()
-    agg = StateProbe(probes[0].inner, probes[0].window)
-    for p in probes:
-        agg.branches.update(p.branches)
-        for f in ("decisions", "same_as_fcfs", "same_as_fb", "chosen_extra", "fb_extra", "chosen_dram_tokens", "head_wait_over_wmax", "queue_len"):
-            setattr(agg, f, getattr(agg, f) + getattr(p, f))
-    return agg.report()
 
 
 # --- aggregation ----------------------------------------------------------------------------

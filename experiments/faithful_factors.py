@@ -10,11 +10,11 @@ variant reverts one change and reruns ``cachewise`` and ``cachewise+ta`` on the 
   copilot      the copilot-shaped workload (mean output 527) instead of tracelab's
   roofline     the analytic roofline profile instead of the calibrated one
 
-    python experiments/faithful_factors.py [--workloads M2,M3] [--seeds 0,1,2]
+    python -m experiments.faithful_factors [--workloads M2,M3] [--seeds 0,1,2]
 
 Prints, per workload and variant, Tiered-Aging's output and SLO-throughput ratios over CacheWise
 (ratios of sums over seeds) at the default SLO and at the SLO pair given by ``--slo TTFT,TBT``
-(default: the calibrated pair of ``coda compare --preset paper-single``, passed by hand).
+(default: the calibrated pair of ``python -m experiments.paper paper-single``, passed by hand).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import argparse
 import sys
 from typing import Any
 
-from coda.eval.paper import PRESETS
 from coda.metrics.requests import summarize
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from experiments.paper import PRESETS
 
 PRESET = PRESETS["paper-single"]
 ROOFLINE = "a100-qwen3coder30b-fp8-roofline"

@@ -1,7 +1,7 @@
 """Figures for docs/evaluation.md from the saved experiment results (runs/experiments/*.json)
 and the presets' own figures (runs/paper-single, runs/paper-multi).
 
-    python experiments/figures.py        # after the presets, experiments/ablations.py and experiments/routing.py
+    python -m experiments.figures        # after the presets, experiments/ablations.py and experiments/routing.py
 
 Writes small PNGs to docs/figures/. Every figure names its workloads, seeds, profile and SLO.
 """
@@ -12,17 +12,14 @@ import json
 import sys
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import matplotlib  # noqa: E402
-from common import OUT, ROOT, col  # noqa: E402
-
-from coda.metrics.requests import mean_ci, ratio_ci  # noqa: E402
+from coda.metrics.requests import mean_ci, ratio_ci
+from experiments.common import OUT, ROOT, col
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 FIG = ROOT / "docs" / "figures"
 FOOT = "seeds 0-4, one A100 worker (profile a100-qwen3coder30b-fp8-roofline), warm-up 1,200 s of 3,600 s; default SLO TTFT <= 5 s, mean TBT <= 100 ms"
@@ -154,7 +151,7 @@ CLI_FIGURES = {
 
 
 def copy_cli_figures() -> list[Path]:
-    """The figures `coda compare --preset paper-single|paper-multi --out runs/<preset>` wrote,
+    """The figures `python -m experiments.paper paper-single|paper-multi --out runs/<preset>` wrote,
     quantized to 64 colours so they stay small in the repository."""
     from PIL import Image
 

@@ -1,6 +1,6 @@
 """Multi-worker evaluation and routing analysis (docs/evaluation.md, part 2).
 
-    python experiments/routing.py [EXPERIMENT ...]     # default: all
+    python -m experiments.routing [EXPERIMENT ...]     # default: all
 
   paper      Figure 11 / 12 / 14 / 16 and Table 2 shape: Q1-Q3 x vllm, smetric, cachewise, dynamo,
              coda, coda-route-only, coda-admit-only on 4 workers, gains with jackknife intervals,
@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import (  # noqa: E402
+from experiments.common import (
     ROOT,
     SEEDS,
     cached,

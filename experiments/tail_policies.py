@@ -15,8 +15,8 @@ state-admission policy replaced:
 tau and W_max were chosen on M3 seed 0 (tau 20 / 60 s, W_max 600 / 900 / 1,800 s / none); the
 evaluation runs seeds 1-5, which the choice did not see.
 
-    python experiments/tail_policies.py --workloads M1,M2,M3 --seeds 1,2,3,4,5 --out runs/tail
-    python experiments/tail_policies.py --report-only --out runs/tail
+    python -m experiments.tail_policies --workloads M1,M2,M3 --seeds 1,2,3,4,5 --out runs/tail
+    python -m experiments.tail_policies --report-only --out runs/tail
 
 Runs are kept one per line in ``<out>/runs.jsonl`` as they finish, so an interrupted sweep
 resumes where it stopped. The report (``<out>/report.md``) gives, per workload and candidate,
@@ -38,15 +38,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from coda.eval.paper import PRESETS
 from coda.eval.pareto import plot_pareto
 from coda.metrics.requests import mean_ci, ratio_ci
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_ci  # noqa: E402
+from experiments.common import fmt_ci
+from experiments.paper import PRESETS
 
 DATA_ENV = "CODA_DATA_DIR"  # the folder of public traces, never part of the repository
 TRACES = {"mooncake": "conversation_trace.jsonl", "azure": "AzureLLMInferenceTrace_code.csv"}

@@ -20,8 +20,8 @@ from typing import Any
 
 from coda.errors import CodaError
 from coda.sim import run
-from coda.sim.cluster import SimResult
 from coda.sim.config import SimConfig
+from coda.sim.results import SimResult
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 

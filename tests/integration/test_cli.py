@@ -88,7 +88,7 @@ def test_sim_out_writes_records(tmp_path):
     coda("sim", "--workload", SMALL, "--out", str(tmp_path / "o"), "--json")
     recs = [json.loads(line) for line in (tmp_path / "o" / "requests.jsonl").read_text().splitlines()]
     assert recs and {"ttft_s", "tbt_mean_s", "path", "worker", "hbm_hit_tokens"} <= recs[0].keys()
-    assert json.loads((tmp_path / "o" / "summary.json").read_text())["system"] == "vllm"
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["system"] == "coda"  # the default system
     occ = json.loads((tmp_path / "o" / "occupancy.json").read_text())
     assert len(occ["t_s"]) == len(occ["hbm_used_frac"]) > 3
 

@@ -8,8 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from coda.eval.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 from coda.sim.config import SimConfig
+from experiments.paper import PaperPreset, PaperWorkload, build_report, markdown, plots, run_preset
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_calibrated_slo_gives_cachewise_the_papers_share(single):
     target = 9.4 / 132.6  # the paper's CacheWise on M2: SLO tok/s over output tok/s
     assert cal["target_shares"] == {"M2": pytest.approx(target)}
     cw = [r for r in runs if r.system == "cachewise"]
-    from coda.eval.paper import window_metrics
+    from experiments.paper import window_metrics
 
     share = sum(window_metrics(r, r.result.sim.window, cal["ttft_s"], cal["tbt_s"])["slo_tps"] for r in cw) / sum(r.summary["output_tps"] for r in cw)
     assert share == pytest.approx(cal["shares"]["M2"], rel=1e-9)
@@ -105,8 +105,8 @@ def test_multi_report_records_routing_distance_against_smetric():
 
 
 def test_paper_multi_16_is_paper_multi_on_four_nodes_of_four_at_four_times_the_load():
-    from coda.eval.paper import PRESETS
     from coda.sim.cluster import Simulation
+    from experiments.paper import PRESETS
 
     multi, wide = PRESETS["paper-multi"], PRESETS["paper-multi-16"]
     assert wide.workers == 4 * multi.workers and wide.systems == multi.systems and wide.shadow_router == multi.shadow_router

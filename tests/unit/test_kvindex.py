@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from coda.policy.snapshots import PrefixMatch
 from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
+from coda.sim.observe import SimObserver
 
 LOCS = ["hbm:0", "hbm:1", "hbm:2", "dram:0", "ssd:0"]
 WORKERS = [WorkerTiers(0, "hbm:0", "dram:0", "ssd:0"), WorkerTiers(1, "hbm:1", "dram:0", "ssd:0"), WorkerTiers(2, "hbm:2")]
@@ -80,7 +81,7 @@ def test_simulated_routing_is_identical_through_the_indexer():
 
     wl = load_workload("synth:rate=4,duration=400,seed=5")
 
-    class Obs:
+    class Obs(SimObserver):
         worker_fields = frozenset()
 
         def __init__(self):

@@ -7,6 +7,7 @@ from coda.cost.model import AnalyticCost
 from coda.cost.profile import load_profile
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.observe import SimObserver
 from coda.workload.schema import Workload
 from tests.conftest import make_session
 
@@ -61,7 +62,7 @@ def test_evicted_context_is_restored_from_dram_through_h2d():
 
 
 def test_observers_see_every_batch_and_routing_decision():
-    class Obs:
+    class Obs(SimObserver):
         worker_fields = frozenset({"decode_contexts"})
 
         def __init__(self):

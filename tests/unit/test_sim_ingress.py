@@ -11,6 +11,7 @@ import pytest
 from coda.errors import CodaError
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.observe import SimObserver
 from coda.workload.spec import load_workload
 
 WL = "synth:rate=6,duration=900,seed=4"
@@ -96,7 +97,7 @@ def test_deferred_requests_wait_and_then_run_or_time_out(wl):
     assert any(r["reason"] == "defer_timeout" for r in short.records)
 
 
-class StepBoundaries:
+class StepBoundaries(SimObserver):
     """Observer: when each batch started and when each of its iterations ended (admissions happen
     at starts, finishes at iteration ends)."""
 

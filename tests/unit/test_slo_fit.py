@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.eval.slo_fit import TBT_GRID_S, TTFT_GRID_S, SloSample, fit_slo, gain_grid
 from coda.metrics.requests import Window, summarize
+from experiments.slo_fit import TBT_GRID_S, TTFT_GRID_S, SloSample, fit_slo, gain_grid
 
 
 def sample(ttft, itl, out, window_s=100.0):

@@ -135,7 +135,6 @@ def compare(
     systems: Annotated[str | None, typer.Option("--systems", help="comma-separated system presets")] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="number of seeds (seed, seed+1, ...)")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="system the ratios are against (default: the first)")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="paper-shaped evaluation: paper-single or paper-multi (writes a report to --out)")] = None,
     workers: WorkersOpt = None,
     config: ConfigOpt = None,
     seed: SeedOpt = None,
@@ -165,11 +164,6 @@ def compare(
                profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
                ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
-    if preset is not None:
-        if pareto is not None:
-            raise CodaError(f"--preset {preset} writes its own figures to --out; drop --pareto")
-        _paper(preset, extra, cfg, seed, as_json)
-        return
     if pareto is not None:
         require("matplotlib")
         out_file(pareto, "--pareto")
@@ -243,26 +237,3 @@ def _seeds(extra: dict[str, Any], default: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CodaError(f"--seeds must be an integer >= 1 (the number of seeds to run), got {n!r}")
     return n
-
-
-def _paper(name: str, extra: dict[str, Any], cfg: Any, seed: int | None, as_json: bool) -> None:
-    from coda.eval.paper import PRESETS, markdown, run_and_report
-
-    if name not in PRESETS:
-        raise CodaError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
-    if extra.get("workload") or extra.get("systems"):
-        raise CodaError(f"--preset {name} defines its own workloads and systems; drop --workload/--systems")
-    n_seeds = _seeds(extra, 5)
-    seeds = [(seed or 0) + i for i in range(n_seeds)]
-    out = Path(extra["out"]) if extra.get("out") else None
-    if out is not None:
-        require("matplotlib")  # for the figures written at the end
-    with progress_bar("of runs") as prog:
-        task = prog.add_task(name, total=1.0)
-        report = run_and_report(name, seeds, cfg, out, lambda label, f: prog.update(task, completed=f, description=label))
-    if as_json:
-        print_json(report)
-    else:
-        out_console.print(markdown(report), markup=False, highlight=False)
-        if out is not None:
-            out_console.print(f"report, tables and figures written to {out}")

@@ -8,7 +8,7 @@ came from, before anything is built.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from coda.config.strict import StrictModel
 from coda.policy.presets import DEFAULT_SYSTEM, resolve_policies
@@ -21,13 +21,21 @@ class PoliciesConfig(StrictModel):
     policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block (ingress, router, state, execution, "
                                               "eviction; each {name, params, shadow}; ingress also {defer})")
 
+    _resolved: tuple[str, PoliciesOverride | None, PoliciesSpec] | None = PrivateAttr(None)
+
     @model_validator(mode="after")
-    def _check_policies(self) -> PoliciesConfig:
-        """An unknown system, policy or parameter is a ``CodaError`` (``validated`` names the source)."""
-        check_policies(self.policy_spec)
+    def _resolve_policies(self) -> PoliciesConfig:
+        """Resolved and checked when the configuration is loaded; an unknown system, policy or
+        parameter is a ``CodaError`` (``coda.config.load.validated`` names the source)."""
+        _ = self.policy_spec
         return self
 
     @property
     def policy_spec(self) -> PoliciesSpec:
-        """The system's block with ``policies`` laid over it."""
-        return resolve_policies(self.system, self.policies)
+        """The system's block with ``policies`` laid over it, checked against the registry (once;
+        again only for a copy whose system or policies changed)."""
+        if self._resolved is None or self._resolved[:2] != (self.system, self.policies):
+            spec = resolve_policies(self.system, self.policies)
+            check_policies(spec)
+            self._resolved = (self.system, self.policies, spec)
+        return self._resolved[2]

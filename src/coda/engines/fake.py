@@ -32,11 +32,11 @@ from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU
 from coda.metrics.requests import Window
 from coda.policy.presets import system_preset
 from coda.shell.build import build_policies
-from coda.sim.cluster import resolve_tiers
 from coda.sim.config import SimConfig
 from coda.sim.kvcache import HbmPool, KVStore, Versions, owners_of
 from coda.sim.request import SimRequest
-from coda.sim.worker import NodeLinks, Worker
+from coda.sim.tiers import resolve_tiers
+from coda.sim.worker import NodeLinks, Worker, WorkerSettings
 
 MEDIUM = {"hbm": MEDIUM_GPU, "dram": MEDIUM_CPU, "ssd": MEDIUM_DISK}
 
@@ -146,26 +146,23 @@ class FakeEngine:
         t = self.tiers
         ssd = KVStore("ssd", 0, t.ssd_chunks, versions, listener=listener) if t.ssd else None
         dram = KVStore("dram", 0, t.dram_chunks, versions, lower=ssd, listener=listener) if t.dram else None
-        eviction = self.policies.eviction
-        self.worker = Worker(
-            0,
-            self.loop,  # type: ignore[arg-type]  # the EventLoop interface: now, at()
-            self.cost,
-            HbmPool(0, t.hbm_chunks, versions, listener, lambda lru, n: eviction.victims(lru, n, lambda owner: None, owners_of)),
-            dram,
-            ssd,
-            NodeLinks(),
-            versions,
-            self.policies.state,
-            self.policies.execution,
-            _Recorder(),  # type: ignore[arg-type]
-            self._on_finish,
+        settings = WorkerSettings(
+            loop=self.loop,  # type: ignore[arg-type]  # the EventLoop interface: now, at()
+            cost=self.cost,
+            versions=versions,
+            state_policy=self.policies.state,
+            execution=self.policies.execution,
+            recorder=_Recorder(),  # type: ignore[arg-type]
+            on_finish=self._on_finish,
             chunk_tokens=self.C,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             decode_run_max=1,
             cpu_shadow=t.cpu_shadow,
         )
+        evict = self.policies.eviction
+        hbm = HbmPool(0, t.hbm_chunks, versions, listener, lambda lru, n: evict.victims(lru, n, lambda owner: None, owners_of))
+        self.worker = Worker(0, settings, hbm, dram, ssd, NodeLinks())
 
     def close(self) -> None:
         for req in list(self.live.values()):

@@ -23,8 +23,9 @@ import numpy as np
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
 from coda.policy.routing import SMetric
 from coda.shell.build import build_policy
-from coda.sim.cluster import SimResult, Simulation
+from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.results import SimResult
 from coda.workload.schema import Workload, session_prompts
 from coda.workload.stats import workload_stats
 

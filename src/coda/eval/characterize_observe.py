@@ -19,6 +19,7 @@ from coda.cost.model import CohortPlan
 from coda.metrics.requests import Window
 from coda.policy.routing import SMetric, candidates, context_distance
 from coda.policy.snapshots import RoutingSnapshot, WorkerView
+from coda.sim.observe import SimObserver
 
 
 def near_uniform(contexts: np.ndarray) -> np.ndarray:
@@ -43,7 +44,7 @@ class DecodeAttention(Protocol):
 
 
 @dataclass
-class DecodeMix:
+class DecodeMix(SimObserver):
     """Per executed step in the window: its kind and time; for multi-request decode steps, the
     max/min context ratio and the within-batch CV; for multi-request pure-decode steps, the
     attention time of the observed contexts and of a near-uniform batch (same count and total)."""
@@ -122,7 +123,7 @@ class DecodeMix:
 
 
 @dataclass
-class RoutingOpportunity:
+class RoutingOpportunity(SimObserver):
     """For each routing decision in the window: the workers that satisfy SMetric's affinity and
     load constraints as well as the chosen one, and whether the most context-compatible of them
     (smallest ``context_distance``, ties by load then id, as Coda's router) is the chosen one."""

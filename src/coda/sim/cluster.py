@@ -2,7 +2,10 @@
 
 A session's next round becomes ready when its previous round completes plus the tool time (or
 user think time) that followed it; open-loop rounds (``at_s``) are ready at their timestamp, but
-never before the previous round of their session completed.
+never before the previous round of their session completed. ``Simulation`` runs the sessions and
+the simulated gateway's decisions; its parts are the tier sizes (``coda.sim.tiers``), the chunk
+ids of each prompt (``coda.sim.chains``), the gateway's views of the workers (``coda.sim.views``),
+the workers themselves (``coda.sim.worker``) and the report (``coda.sim.results``).
 """
 
 from __future__ import annotations
@@ -10,103 +13,31 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from coda.cost.model import CostModel, build_cost_model
-from coda.cost.profile import GiB, Profile, load_profile
+from coda.cost.profile import load_profile
 from coda.errors import CodaError
-from coda.metrics.requests import Window, summarize
-from coda.metrics.tasks import alone_times_s
-from coda.policy.presets import SystemPreset, system_preset
-from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
+from coda.metrics.requests import Window
+from coda.policy.presets import system_preset
+from coda.policy.snapshots import IngressSnapshot, RouteRequest, RoutingSnapshot
 from coda.shell.build import PolicySet, build_policies
 from coda.shell.estimates import ttft_estimate
 from coda.shell.kvindex import KVIndexer, WorkerTiers
+from coda.sim.chains import ChunkChains
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, KVStore, Versions, owners_of
+from coda.sim.kvcache import HbmPool, KVListener, KVStore, Versions, owners_of
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
 from coda.sim.recorder import Recorder
 from coda.sim.request import REJECTED, SessionState, SimRequest
-from coda.sim.worker import NodeLinks, Worker
+from coda.sim.results import SimResult
+from coda.sim.tiers import resolve_tiers
+from coda.sim.views import ClusterViews
+from coda.sim.worker import NodeLinks, Worker, WorkerSettings
 from coda.workload.schema import Workload, next_ready_s, reused_prefix_of, unsent_ready_s
 from coda.workload.stats import workload_duration_s
-
-
-@dataclass(frozen=True, slots=True)
-class Tiers:
-    dram: bool
-    ssd: bool
-    cpu_shadow: bool
-    hbm_chunks: int
-    dram_chunks: int
-    ssd_chunks: int
-    per_worker: bool
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "dram": self.dram,
-            "ssd": self.ssd,
-            "cpu_shadow": self.cpu_shadow,
-            "per_worker_stores": self.per_worker,
-            "hbm_chunks_per_worker": self.hbm_chunks,
-            "dram_chunks_per_store": self.dram_chunks,
-            "ssd_chunks_per_store": self.ssd_chunks,
-        }
-
-
-def engine_kv_bytes(config: SimConfig, profile: Profile, chunk_bytes: int) -> float:
-    """HBM KV bytes per worker: a block count, vLLM's gpu_memory_utilization rule, a size, or the profile's."""
-    given = [k for k in ("num_gpu_blocks", "gpu_memory_utilization", "hbm_kv_gib") if getattr(config, k) is not None]
-    if len(given) > 1:
-        raise CodaError(f"{' and '.join(given)} both size the HBM KV; give one of them")
-    if config.num_gpu_blocks is not None:
-        return float(config.num_gpu_blocks * chunk_bytes)
-    if config.gpu_memory_utilization is not None:
-        memory, weights = profile.device_memory_bytes(), profile.weight_bytes_per_rank()
-        if memory is None or weights is None:
-            raise CodaError(f"gpu_memory_utilization: profile {profile.name} states no GPU memory or weights; give num_gpu_blocks instead")
-        kv = config.gpu_memory_utilization * memory - weights
-        if kv <= 0:
-            raise CodaError(f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory after {weights / GiB:.1f} GiB of weights; raise it")
-        return kv
-    return config.hbm_kv_gib * GiB if config.hbm_kv_gib is not None else profile.tiers.hbm_kv_bytes
-
-
-def resolve_tiers(config: SimConfig, preset: SystemPreset, profile: Profile, chunk_bytes: int) -> Tiers:
-    """Tier sizes in chunks from the profile, the preset's tier choice and the config's overrides."""
-    t = profile.tiers
-    hbm = engine_kv_bytes(config, profile, chunk_bytes)
-    dram_on = preset.dram if config.dram is None else config.dram
-    ssd_on = preset.ssd if config.ssd is None else config.ssd
-    dram = (config.dram_kv_gib * GiB) if config.dram_kv_gib is not None else t.dram_kv_bytes
-    ssd = (config.ssd_kv_gib * GiB) if config.ssd_kv_gib is not None else t.ssd_kv_bytes
-    per = config.per_worker_tiers
-    if per:  # a node's store split among its workers
-        dram /= t.workers_per_node
-        ssd /= t.workers_per_node
-    hbm_chunks = int(hbm // chunk_bytes)
-    if hbm_chunks < 1:
-        raise CodaError(f"HBM KV of {hbm / GiB:.3g} GiB holds no {chunk_bytes / 2**20:.3g} MiB chunk; raise hbm_kv_gib or lower chunk_tokens")
-    return Tiers(
-        dram=dram_on,
-        ssd=ssd_on and dram_on,
-        cpu_shadow=(preset.cpu_shadow if config.cpu_shadow is None else config.cpu_shadow) and dram_on,
-        hbm_chunks=hbm_chunks,
-        dram_chunks=int(dram // chunk_bytes) if dram_on else 0,
-        ssd_chunks=int(ssd // chunk_bytes) if ssd_on and dram_on else 0,
-        per_worker=per,
-    )
-
-
-def store_match(w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
-    """A worker's match given its ``h`` leading HBM chunks: the DRAM run after them, then the SSD
-    run after that; ``None`` when it holds none of the prompt."""
-    d = w.dram.leading(chain, h) if w.dram is not None else 0
-    s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
-    return PrefixMatch(h, d, s) if h or d or s else None
 
 
 class Simulation:
@@ -154,9 +85,9 @@ class Simulation:
         self._owner_session: dict[int, SessionState] = {}
 
         # locations: an HBM pool per worker and at most a DRAM and an SSD store per worker
-        self.indexer = KVIndexer(max_locations=3 * config.workers) if config.indexer else None
-        if self.indexer is not None:
-            kv_listener = self._indexing_listener(kv_listener)
+        self.views = ClusterViews(C, self.worker_fields, self.ingress, KVIndexer(max_locations=3 * config.workers) if config.indexer else None)
+        if self.views.indexer is not None:
+            kv_listener = self.views.indexing(kv_listener)
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
         self.ssd_stores = [KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener) if self.tiers.ssd else None for i in range(n_stores)]
@@ -165,43 +96,22 @@ class Simulation:
             for i in range(n_stores)
         ]
         links = [NodeLinks() for _ in range(n_stores)]
-        self._touched: set[int] = set()  # workers whose cached views are stale
+        settings = WorkerSettings(
+            loop=self.loop, cost=self.cost, versions=self.versions, state_policy=self.policies.state, execution=self.policies.execution,
+            recorder=self.recorder, on_finish=self._finished, chunk_tokens=C, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, decode_run_max=config.decode_run_max, cpu_shadow=self.tiers.cpu_shadow,
+            observers=self.observers, on_first_token=self._first_token, on_admit=self._engine_admitted,
+        )
         self.workers = [
-            Worker(
-                w,
-                self.loop,
-                self.cost,
-                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims),
-                self.dram_stores[w // wpn],
-                self.ssd_stores[w // wpn],
-                links[w // wpn],
-                self.versions,
-                self.policies.state,
-                self.policies.execution,
-                self.recorder,
-                self._finished,
-                chunk_tokens=C,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                decode_run_max=config.decode_run_max,
-                cpu_shadow=self.tiers.cpu_shadow,
-                observers=self.observers,
-                on_first_token=self._first_token,
-                on_admit=self._engine_admitted,
-                touched=self._touched,
-            )
+            Worker(w, settings, HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims), self.dram_stores[w // wpn],
+                   self.ssd_stores[w // wpn], links[w // wpn], touched=self.views.touched)
             for w in range(config.workers)
         ]
-        self._worker_tiers = [
+        self.views.attach(self.workers, [
             WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
             for w in range(config.workers)
-        ]
-        # each worker's routing view without a match and its ingress load, as of the last decision
-        self._views: list[WorkerView] = [self._view(w) for w in self.workers]
-        self._loads: list[WorkerLoad] = [self.ingress.load(w) for w in self.workers] if self.ingress is not None else []
-        self._group_owner: dict[str, int] = {}
-        self._trace_owner = self.versions.new_owner()
-        self._interned: dict[tuple[int, int], int] = {}
+        ])
+        self.chains = ChunkChains(workload, C, self.versions)
         self.sessions = [SessionState(i, s, self.versions.new_owner()) for i, s in enumerate(workload.sessions)]
         self._owner_session.update((sess.owner, sess) for sess in self.sessions)
         self.requests: list[SimRequest] = []
@@ -218,17 +128,6 @@ class Simulation:
         if missing:
             raise CodaError(f"ingress policy {spec.name} needs {', '.join(missing)}, which the simulator cannot supply")
         return SimIngress(policy, spec.defer, config.tenants)
-
-    def _indexing_listener(self, downstream: KVListener | None) -> KVListener:
-        indexer = self.indexer
-        assert indexer is not None
-
-        def listener(event: str, where: int, tier: str, chunks: Sequence[int]) -> None:
-            (indexer.stored if event == "stored" else indexer.removed)(f"{tier}:{where}", chunks)
-            if downstream is not None:
-                downstream(event, where, tier, chunks)
-
-        return listener
 
     def _victims(self, lru: Any, n: int) -> list[int]:
         return self.eviction.victims(lru, n, self._out_status, owners_of)
@@ -274,38 +173,6 @@ class Simulation:
             )
 
     # --- sessions --------------------------------------------------------------------------
-    def _chain(self, sess: SessionState, k: int, prefix: int, prompt: int) -> tuple[list[int], tuple[int, ...]]:
-        """Chunk ids of the prompt's full chunks: reused prefix ids, then fresh content."""
-        C = self.C
-        rnd = sess.session.rounds[k]
-        full = prompt // C
-        group = sess.session.prefix_group
-        if rnd.block_hashes is not None:
-            bt = self.workload.block_tokens or C
-            per = bt // C
-            intern = self._interned
-            base = self._trace_owner << OWNER_SHIFT
-            chain = []
-            for j in range(full):
-                key = (rnd.block_hashes[j // per], j % per)
-                cid = intern.get(key)
-                if cid is None:
-                    cid = intern[key] = base | len(intern)
-                chain.append(cid)
-            return chain, (self._trace_owner, sess.owner)
-        owners: tuple[int, ...] = (sess.owner,)
-        if group is not None:
-            g = self._group_owner.get(group)
-            if g is None:
-                g = self._group_owner[group] = self.versions.new_owner()
-            owners = (g, sess.owner)
-        if k == 0:
-            base_ids = [(owners[0] << OWNER_SHIFT) | j for j in range(prefix // C)] if group is not None else []
-        else:
-            base_ids = sess.chain[: prefix // C]
-        base_ids = base_ids[:full]
-        return base_ids + sess.fresh_ids(full - len(base_ids)), owners
-
     def _start_session(self, sess: SessionState) -> None:
         self.live_sessions += 1
         self._ready(sess)
@@ -324,7 +191,7 @@ class Simulation:
         req.new_input_tokens = rnd.new_input_tokens
         req.reused_tokens = prefix
         req.output_tokens = rnd.output_tokens
-        req.chain, req.owners = self._chain(sess, k, prefix, prompt)
+        req.chain, req.owners = self.chains.chain(sess, k, prefix, prompt)
         req.tools = tuple(t.name for t in rnd.tools)
         req.measured = self.window.start_s <= now <= self.window.end_s
         self.open_measured += req.measured
@@ -341,10 +208,9 @@ class Simulation:
         assert ing is not None
         hit = 0.0
         if "prefix_hit" in ing.policy.signals:
-            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self._matches(req.chain).values()), default=0)
+            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self.views.matches(req.chain).values()), default=0)
             hit = best / max(len(req.chain), 1)
-        self._refresh()
-        return ing.snapshot(self.loop.now, req, self._tenant(req), tuple(self._loads), hit, self.ttft_estimates)
+        return ing.snapshot(self.loop.now, req, self._tenant(req), self.views.loads(), hit, self.ttft_estimates)
 
     @staticmethod
     def _tenant(req: SimRequest) -> str:
@@ -359,7 +225,7 @@ class Simulation:
             ing.release(req)
             wid = self._route(req, req.sess)
             ing.admitted(wid, self._tenant(req), req.orig_prompt_tokens)
-            self._touched.add(wid)
+            self.views.touched.add(wid)
             self.workers[wid].enqueue(req)
         elif d.action == "defer":
             if req.deferred_since >= 0:
@@ -415,37 +281,8 @@ class Simulation:
         sess.done = True
         self.live_sessions -= 1
 
-    def _refresh(self) -> None:
-        """Rebuild the cached routing view and ingress load of each worker touched since the last decision."""
-        for wid in self._touched:
-            w = self.workers[wid]
-            self._views[wid] = self._view(w)
-            if self.ingress is not None:
-                self._loads[wid] = self.ingress.load(w)
-        self._touched.clear()
-
-    def _view(self, w: Worker) -> WorkerView:
-        """A worker's routing view with no prefix match."""
-        return WorkerView(
-            worker_id=w.id,
-            active_requests=w.active_requests,
-            active_kv_blocks=w.active_tokens // self.C,
-            waiting_requests=len(w.waiting),
-            decode_contexts=w.decode_contexts() if "decode_contexts" in self.worker_fields else (),
-        )
-
     def routing_snapshot(self, req: SimRequest) -> RoutingSnapshot:
-        """What the router (and the observers) may see of a request to place and the workers.
-
-        Only the views of workers touched since the last decision are rebuilt, and only workers
-        holding some of the prompt get a match, so an unchanged worker costs nothing but its
-        prefix probe (``tests/property`` checks every snapshot against a fresh build)."""
-        self._refresh()
-        placed = list(self._views)
-        if "match" in self.worker_fields:
-            for wid, m in self._matches(req.chain).items():
-                v = placed[wid]
-                placed[wid] = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m, v.healthy)
+        """What the router (and the observers) may see of a request to place and the workers."""
         rr = RouteRequest(
             seq=self._route_seq,
             session_id=req.sess.session.session_id,
@@ -453,7 +290,7 @@ class Simulation:
             prompt_tokens=req.prompt_tokens,
             prompt_blocks=len(req.chain),
         )
-        return RoutingSnapshot(self.loop.now, rr, tuple(placed))
+        return self.views.routing_snapshot(self.loop.now, rr, req.chain)
 
     def _route(self, req: SimRequest, sess: SessionState) -> int:
         snap = self.routing_snapshot(req)
@@ -465,34 +302,11 @@ class Simulation:
             raise AssertionError(f"router {self.router.name} chose worker {wid} outside 0..{len(self.workers) - 1}")
         return wid
 
-    def _matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:
-        """The prompt's resident prefix on each worker that holds some of it (a worker left out
-        holds none), from the pools or through the indexer. Most workers miss on the prompt's first
-        chunk, and the workers of a node share their stores, so a worker without it in HBM costs a
-        membership test and its stores' runs are looked up once per node."""
-        if self.indexer is not None:
-            return {w: m for w, m in self.indexer.match(chain, self._worker_tiers).items() if m != PrefixMatch()}
-        if not chain:
-            return {}
-        first = chain[0]
-        from_stores: dict[KVStore | None, PrefixMatch | None] = {}  # a node's match from its stores alone
-        out = {}
-        for w in self.workers:
-            if first in w.hbm.resident:
-                m = store_match(w, chain, w.hbm.leading(chain))
-            elif w.dram in from_stores:
-                m = from_stores[w.dram]
-            else:
-                m = from_stores[w.dram] = store_match(w, chain, 0)
-            if m is not None:
-                out[w.id] = m
-        return out
-
     def _finished(self, req: SimRequest) -> None:
         sess = req.sess
         if self.ingress is not None:
             self.ingress.finished(req.worker, self._tenant(req), req.orig_prompt_tokens)
-            self._touched.add(req.worker)
+            self.views.touched.add(req.worker)
             self._room_may_have_freed()
         sess.context_tokens = req.orig_prompt_tokens + req.output_tokens
         self.open_measured -= req.measured
@@ -535,82 +349,3 @@ class Simulation:
         self.loop.run(until=self.horizon, stop=self._done)
         self.wall_s = time.perf_counter() - t0
         return SimResult(self)
-
-
-class SimResult:
-    """Records and summary of one simulation."""
-
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        self.records = [r.record() for r in sim.requests]
-
-    def summary(self) -> dict[str, Any]:
-        sim = self.sim
-        cfg = sim.config
-        out = summarize(
-            self.records,
-            sim.window,
-            ttft_slo_s=cfg.slo.ttft_s,
-            tbt_slo_s=cfg.slo.tbt_s,
-            gaps=sim.recorder.gaps(),
-            decode_concurrency=sim.recorder.decode_concurrency(cfg.workers),
-            run_end_s=sim.loop.now,
-            alone_s=self.alone_s(),
-        )
-        paths: dict[str, int] = {}
-        for r in self.records:
-            if r["measured"] and r["round"] > 0 and r["path"]:
-                paths[r["path"]] = paths.get(r["path"], 0) + 1
-        resumed = max(sum(paths.values()), 1)
-        out.update(
-            {
-                "system": cfg.system,
-                "sim_time_s": sim.loop.now,
-                "wall_s": sim.wall_s,
-                "speed_x": sim.loop.now / max(sim.wall_s, 1e-9),
-                "steps": sum(w.steps for w in sim.workers),
-                "decode_steps": sum(w.decode_steps for w in sim.workers),
-                "events": sim.loop.events_run,
-                "preemptions": sum(r["preemptions"] for r in self.records),
-                "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
-                "shadow": self.shadow_block(),
-                "ingress": ({"policy": sim.policies.spec.ingress.name, "decisions": dict(sorted(sim.ingress.decisions.items())),
-                             "deferred": sum(r["deferred"] for r in self.records if r["measured"])} if sim.ingress else None),
-                "window_s": [sim.window.start_s, sim.window.end_s],
-                "config": self.config_block(),
-            }
-        )
-        return out
-
-    def alone_s(self) -> dict[str, list[float]]:
-        """Each measured session's time alone on an idle worker through each round, under this run's
-        cost model (slowdown's denominator; only sessions whose first round was ready in the window)."""
-        sim, cfg = self.sim, self.sim.config
-        measured = {r["session_id"] for r in self.records if r["round"] == 0 and r["measured"]}
-        return {s.session_id: alone_times_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                            decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions if s.session_id in measured}
-
-    def shadow_block(self) -> dict[str, Any]:
-        """How often a shadow policy, on the same snapshots in the measurement window, would have decided
-        differently: over admission choices (the shadow admitting another request or none), routing
-        decisions, ingress decisions (another action) or decode-batch plans, by kind."""
-        return {kind: shadowed.report() for kind, shadowed in self.sim.policies.shadows().items()}
-
-    def config_block(self) -> dict[str, Any]:
-        sim = self.sim
-        p = sim.preset
-        return {
-            **sim.config.model_dump(),
-            "preset": {"name": p.name, "description": p.description},
-            "policies": sim.policies.spec.describe(),
-            "tiers": sim.tiers.describe(),
-            "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description, "tp": sim.profile.tp,
-                        "engine_time": sim.profile.engine_time_note(),
-                        "extrapolated": sim.profile.beyond_measured(sim.config.max_num_batched_tokens, sim.config.max_num_seqs,
-                                                                    sim.largest_request_tokens)},
-            "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"} | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},
-            "slo": sim.config.slo.model_dump(),
-        }
-
-    def occupancy(self) -> dict[str, list[float]]:
-        return self.sim.recorder.samples

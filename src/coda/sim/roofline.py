@@ -21,8 +21,8 @@ from coda.cost.geometry import expected_experts
 from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
-from coda.sim.cluster import engine_kv_bytes
 from coda.sim.config import SimConfig
+from coda.sim.tiers import engine_kv_bytes
 from coda.workload.schema import Workload, session_prompts
 from coda.workload.stats import workload_duration_s
 

@@ -15,8 +15,9 @@ from coda.metrics.requests import OPERATOR_KEYS, mean_ci, ratio_ci
 from coda.policy.presets import system_preset
 from coda.policy.spec import PoliciesOverride
 from coda.shell import strict_json
-from coda.sim.cluster import SimResult, Simulation
+from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.results import SimResult
 from coda.sim.roofline import config_roofline
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload

@@ -14,7 +14,8 @@ arrival or finished transfer interrupts the run at the next step boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,54 +41,57 @@ class NodeLinks:
         self.ssd_busy = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What every worker of a cluster shares: the engine's scheduler limits (vLLM's flags), the
+    policies it runs, the clock and cost model, and the shell's hooks into its events."""
+
+    loop: EventLoop
+    cost: CostModel
+    versions: Versions
+    state_policy: StatePolicy
+    execution: ExecutionPolicy
+    recorder: Recorder
+    on_finish: Callable[[SimRequest], None]
+    chunk_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    decode_run_max: int
+    cpu_shadow: bool
+    observers: tuple[SimObserver, ...] = ()
+    on_first_token: Callable[[SimRequest], None] | None = None
+    on_admit: Callable[[SimRequest], None] | None = None
+
+
 class Worker:
-    def __init__(
-        self,
-        wid: int,
-        loop: EventLoop,
-        cost: CostModel,
-        hbm: HbmPool,
-        dram: KVStore | None,
-        ssd: KVStore | None,
-        links: NodeLinks,
-        versions: Versions,
-        state_policy: StatePolicy,
-        execution: ExecutionPolicy,
-        recorder: Recorder,
-        on_finish: Callable[[SimRequest], None],
-        *,
-        chunk_tokens: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        decode_run_max: int,
-        cpu_shadow: bool,
-        observers: Sequence[SimObserver] = (),
-        on_first_token: Callable[[SimRequest], None] | None = None,
-        on_admit: Callable[[SimRequest], None] | None = None,
-        touched: set[int] | None = None,
-    ) -> None:
+    def __init__(self, wid: int, settings: WorkerSettings, hbm: HbmPool, dram: KVStore | None, ssd: KVStore | None, links: NodeLinks,
+                 touched: set[int] | None = None) -> None:
+        """Worker ``wid`` with its own HBM pool, the node's DRAM and SSD stores and links, and the
+        cluster's ``settings``; ``touched`` is the cluster's set of workers whose views changed."""
+        st = settings
         self.id = wid
-        self.loop = loop
-        self.cost = cost
+        self.settings = st
+        self.loop = st.loop
+        self.cost = st.cost
         self.hbm = hbm
         self.dram = dram
         self.ssd = ssd
         self.links = links
-        self.versions = versions
-        self.state_policy = state_policy
-        self.execution = execution
-        self.recorder = recorder
-        self.on_finish = on_finish
-        self.C = chunk_tokens
-        self.max_num_seqs = max_num_seqs
-        self.budget = max_num_batched_tokens
-        self.run_max = decode_run_max
-        self.cpu_shadow = cpu_shadow
-        self.observers = tuple(observers)
-        self.on_first_token = on_first_token
-        self.on_admit = on_admit
-        self.frontier = state_policy.frontier
-        self.chunk_bytes = cost.kv_bytes(chunk_tokens)
+        self.versions = st.versions
+        self.state_policy = st.state_policy
+        self.execution = st.execution
+        self.recorder = st.recorder
+        self.on_finish = st.on_finish
+        self.C = st.chunk_tokens
+        self.max_num_seqs = st.max_num_seqs
+        self.budget = st.max_num_batched_tokens
+        self.run_max = st.decode_run_max
+        self.cpu_shadow = st.cpu_shadow
+        self.observers = st.observers
+        self.on_first_token = st.on_first_token
+        self.on_admit = st.on_admit
+        self.frontier = st.state_policy.frontier
+        self.chunk_bytes = st.cost.kv_bytes(st.chunk_tokens)
 
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -220,7 +224,11 @@ class Worker:
         )
 
     def _decide(self) -> int | None:
-        return self.state_policy.choose(self.snapshot())
+        snap = self.snapshot()
+        idx = self.state_policy.choose(snap)
+        for ob in self.observers:
+            ob.on_admission(self.id, snap, idx)
+        return idx
 
     def _admit(self, req: SimRequest) -> None:
         now = self.loop.now

@@ -1,4 +1,4 @@
-"""Paper-shaped evaluations: ``coda compare --preset paper-single | paper-multi``.
+"""Paper-shaped evaluations: ``python -m experiments.paper paper-single | paper-multi --out DIR``.
 
 paper-single (the Coda paper's Table 1 / Table 3 shape): one worker, workloads M1-M3 (a quarter
 of the sessions of the 3 / 5 / 7 req/s synthetic workloads, whole sessions kept), systems
@@ -32,19 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from coda.eval.paper_reference import CACHEWISE, SOURCE, TOLERANCE
-from coda.eval.slo_fit import SloFit, SloSample, fit_slo, gain_grid
 from coda.metrics.requests import Window, mean_ci, ratio_ci, summarize
 from coda.policy.routing import context_distance
 from coda.policy.snapshots import RoutingSnapshot
 from coda.shell import strict_json
 from coda.shell.shadow import Shadowed
-from coda.sim.cluster import SimResult, Simulation
+from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sim.results import SimResult
 from coda.sim.run import versions
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
+from experiments.paper_reference import CACHEWISE, SOURCE, TOLERANCE
+from experiments.slo_fit import SloFit, SloSample, fit_slo, gain_grid
 
 # The 10-minute window of the paper's evaluation, opening where the primary window opens.
 SHORT_WINDOW_S = 600.0
@@ -508,3 +509,40 @@ def run_and_report(name: str, seeds: list[int], base: SimConfig, out: Path | Non
         (out / "report.md").write_text(markdown(report))
         report["figures"] = [str(p) for p in plots(preset, runs, report, out)]
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.paper NAME [--seeds N] [--seed K] [--config FILE] [--out DIR] [--json]``."""
+    import argparse
+    import sys
+
+    from coda.config.load import read_config, validated
+    from coda.errors import CodaError
+
+    ap = argparse.ArgumentParser(prog="python -m experiments.paper", description="A paper-shaped evaluation: every system of the "
+                                 "preset on its workloads and seeds; report.md, report.json and figures in --out.")
+    ap.add_argument("name", choices=sorted(PRESETS), help="the preset")
+    ap.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="the first seed")
+    ap.add_argument("--config", help="a simulator config file laid under the presets (a profile, an SLO, ...)")
+    ap.add_argument("--out", type=Path, help="folder for report.md, report.json and the figures")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        if args.seeds < 1:
+            raise CodaError(f"--seeds must be at least 1, got {args.seeds}")
+        base = validated(SimConfig, read_config(args.config) if args.config else {}, args.config or "defaults", show_input=True)
+        report = run_and_report(args.name, [args.seed + i for i in range(args.seeds)], base, args.out,
+                                lambda label, f: print(f"\r{label} {f:6.1%}", end="", file=sys.stderr, flush=True))
+    except CodaError as err:
+        print(f"\nerror: {err}", file=sys.stderr)
+        return 2
+    print(file=sys.stderr)
+    print(strict_json.dumps(report) if args.json else markdown(report))
+    if args.out is not None:
+        print(f"report, tables and figures written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
