@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import gzip
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +32,31 @@ def invalid(source: str, err: ValidationError, fix: str = "", show_input: bool =
     msg = first["msg"].removeprefix("Value error, ")
     got = f" (got {first.get('input')!r})" if show_input and first["type"] != "value_error" else ""
     return CodaError(f"{source}: {loc}: {msg}{got}{'; ' + fix if fix else ''}")
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, what: str) -> Iterator[None]:
+    """Whatever goes wrong reading ``path`` (the ``what`` it should be: "workload", "config",
+    ...) inside this block, as one line naming the file and the fix: bytes that are not UTF-8
+    text, a name ending in ``.gz`` on something that is not gzip, a gzip stream cut short, a
+    directory, a CSV that the csv module cannot split, a path that cannot be read."""
+    try:
+        yield
+    except UnicodeDecodeError as err:
+        raise CodaError(f"{what} {path}: not UTF-8 text (byte {err.start} is {err.object[err.start:err.start + 1]!r}); "
+                        f"pass a text {what} file") from None
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise CodaError(f"{what} {path}: not a valid gzip file ({err}); pass the file uncompressed, or under a name without .gz") from None
+    except csv.Error as err:
+        raise CodaError(f"{what} {path}: not a readable CSV ({err}); pass a comma-separated {what} file") from None
+    except EOFError:
+        raise CodaError(f"{what} {path}: the gzip data ends early (a truncated file?); pass the complete file") from None
+    except IsADirectoryError:
+        raise CodaError(f"{what} {path}: is a directory; pass a {what} file") from None
+    except FileNotFoundError:
+        raise CodaError(f"{what} {path}: no such file; check the path") from None
+    except OSError as err:
+        raise CodaError(f"{what} {path}: cannot be read ({err.strerror or err}); check the path and its permissions") from None
 
 
 # The extra (pyproject.toml) that installs each optional dependency: a command that needs one the

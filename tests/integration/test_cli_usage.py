@@ -40,8 +40,11 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, code: int, *needles
         (["workload", "synth", "--rate", "1"], ["Missing option '--duration'", "`coda workload synth --help`"]),
         (["bogus"], ["No such command 'bogus'", "`coda --help`"]),
         (["compare", "--seeds", "0"], ["--seeds must be an integer >= 1", "got 0"]),
+        (["compare", "--systems", ",", "-w", SMALL], ["systems: none given", "--systems vllm,coda"]),
+        (["sim", "--workers", "100000000", "-w", SMALL], ["workers", "less than or equal to 4096"]),
+        (["serve", "--host", "999.1.1.1", "-b", "http://127.0.0.1:9"], ["--host 999.1.1.1", "pass an IP address"]),
     ],
-    ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds"],
+    ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds", "no-systems", "too-many-workers", "bad-host"],
 )
 def test_a_usage_error_is_one_line_with_the_fix_and_exit_2(args, needles):
     proc = coda(*args)
@@ -55,6 +58,28 @@ def test_zero_seeds_from_a_config_file_is_an_error_too(tmp_path):
     assert_one_error_line(coda("compare", "--config", str(cfg)), 2, "--seeds")
 
 
+@pytest.mark.parametrize(("params", "needle"), [
+    ({"name": "queue_limit", "params": {"max_waiting": -1}}, "max_waiting must be >= 1, got -1"),
+    ({"name": "overload", "params": {"max_inflight": -3}}, "max_inflight must be >= 1, got -3"),
+    ({"name": "overload", "params": {"max_inflight": "lots"}}, "max_inflight='lots' must be an integer"),
+    ({"name": "session", "params": {"max_sessions": -2}}, "max_sessions must be >= 0, got -2"),
+    ({"name": "tenant_share", "params": {"slack": -0.5}}, "slack must be >= 0, got -0.5"),
+], ids=["max_waiting", "max_inflight", "max_inflight-type", "max_sessions", "slack"])
+def test_an_impossible_policy_value_is_refused_by_sim_and_serve(tmp_path, params, needle):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"policies": {"ingress": params}}))
+    assert_one_error_line(coda("sim", "-w", SMALL, "-c", str(cfg)), 2, needle)
+    cfg.write_text(json.dumps({"backends": ["http://127.0.0.1:9"], "policies": {"ingress": params}}))
+    assert_one_error_line(coda("serve", "-c", str(cfg)), 2, needle)
+
+
+def test_bench_refuses_a_model_the_endpoint_does_not_serve_before_replaying(tmp_path):
+    with FakeEngineProcess("--speedup", "20") as engine:
+        proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--model", "nosuch", "--out", str(tmp_path / "out"))
+    assert_one_error_line(proc, 2, "--model 'nosuch'", "coda-fake")
+    assert not any((tmp_path / "out").iterdir())
+
+
 def test_version():
     proc = coda("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"coda {__version__}"
@@ -66,7 +91,7 @@ def test_bench_fails_before_starting_when_the_endpoint_does_not_answer(tmp_path)
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     proc = coda("bench", "--endpoint", dead, "--workload", SMALL, "--out", str(tmp_path / "out"))
     assert_one_error_line(proc, 2, f"--endpoint {dead} does not answer", "start the server or fix the URL")
-    assert not (tmp_path / "out").exists()  # failed before replaying anything
+    assert not any((tmp_path / "out").iterdir())  # failed before replaying anything (--out is only made, to check it)
 
 
 def test_bench_exits_non_zero_when_no_request_completed(tmp_path):

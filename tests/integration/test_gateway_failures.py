@@ -96,6 +96,9 @@ def test_engine_killed_mid_stream(tmp_path, midstream):
         e1b = stack.enter_context(FakeEngineProcess("--speedup", "2", "--port", str(port)))
         assert e1b.url == e1.url
         wait_until(lambda: state(gw.url)["workers"][1]["healthy"])
+        label = e1.url.removeprefix("http://")
+        log = gw.stderr()
+        assert f"backend {label} ejected" in log and log.index(f"backend {label} ejected") < log.index(f"backend {label} re-admitted")
         workers = {c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1)
                    .headers["x-coda-worker"] for _ in range(4)}
         assert len(workers) == 2

@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
+from coda.gateway.identity import session_key
 from coda.serving.procs import running
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "coda-fake"
@@ -198,7 +200,7 @@ def test_health_ready_metrics_and_debug_state(cluster):
     assert httpx.get(gw.url + "/debug/state").status_code == 401
     state = httpx.get(gw.url + "/debug/state", headers={"authorization": "Bearer admin"}).json()
     assert state["inflight_requests"] == 0 and len(state["workers"]) == 2
-    assert any(s["session"] == "secret-session-42" for s in state["recent_sessions"])
+    assert any(s["session"] == session_key("a", "secret-session-42") for s in state["recent_sessions"])  # known by its tenant's key
 
 
 def test_per_backend_latency_metrics_and_the_access_log(cluster):
@@ -214,12 +216,17 @@ def test_per_backend_latency_metrics_and_the_access_log(cluster):
     metrics = httpx.get(gw.url + "/metrics").text
     for name in ("coda_backend_ttft_seconds_count", "coda_backend_e2e_seconds_count"):
         assert f'{name}{{worker="{worker}"}}' in metrics  # per backend, labelled by its configured label only
-    lines = [json.loads(line) for line in gw.stderr().splitlines() if line.startswith("{")]
-    mine = next(r for r in lines if r.get("session") == "logged-1")
+    def logged() -> list[dict]:
+        return [json.loads(line) for line in gw.stderr().splitlines() if line.startswith("{")]
+
+    key = session_key("a", "logged-1")  # the session as the logs know it: a digest of tenant and id, never the id
+    wait_until(lambda: any(r.get("session") == key for r in logged()), "the stream's access-log record")
+    lines = logged()
+    mine = next(r for r in lines if r.get("session") == key)
     assert (mine["status"], mine["outcome"], mine["worker"], mine["stream"], mine["tries"]) == (200, "ok", worker, True, 1)
     assert mine["usage"] == [chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens] and mine["ttft_s"] <= mine["e2e_s"]
     assert any(r["status"] == 404 and r["outcome"] == "model_not_found" for r in lines)  # refused before routing: logged too
-    assert secret not in gw.stderr()  # no prompt text
+    assert secret not in gw.stderr() and "logged-1" not in gw.stderr()  # no prompt text, no client session id
 
 
 def test_concurrent_requests_all_complete(cluster):

@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from coda.errors import CodaError
 from coda.gateway.admission import JsonlLog
 from coda.gateway.config import BackendConfig, build_config
-from coda.gateway.identity import Identities, session_id, with_cache_salt
+from coda.gateway.identity import MAX_TENANT_CHARS, Identities, session_id, session_key, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
 from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
@@ -83,6 +83,33 @@ def test_session_id_sources_in_order():
     assert session_id(Headers({}), {"user": "u", "metadata": {"session_id": "m"}}) == "u"
     assert session_id(Headers({}), {"metadata": {"session_id": "m"}}) == "m"
     assert session_id(Headers({}), {"user": 3}) is None
+
+
+@given(st.text(max_size=200), st.text(min_size=1, max_size=5000), st.text(max_size=200))
+def test_a_session_key_is_fixed_size_and_belongs_to_its_tenant(tenant, sid, other):
+    key = session_key(tenant, sid)
+    assert key is not None and len(key) == 32  # whatever the client sent
+    assert key == session_key(tenant, sid) and session_key(tenant, None) is None
+    if other != tenant:
+        assert session_key(other, sid) != key  # another tenant naming the same id gets another slot
+
+
+def test_an_overlong_tenant_header_is_refused_naming_the_limit():
+    ids = Identities(build_config({"backends": [URL]}, {}, {}))
+    assert ids.tenant(Headers({"x-tenant-id": "t" * MAX_TENANT_CHARS})) == "t" * MAX_TENANT_CHARS
+    with pytest.raises(ApiError, match=f"at most {MAX_TENANT_CHARS}") as exc:
+        ids.tenant(Headers({"x-tenant-id": "t" * (MAX_TENANT_CHARS + 1)}))
+    assert exc.value.status == 400
+
+
+def test_the_logs_hold_their_records_in_a_buffer_until_flushed(tmp_path):
+    path = tmp_path / "decisions.jsonl"
+    log = JsonlLog(str(path))
+    log.write({"rid": 1})
+    assert path.read_text() == ""  # buffered: the gateway's timer flushes it
+    log.flush()
+    assert path.read_text() == '{"rid":1}\n'
+    log.close()
 
 
 def test_cache_salt_keeps_every_other_byte():

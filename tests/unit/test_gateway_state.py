@@ -16,6 +16,7 @@ from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import CharTokenizer
 from coda.gateway.view import GatewayState, Ticket
 from coda.serving.errors import ApiError
+from coda.shell.sessions import SessionLedger
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 
@@ -103,6 +104,34 @@ def test_session_hash_state_stays_within_its_memory_budget_and_dropping_it_chang
     again = s.block_hashes("s0", prompts["s0"] + [7] * 64)
     assert again[: len(first["s0"])] == first["s0"] and len(again) > len(first["s0"])  # re-hashed in full, same names
     assert s.session_bytes == sum(x.hasher.nbytes for x in s.sessions.values()) <= 2**20
+
+
+def test_idle_sessions_are_forgotten_after_the_session_ttl_and_slots_stay_bounded():
+    clock = Clock()
+    s = make_state(clock, policies={"ingress": {"name": "session", "params": {"idle_ttl_s": 10.0}}})
+    for i in range(5):
+        s.block_hashes(f"s{i}", list(range(100)))
+        s.ledger.touch(f"s{i}", clock())
+    clock.t = 8.0
+    s.block_hashes("s4", list(range(120)))  # s4 is seen again
+    s.ledger.touch("s4", clock())
+    clock.t = 15.0
+    s.expire_sessions()
+    assert list(s.sessions) == ["s4"] and s.ledger.count(clock()) == 1
+    assert s.session_bytes == s.sessions["s4"].hasher.nbytes
+    clock.t = 30.0
+    s.expire_sessions()
+    assert not s.sessions and s.session_bytes == 0 and s.ledger.count(clock()) == 0
+    small = SessionLedger(300.0, limit=3)
+    for i in range(10):
+        small.touch(f"x{i}", float(i))
+    assert [sid for sid, _ in small.ages(10.0)] == ["x7", "x8", "x9"]  # the least recently admitted go first
+
+
+def test_reads_scraped_only_when_a_decision_reads_engine_metrics():
+    assert not make_state().reads_scraped  # admit_all and the coda router read no /metrics signal
+    assert make_state(policies={"ingress": {"name": "queue_limit"}}).reads_scraped
+    assert make_state(store={"url": "redis://127.0.0.1:1/0"}).reads_scraped  # replicas read the engine's own counts
 
 
 def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -164,3 +165,20 @@ def test_decisions_are_pure_and_well_formed(s):
     # a composition never admits what one of its parts refuses
     parts = [make_policy("ingress", n).decide(s).action for n in INGRESS_POLICIES]
     assert (make_policy("ingress", ALL).decide(s).action == "admit") == all(a == "admit" for a in parts)
+
+
+@pytest.mark.parametrize(("name", "params", "why"), [
+    ("queue_limit", {"max_waiting": -1}, "max_waiting must be >= 1"),
+    ("queue_limit", {"max_waiting": 0}, "max_waiting must be >= 1"),
+    ("overload", {"max_inflight": -3}, "max_inflight must be >= 1"),
+    ("overload", {"max_inflight": "lots"}, "max_inflight='lots' must be an integer"),
+    ("overload", {"queue_reject": 0}, "queue_reject must be >= 1"),
+    ("session", {"max_sessions": -2}, "max_sessions must be >= 0"),
+    ("tenant_share", {"slack": -0.5}, "slack must be >= 0"),
+    ("tenant_share", {"queue_high": 0}, "queue_high must be >= 1"),
+    ("kv_headroom", {"retry_after_s": -1.0}, "retry_after_s must be >= 0"),
+])
+def test_impossible_parameters_are_refused_by_the_policy_itself(name, params, why):
+    """Every shell builds policies through the registry, so each of them refuses these."""
+    with pytest.raises(CodaError, match=re.escape(why)):
+        make_policy("ingress", name, params)

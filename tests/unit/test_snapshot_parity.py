@@ -119,7 +119,7 @@ def gateway_state(sim: Simulation) -> tuple[GatewayState, Ticket]:
     send(320, 1, 5)  # C, decoding
     hashes = list(range(400 // C))
     s.indexer.stored(s.workers[1].tiers.hbm, hashes[:10])  # what worker 1's KV events announced
-    s.sessions["s1"] = GatewaySession(BlockHasher(C), completed_rounds=1)
+    s.sessions["s1"] = GatewaySession(BlockHasher(C), seen_s=NOW, completed_rounds=1)
     s.ledger.touch("s1", NOW)
     t = Ticket(sim._route_seq, "/v1/completions", "t", "s1", "m", 400, 16, hashes, list(s.workers), s.match(hashes, s.workers),
                deadline_s=DEADLINE_MS / 1000)

@@ -117,8 +117,8 @@ class Endpoint:
         for t in self.transports:
             await t.aclose()
 
-    async def served_model(self) -> str | None:
-        """The first model the endpoint lists, or None when it answers without listing one. Raises
+    async def served_models(self) -> list[str]:
+        """The models the endpoint lists (none when it answers without a list). Raises
         ``EndpointDown`` when nothing answers, so a run against a dead server ends before it starts."""
         try:
             async with httpx.AsyncClient(base_url=self.base, headers=self.auth, verify=self.tls, timeout=10.0) as client:
@@ -126,9 +126,9 @@ class Endpoint:
         except httpx.TransportError as err:
             raise EndpointDown(f"GET {self.base}/v1/models: {err or type(err).__name__}") from None
         try:
-            return str(resp.json()["data"][0]["id"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            return None
+            return [str(card["id"]) for card in resp.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            return []
 
     def body(self, messages: Sequence[Message], max_tokens: int) -> bytes:
         req: dict[str, Any] = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}

@@ -31,6 +31,7 @@ from coda.bench.overload import RetryBudget, TenantLimiter, backoff_s
 from coda.bench.prompts import Conversation
 from coda.bench.scrape import Scraper
 from coda.bench.vocab import HFVocabulary, Vocabulary, WordVocabulary
+from coda.errors import CodaError
 from coda.metrics.requests import Window
 from coda.sim.config import SloConfig
 from coda.workload.schema import Session, Workload, next_ready_s, session_prompts, unsent_ready_s
@@ -128,9 +129,12 @@ class Replay:
         lanes = min(len(self.sessions), cfg.max_concurrency or len(self.sessions))
         endpoint = self.endpoint(shards=min(SHARDS, lanes))
         try:
-            listed = await endpoint.served_model()  # also the check that the endpoint answers at all
+            listed = await endpoint.served_models()  # also the check that the endpoint answers at all
             if self.model is None:
-                self.model = endpoint.model = listed
+                self.model = endpoint.model = listed[0] if listed else None
+            elif listed and self.model not in listed:
+                raise CodaError(f"--model {self.model!r}: {cfg.endpoint} serves {', '.join(listed)}; pass one of them, or drop --model "
+                                "for the first")
             if cfg.scrape_metrics:
                 self.scraper = Scraper(cfg.metrics_endpoints or (cfg.endpoint,), cfg.scrape_interval_s, self.now)
                 await self.scraper.check()

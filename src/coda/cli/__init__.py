@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import pkgutil
 import sys
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 from coda import __version__
@@ -63,6 +65,36 @@ def require(module: str) -> None:
     """Fail now, not at the end of a long run, when a module the command will need is not installed."""
     if importlib.util.find_spec(module) is None:
         raise missing_dependency(ModuleNotFoundError(name=module)) or CodaError(f"{module} is not installed")
+
+
+def out_dir(path: str | Path, option: str = "--out") -> Path:
+    """``path`` as a directory the command can write into, made now, before any long run; else one line naming ``option``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CodaError(f"{option} {path}: is a file, not a directory; pass a directory path")
+    _writable_dir(path, option)
+    return path
+
+
+def out_file(path: str | Path, option: str = "--out", inputs: tuple[str | Path, ...] = ()) -> Path:
+    """``path`` as a file the command can write (its folder made now), that is none of ``inputs``; else one line naming ``option``."""
+    path = Path(path)
+    if path.is_dir():
+        raise CodaError(f"{option} {path}: is a directory; pass a file path")
+    if any(path.exists() and Path(i).exists() and path.samefile(i) for i in inputs):
+        raise CodaError(f"{option} {path}: is the input file too, and writing would overwrite it; pass another path")
+    _writable_dir(path.parent, option, path)
+    return path
+
+
+def _writable_dir(folder: Path, option: str, given: Path | None = None) -> None:
+    shown = given or folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CodaError(f"{option} {shown}: cannot create {folder} ({err.strerror or err}); pass a path in a writable folder") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CodaError(f"{option} {shown}: {folder} is not writable; pass a path in a writable folder")
 
 
 def load_workload_arg(spec: str, fmt: str | None) -> Any:

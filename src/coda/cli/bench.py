@@ -22,6 +22,7 @@ from coda.cli import (
     fmt_value,
     load_workload_arg,
     out_console,
+    out_dir,
     print_json,
     progress_bar,
     require,
@@ -122,21 +123,21 @@ def bench(
         raise CodaError("--out is required (a directory for summary.json, requests.jsonl and the plots)")
     if as_json and as_csv:
         raise CodaError("--json and --csv both print on stdout; choose one (the files in --out hold both)")
-    out_dir = Path(extra["out"])
+    out = out_dir(extra["out"])
     spec = str(extra["workload"])
     printer = "json" if as_json else "csv" if as_csv else "table"
     repeats = int(extra["repeats"]) if extra.get("repeats") is not None else 3
     if extra.get("sweep") and extra.get("sweep_concurrency"):
         raise CodaError("--sweep and --sweep-concurrency are two sweeps; run one at a time")
     if extra.get("sweep"):
-        _run_sweep(spec, "rate", _levels("--sweep", str(extra["sweep"]), float), repeats, cfg, out_dir, extra.get("format"), printer)
+        _run_sweep(spec, "rate", _levels("--sweep", str(extra["sweep"]), float), repeats, cfg, out, extra.get("format"), printer)
     elif extra.get("sweep_concurrency"):
         if cfg.max_concurrency is not None:
             raise CodaError("--sweep-concurrency sets the concurrency of each run; drop --max-concurrency")
         levels = _levels("--sweep-concurrency", str(extra["sweep_concurrency"]), int)
-        _run_sweep(spec, "concurrency", levels, repeats, cfg, out_dir, extra.get("format"), printer)
+        _run_sweep(spec, "concurrency", levels, repeats, cfg, out, extra.get("format"), printer)
     else:
-        _run_single(spec, cfg, out_dir, extra.get("format"), printer)
+        _run_single(spec, cfg, out, extra.get("format"), printer)
 
 
 def _with_interrupt(main: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json, progress_bar
+from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, out_dir, print_json, progress_bar
 from coda.cli.sim import ConfigOpt, HbmOpt, ProfileOpt, SeedOpt, WarmupOpt, WorkersOpt, _settings
 from coda.shell import strict_json
 
@@ -38,6 +38,7 @@ def characterize(
 
     cli = dict(format=fmt, workers=workers, seed=seed, profile=profile, warmup_s=warmup_s, hbm_kv_gib=hbm_kv_gib)
     extra, cfg = _settings(config, cli)
+    out_dir(out)
     if "workers" not in cfg.model_fields_set:
         cfg = cfg.with_overrides(workers=DEFAULT_WORKERS)
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from coda.cli import JsonOpt, app, fmt_value, out_console, print_json
+from coda.cli import JsonOpt, app, fmt_value, out_console, out_file, print_json
 
 if TYPE_CHECKING:
     from coda.cost.profile import Profile
@@ -179,8 +179,7 @@ def profile_fit(
 def _write(out: Path, data: dict) -> None:
     from coda.shell import strict_json
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(strict_json.dumps(data, indent=2) + "\n")
+    out_file(out).write_text(strict_json.dumps(data, indent=2) + "\n")
 
 
 def _print_errors(title: str, errors: dict[str, dict]) -> None:

@@ -8,7 +8,19 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from coda.cli import FormatOpt, JsonOpt, app, fmt_value, load_workload_arg, out_console, print_json, progress_bar, require
+from coda.cli import (
+    FormatOpt,
+    JsonOpt,
+    app,
+    fmt_value,
+    load_workload_arg,
+    out_console,
+    out_dir,
+    out_file,
+    print_json,
+    progress_bar,
+    require,
+)
 from coda.errors import CodaError
 from coda.metrics.requests import OPERATOR_KEYS
 from coda.shell import strict_json
@@ -82,6 +94,8 @@ def sim(
                drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram, ssd=ssd, cpu_shadow=cpu_shadow,
                hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
     extra, cfg = _settings(config, cli)
+    if extra.get("out"):
+        out_dir(extra["out"])
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     wl = seeded_workload(spec, cfg.seed, extra.get("format")) if seed is not None else load_workload_arg(spec, extra.get("format"))
     with progress_bar() as prog:
@@ -152,6 +166,9 @@ def compare(
     extra, cfg = _settings(config, cli)
     if pareto is not None:
         require("matplotlib")
+        out_file(pareto, "--pareto")
+    if extra.get("out"):
+        out_dir(extra["out"])
     names = extra.get("systems") or "vllm"
     names = variants([n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names)
     n_seeds = _seeds(extra, 1)
@@ -172,12 +189,10 @@ def compare(
         res = run_compare(spec, names, seed_list, cfg, fmt=extra.get("format"), baseline=extra.get("baseline"),
                           progress=tick, out=Path(extra["out"]) if extra.get("out") else None)
     if extra.get("out"):
-        Path(extra["out"]).mkdir(parents=True, exist_ok=True)
         (Path(extra["out"]) / "compare.json").write_text(strict_json.dumps(res, indent=2) + "\n")
     if pareto is not None:
         from coda.eval.pareto import plot_pareto
 
-        pareto.parent.mkdir(parents=True, exist_ok=True)
         plot_pareto(pareto, res["rows"])
     if as_json:
         print_json(res)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, print_json
+from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, out_file, print_json
 from coda.errors import CodaError
 
 workload_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and subsample workloads.")
@@ -31,6 +31,7 @@ def workload_synth(
         spec = SynthSpec(rate=rate, duration=duration, seed=seed, shape=shape)
     except ValueError as err:
         raise CodaError(f"workload synth: {err}") from None
+    out_file(out)
     wl = synthesize(spec)
     write_workload(wl, out)
     err_console.print(f"wrote {len(wl.sessions)} sessions, {wl.num_requests} requests to {out}")
@@ -70,6 +71,7 @@ def workload_subsample(
     from coda.workload.schema import write_workload
     from coda.workload.subsample import subsample
 
+    out_file(out, inputs=(workload,))
     wl = subsample(load_workload_arg(workload, fmt), rate=rate, fraction=fraction, seed=seed)
     write_workload(wl, out)
     err_console.print(f"kept {len(wl.sessions)} sessions, {wl.num_requests} requests -> {out}")

@@ -20,7 +20,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_v
 from coda.config.strict import StrictModel
 from coda.cost.cohorts import CUT_FEATURES
 from coda.cost.geometry import Geometry
-from coda.errors import CodaError, invalid
+from coda.errors import CodaError, invalid, reading
 
 GiB = 1024**3
 
@@ -546,7 +546,8 @@ def profile_data(name_or_path: str | Path = BUILTIN_DEFAULT) -> dict:
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise CodaError(f"profile {source}: no such file; built-in profiles: {', '.join(builtin_profiles())}")
-        text = path.read_text()
+        with reading(path, "profile"):
+            text = path.read_text()
     else:
         res = resources.files("coda.cost") / "profiles" / f"{source}.json"
         if not res.is_file():

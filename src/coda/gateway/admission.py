@@ -48,8 +48,8 @@ PLAN_TRIES = 8
 
 
 class JsonlLog:
-    """JSONL records, buffered (flushed about once a second and on close); ``sample``: the share
-    of records written (each kept independently at random)."""
+    """JSONL records, buffered (the gateway flushes them twice a second and on close); ``sample``:
+    the share of records written (each kept independently at random)."""
 
     def __init__(self, path: str | None, sample: float = 1.0) -> None:
         self._out: TextIO | None = None
@@ -58,7 +58,6 @@ class JsonlLog:
             self._out = sys.stderr
         elif path:
             self._out = io.open(path, "a", buffering=1 << 16)  # noqa: UP020  (explicit buffer size)
-        self._flushed = time.monotonic()
 
     @property
     def enabled(self) -> bool:
@@ -68,10 +67,10 @@ class JsonlLog:
         if self._out is None or (self.sample < 1.0 and random.random() >= self.sample):
             return
         self._out.write(strict_json.dumps(record) + "\n")
-        now = time.monotonic()
-        if now - self._flushed > 1.0:
+
+    def flush(self) -> None:
+        if self._out is not None:
             self._out.flush()
-            self._flushed = now
 
     def close(self) -> None:
         if self._out is not None and self._out is not sys.stderr:

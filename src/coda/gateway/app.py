@@ -7,8 +7,14 @@ Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/
 is answered here with a 4xx naming the fix, before any engine sees the request.
 
 ``serve`` checks the engines before it listens (a missing signal or an unreachable engine is a
-one-line error), and on SIGTERM stops accepting, lets in-flight requests finish for up to
-``drain_timeout_s``, then exits.
+one-line error). On SIGTERM it drains: it keeps listening and answers ``/ready`` and new requests
+with 503 and Retry-After (so a load balancer sees a draining replica, not a dead one), lets the
+requests under way finish for up to ``drain_timeout_s``, cuts those left, then closes its
+listener and exits 0.
+
+Every second the gateway flushes its logs and forgets the sessions idle past their TTL
+(``housekeeping``), so a killed gateway loses at most the last second of records and an idle one
+gives back what its clients made it hold.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -34,11 +41,11 @@ from starlette.routing import Route
 from coda.errors import CodaError
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
-from coda.gateway.identity import Identities, session_id, with_cache_salt
+from coda.gateway.identity import Identities, session_id, session_key, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
-from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upstream, strip_hop_by_hop
+from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upstream, draining_error, strip_hop_by_hop
 from coda.gateway.replica import Replica, open_store
 from coda.gateway.telemetry import Telemetry
 from coda.gateway.view import GatewayState, Ticket, Worker
@@ -50,6 +57,12 @@ GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses",
 DEADLINE_HEADER = "x-coda-deadline-ms"
 SESSION_LIST_MAX = 100
 IDLE_TICK_S = 1.0  # the server's own check for exit, beside the signal's wake-up
+#: period of the logs' flush and the session tables' expiry: at most this much of the logs is lost on kill -9
+HOUSEKEEPING_S = 0.5
+#: how often a drain checks whether the requests under way have finished
+DRAIN_POLL_S = 0.05
+#: after the drain, how long uvicorn waits for what is not a generation request (a body still uploading)
+SHUTDOWN_GRACE_S = 2.0
 _decode = msgspec.json.Decoder()
 #: prompts tokenized both ways at startup to check the local tokenizer against the engine's
 PROBES = (
@@ -88,6 +101,10 @@ class Gateway:
             log.warning("kv_events ignored: the %s tokenizer cannot name prompt blocks as the engine does, so the gateway indexes "
                         "the prompts it routes instead (indexer.tokenizer: words is exact for coda fake-engine)", config.indexer.tokenizer)
 
+        self._housekeeping: asyncio.Task[None] | None = None
+        #: when a drain cuts the requests still under way (the event loop's clock)
+        self.drain_until = math.inf
+
     async def start(self) -> None:
         await self.telemetry.startup()
         await self._check_local_tokenizer()
@@ -95,8 +112,37 @@ class Gateway:
         self.telemetry.start()
         for c in self.consumers.values():
             c.start()
+        self._housekeeping = asyncio.create_task(self._keep_house())
+
+    async def _keep_house(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            self.housekeeping()
+
+    def housekeeping(self) -> None:
+        """Flush the logs; forget the sessions (and expired slots) idle past the session TTL."""
+        self.decisions.flush()
+        self.access.flush()
+        self.state.expire_sessions()
+        self.replica.expire()
+
+    async def drain(self) -> None:
+        """Refuse new requests (``draining``), wait for those under way for up to ``drain_timeout_s``
+        (or until ``drain_until`` is moved earlier), cut the rest."""
+        self.state.draining = True
+        loop = asyncio.get_running_loop()
+        self.drain_until = min(self.drain_until, loop.time() + self.config.drain_timeout_s)
+        live = self.relay.live
+        while live and loop.time() < self.drain_until:
+            await asyncio.sleep(DRAIN_POLL_S)
+        for ex in list(live):
+            ex.cut()
+        while live:
+            await asyncio.sleep(DRAIN_POLL_S)
 
     async def close(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
         await self.telemetry.close()
         await self.replica.close()
         for c in self.consumers.values():
@@ -130,20 +176,18 @@ class Gateway:
         path = request.url.path
         try:
             if self.state.draining:
-                raise ApiError(503, "the gateway is shutting down; retry (another gateway replica will answer)", "draining", retry_after_s=1.0)
+                raise draining_error()
             tenant = self.ids.tenant(request.headers)
             await self.telemetry.fresh()
             raw = await self._body(request)
             body = self._json(raw)
-            sid = session_id(request.headers, body)
+            sid = session_key(tenant, session_id(request.headers, body))
             ticket = self._plan(path, request, tenant, body, sid, await self._engine_tokens(path, body, sid))
         except ApiError as err:
-            self.metrics.requests.labels(path, str(err.status)).inc()
-            if self.access.enabled:
-                self.access.write({"ts": round(time.time(), 6), "rid": None, "path": path, "status": err.status, "outcome": err.code or "error",
-                                   "total_s": round(time.perf_counter() - t0, 6)})
+            self._refused(path, err.status, err.code or "error", t0)
             return err.response(path)
         except ClientDisconnect:
+            self._refused(path, 499, "client_disconnected", t0)
             return Response(status_code=499)
         salt = self.config.tenant(tenant).cache_salt
         if salt is not None:
@@ -151,6 +195,13 @@ class Gateway:
         drop = NOT_FORWARDED | CREDENTIALS if self.drop_credentials else NOT_FORWARDED
         headers = strip_hop_by_hop(request.headers.raw, drop)
         return Exchange(self.relay, ticket, raw, headers, body.get("stream") is True, t0)
+
+    def _refused(self, path: str, status: int, outcome: str, t0: float) -> None:
+        """Count and log a request answered before admission."""
+        self.metrics.requests.labels(path, str(status)).inc()
+        if self.access.enabled:
+            self.access.write({"ts": round(time.time(), 6), "rid": None, "path": path, "status": status, "outcome": outcome,
+                               "total_s": round(time.perf_counter() - t0, 6)})
 
     @staticmethod
     def _json(raw: bytes) -> dict[str, Any]:
@@ -263,7 +314,8 @@ class Gateway:
         ok = healthy > 0 and not self.state.draining
         missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
         return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing,
-                             "store": self.replica.detail}, status_code=200 if ok else 503)
+                             "store": self.replica.detail}, status_code=200 if ok else 503,
+                            headers=None if ok else draining_error().headers())
 
     async def prometheus(self, _: Request) -> Response:
         stats = {i: (c.stats.batches, c.stats.gaps, c.w.kv_missing) for i, c in self.consumers.items()}
@@ -329,29 +381,37 @@ def create_app(gw: Gateway) -> Starlette:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown, with the gateway told first (so /ready turns 503 and new
-    requests are refused). Unlike uvicorn, the signal is not raised again after the drain: the
-    gateway then closes its telemetry, KV-event sockets and decision log, and exits 0."""
+    """uvicorn with the gateway's drain before its shutdown: on the first SIGTERM/SIGINT the
+    listener stays open while the gateway drains (``Gateway.drain``); a second signal cuts what is
+    left at once. Then uvicorn closes the listener and the idle connections. Unlike uvicorn, the
+    signal is not raised again: the gateway closes its telemetry, KV-event sockets and logs, and
+    exits 0."""
 
     def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
         super().__init__(config)
         self.gw = gw
         self._exit: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self.gw.state.draining = True
-        super().handle_exit(sig, frame)
+        if self._signalled:
+            self.gw.drain_until = -math.inf
+        self._signalled = True
         if self._loop is not None and self._exit is not None:
             self._loop.call_soon_threadsafe(self._exit.set)  # a signal handler: wake the loop through its self-pipe
+        else:  # before serving: uvicorn's own exit
+            super().handle_exit(sig, frame)
 
     async def main_loop(self) -> None:
         """Wait for the exit signal instead of uvicorn's 10 Hz tick (which updates a date header
-        the gateway does not send), so an idle gateway costs next to no CPU."""
+        the gateway does not send), so an idle gateway costs next to no CPU; then drain."""
         self._loop, self._exit = asyncio.get_running_loop(), asyncio.Event()
-        while not self.should_exit:
+        while not self.should_exit and not self._signalled:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._exit.wait(), IDLE_TICK_S)
+        await self.gw.drain()
+        self.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -367,13 +427,14 @@ class _DrainingServer(uvicorn.Server):
 
 
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
-    """Check the engines, listen, serve until SIGTERM/SIGINT, drain, clean up."""
+    """Take the address (a bad host or a port in use fails at once), check the engines, serve
+    until SIGTERM/SIGINT, drain, clean up."""
     gw = Gateway(config)
+    sock = listen(config.host, config.port)
     try:
         await gw.start()
-        sock = listen(config.host, config.port)
         server = _DrainingServer(uvicorn.Config(create_app(gw), log_level="warning", lifespan="off", access_log=False, server_header=False, date_header=False,
-                                                timeout_graceful_shutdown=config.drain_timeout_s), gw)  # type: ignore[arg-type]
+                                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S), gw)  # type: ignore[arg-type]
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
@@ -382,4 +443,5 @@ async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None])
             on_ready(f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}", gw)
         await task
     finally:
+        sock.close()
         await gw.close()

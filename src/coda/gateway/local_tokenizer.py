@@ -126,6 +126,12 @@ class LocalTokenizer:
             self._bytes -= self._cache.popitem(last=False)[1].nbytes
         return ids  # the session's own copy: the next call slices it, never changes it
 
+    def forget(self, session: str) -> None:
+        """Drop the session's checkpoints and ids."""
+        old = self._cache.pop(session, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+
 
 def _with_parsed_arguments(m: dict[str, Any]) -> dict[str, Any]:
     """As vLLM does before rendering: an assistant message's tool-call arguments as objects, not JSON strings."""

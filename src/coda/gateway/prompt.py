@@ -74,6 +74,10 @@ class Tokenizer(Protocol):
 
     def prompt(self, path: str, body: dict[str, Any]) -> Prompt: ...
 
+    def forget(self, session: str) -> None:
+        """Drop what is kept for ``session`` (its idle time passed the session TTL)."""
+        ...
+
 
 def max_tokens(path: str, body: dict[str, Any]) -> int:
     for key in MAX_TOKENS_KEYS.get(path, ()):
@@ -109,6 +113,9 @@ class CharTokenizer:
         units = (words * _MIX).sum(axis=1).tolist()
         return Prompt(units, len(text) // BYTES_PER_TOKEN, len(text) // MAX_BYTES_PER_TOKEN)
 
+    def forget(self, session: str) -> None:
+        """Nothing is kept per session."""
+
 
 class WordTokenizer:
     name = "words"
@@ -128,6 +135,9 @@ class WordTokenizer:
         except self._api_error as err:
             raise ApiError(400, err.message, "invalid_request", err.param) from None
         return Prompt(self._token_ids(words), len(words), len(words))
+
+    def forget(self, session: str) -> None:
+        """Nothing is kept per session."""
 
 
 class EngineTokenizer:
@@ -151,6 +161,10 @@ class EngineTokenizer:
             text = self.local.render_chat(body["messages"], tools)
             ids = self.local.encode(text, special=False, session=session) if text is not None else None
         return Prompt(ids, len(ids), len(ids)) if ids is not None else None
+
+    def forget(self, session: str) -> None:
+        if self.local is not None:
+            self.local.forget(session)
 
     def prompt(self, path: str, body: dict[str, Any]) -> Prompt:
         """Without a round trip: token-id prompts only (others use ``tokenize``)."""

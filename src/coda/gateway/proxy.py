@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -38,6 +38,8 @@ TAIL_BYTES = 4096
 UpstreamFailure = (httpx.TransportError, httpx.RemoteProtocolError)
 #: the message uvicorn logs when a response ends without its last body message: how a relay aborts
 ABORT_MESSAGE = "ASGI callable returned without completing response."
+#: what asyncio logs for every write to a connection its client has closed
+LOST_WRITE_MESSAGE = "socket.send() raised exception."
 log = logging.getLogger("coda.gateway")
 
 
@@ -84,11 +86,21 @@ def stream_usage(tail: bytes) -> tuple[int, int] | None:
     return None
 
 
+def draining_error() -> ApiError:
+    return ApiError(503, "the gateway is shutting down; retry (another gateway replica will answer)", "draining", retry_after_s=1.0)
+
+
 def _quiet_aborts(record: logging.LogRecord) -> bool:
     return record.getMessage() != ABORT_MESSAGE
 
 
+def _quiet_lost_writes(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(LOST_WRITE_MESSAGE)
+
+
 logging.getLogger("uvicorn.error").addFilter(_quiet_aborts)  # the gateway logs each abort itself, naming the backend
+# a client that leaves while its response is being written is expected: the access log records it, once
+logging.getLogger("asyncio").addFilter(_quiet_lost_writes)
 
 
 class Upstream:
@@ -125,6 +137,8 @@ class Relay:
     tenant_label: Callable[[str], str]
     #: what a client sees when its engine fails mid-response: its connection aborted, or an SSE error event
     midstream_failure: Literal["abort", "error_event"] = "abort"
+    #: the exchanges under way (a drain waits for them, then cuts those left)
+    live: set[Exchange] = field(default_factory=set)
 
 
 class Exchange:
@@ -138,6 +152,11 @@ class Exchange:
         self.stream = stream
         self.t0 = t0
         self.status = 0
+        self.started = False  # the response's status line went out
+        self.cut_by_drain = False
+        self.work: asyncio.Future[None] | None = None
+        #: an admitted request's decision record, written when the exchange ends
+        self.decision: dict[str, Any] | None = None
         # for the access log
         self.worker: str | None = None
         self.tries = 0
@@ -147,25 +166,55 @@ class Exchange:
         self.outcome = "ok"
 
     async def __call__(self, scope: Any, receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
-        work = asyncio.ensure_future(self._run(send))
+        relay = self.relay
+        self.work = work = asyncio.ensure_future(self._run(send))
         watch = asyncio.ensure_future(_disconnected(receive))
+        relay.live.add(self)
+        left = False
         try:
             await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            left = watch.done() and not work.done()
+            if work.done() and work.cancelled() and self.cut_by_drain and not self.started:
+                await self._error(send, draining_error())
         finally:
+            relay.live.discard(self)
             for task in (work, watch):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await work  # re-raises a bug in _run; a client that left is not an error
-        if not watch.cancelled() and watch.done() and not work.done():
-            self.status, self.outcome = 499, "client_disconnected"
-        self.relay.metrics.requests.labels(self.t.path, str(self.status or 499)).inc()
-        if self.relay.access.enabled:
-            self.relay.access.write(self.access_record())
+            if self.cut_by_drain:
+                self.outcome = "drain_timeout"
+            elif left:
+                self.outcome = "client_disconnected"
+            self._log()
+
+    def cut(self) -> None:
+        """The drain timeout passed: end the exchange now (a response not yet started gets a 503;
+        one under way is cut off, as a dead server's would be)."""
+        self.cut_by_drain = True
+        assert self.work is not None
+        self.work.cancel()
+
+    @property
+    def client_status(self) -> int:
+        """What the client saw: the status sent, or 499 (nginx's "client closed request") when none was."""
+        return self.status if self.started else 499
+
+    def _log(self) -> None:
+        """One access-log record, and the decision record of an admitted request, each with the status the client saw."""
+        relay = self.relay
+        status = self.client_status
+        relay.metrics.requests.labels(self.t.path, str(status)).inc()
+        if self.decision is not None:
+            self.decision["status"] = status
+            relay.decisions.write(self.decision)
+        if relay.access.enabled:
+            relay.access.write(self.access_record())
 
     def access_record(self) -> dict[str, Any]:
         """One access-log line: who, where, how it ended and how long it took; never prompt text."""
         t = self.t
-        return {"ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "status": self.status or 499, "outcome": self.outcome,
+        return {"ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "status": self.client_status, "outcome": self.outcome,
                 "tenant": t.tenant, "session": t.session_id, "model": t.model, "stream": self.stream, "worker": self.worker,
                 "tries": self.tries, "prompt_tokens": t.prompt_tokens, "usage": list(self.usage) if self.usage else None,
                 "prefix_hit": round(t.prefix_hit, 4), "ttft_s": _ms(self.ttft_s), "e2e_s": _ms(self.e2e_s),
@@ -190,6 +239,7 @@ class Exchange:
         if self.outcome == "ok":
             self.outcome = err.code or "error"
         headers = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in err.headers().items())]
+        self.started = True
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": err.body(self.t.path), "more_body": False})
 
@@ -209,7 +259,7 @@ class Exchange:
                 if shadow_worker is not None:
                     rec["shadow_worker"] = state.workers[shadow_worker].label
                     metrics.shadow.labels(state.router.shadow.name, str(shadow_worker == w.id).lower()).inc()
-                relay.decisions.write(rec)
+                self.decision = rec
             else:
                 metrics.retries.labels(w.label).inc()
             tried.add(w.id)
@@ -222,8 +272,8 @@ class Exchange:
             except UpstreamFailure as err:
                 state.end(t)
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
-                if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout):
-                    state.failed(w)
+                if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout) and state.failed(w):
+                    log.warning("backend %s ejected: connections to it failing", w.label)
                 error = f"backend {w.label} failed before responding ({type(err).__name__})"
                 continue
             try:
@@ -241,6 +291,8 @@ class Exchange:
                 metrics.upstream_errors.labels(w.label, f"http_{resp.status_code}").inc()
                 error = f"backend {w.label} answered {resp.status_code}"
                 continue
+            if resp.status_code < 500:
+                w.answered_s = state.clock()  # alive: its next health check may be skipped
             ttft = time.perf_counter() - sent if self.stream else None
             if ttft is not None:
                 metrics.backend_ttft.labels(w.label).observe(ttft)
@@ -264,7 +316,10 @@ class Exchange:
         headers = strip_hop_by_hop(resp.headers.raw, HOP_BY_HOP)
         headers.append((b"x-coda-worker", w.label.encode()))
         self.status = resp.status_code
+        if resp.status_code >= 400:
+            self.outcome = "engine_error"
         sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        self.started = True
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         # usage: from the last events of a stream, or from the whole body of a JSON answer
         tail, body = first[-TAIL_BYTES:], [first]

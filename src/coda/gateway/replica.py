@@ -35,7 +35,7 @@ def open_store(state: GatewayState) -> Store:
     cfg = state.config.store
     ttl = TTL_INTERVALS * cfg.publish_interval_s
     if cfg.url is None:  # its own ledger: the state's records admissions (begin), the store's the claims
-        return LocalStore(SessionLedger(state.ledger.ttl_s), state.clock, ttl)
+        return LocalStore(SessionLedger(state.ledger.ttl_s, state.ledger.limit), state.clock, ttl)
     return RedisStore(cfg.url, cfg.key_prefix, ttl, state.ledger.ttl_s)
 
 
@@ -86,6 +86,11 @@ class Replica:
             with contextlib.suppress(StoreUnavailable):
                 await self.store.drop(self.id)
         await self.store.close()
+
+    def expire(self) -> None:
+        """Let an in-process store drop its expired session slots and claims (Redis expires its own)."""
+        if isinstance(self.store, LocalStore):
+            self.store.expire()
 
     async def publish(self, session: str | None = None) -> Synced | None:
         """Publish the table (and claim ``session``'s slot); ``None`` while the store is away."""

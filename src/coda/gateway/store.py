@@ -101,10 +101,16 @@ class LocalStore:
 
     def __init__(self, ledger: SessionLedger, clock: Callable[[], float], replica_ttl_s: float) -> None:
         self.ledger = ledger
-        self.claims = SessionLedger(CLAIM_TTL_S)
+        self.claims = SessionLedger(CLAIM_TTL_S, ledger.limit)
         self.clock = clock
         self.replica_ttl_s = replica_ttl_s
         self._tables: dict[str, tuple[int, float, dict[str, float]]] = {}  # replica -> (seq, expires, counts)
+
+    def expire(self) -> None:
+        """Drop the slots and claims past their TTL (each call to the store does too; this is for an idle gateway)."""
+        now = self.clock()
+        self.ledger.count(now)
+        self.claims.count(now)
 
     async def sync(self, replica: str, seq: int, counts: Mapping[str, float], session: str | None) -> Synced:
         now = self.clock()

@@ -1,11 +1,15 @@
 """Engine telemetry: models and ``max_model_len`` from /v1/models, load from /metrics (vLLM's
 metric names, parsed with prometheus_client's text parser), liveness from /health.
 
-Scrapes run every ``scrape_interval_s`` (default 250 ms); a worker whose last good scrape is
+Scrapes run every ``scrape_interval_s`` (default 250 ms) while a decision reads what they bring
+(``GatewayState.reads_scraped``), else every ``idle_interval_s``: reading a vLLM exposition is
+most of what an otherwise idle gateway spends between requests. A worker whose last good scrape is
 older than ``stale_after_s`` is stale, and admission counts it as saturated. Health checks eject
 a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
 passes (its models are read again then: it may have restarted with another configuration).
 
+A worker that answered a proxied request within the last ``health_interval_s`` needs no
+health check: its traffic showed it alive (a refused connection still counts as a failure).
 An idle gateway (nothing in flight for ``idle_interval_s``) scrapes and checks health every
 ``idle_interval_s`` instead, so it costs next to no CPU; a request wakes the loops, and one whose
 policy reads scraped signals first waits for a scrape of every stale worker (``fresh``).
@@ -83,7 +87,10 @@ class Telemetry:
         self.cfg = state.config.telemetry
         self.on_update = on_update
         self.on_readmit = on_readmit
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(max(2.0, self.cfg.stale_after_s)), trust_env=False)
+        # GETs go straight to the transport (as proxied requests do): no cookies, auth flows or redirects to run
+        self.transport = httpx.AsyncHTTPTransport()
+        wait_s = max(2.0, self.cfg.stale_after_s)
+        self._timeout = {"connect": wait_s, "read": wait_s, "write": wait_s, "pool": wait_s}
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
 
@@ -112,7 +119,11 @@ class Telemetry:
             await self.scrape(w)
 
     async def _get(self, w: Worker, path: str) -> httpx.Response:
-        return await self.client.get(w.cfg.url + path, headers=w.auth())
+        req = httpx.Request("GET", w.cfg.url + path, headers=w.auth(), extensions={"timeout": self._timeout})
+        resp = await self.transport.handle_async_request(req)
+        resp.request = req
+        await resp.aread()
+        return resp
 
     async def discover(self, w: Worker) -> None:
         r = await self._get(w, "/v1/models")
@@ -161,8 +172,9 @@ class Telemetry:
             self._tasks.append(asyncio.create_task(self._health_loop(w)))
 
     async def _scrape_loop(self, w: Worker) -> None:
+        every_s = self.cfg.scrape_interval_s if self.state.reads_scraped else self.cfg.idle_interval_s
         while True:
-            await self._pause(self.cfg.scrape_interval_s)
+            await self._pause(every_s)
             try:
                 await self.scrape(w)
             except (httpx.HTTPError, ValueError):
@@ -177,6 +189,9 @@ class Telemetry:
                             "--kv-events-config names when the host is '*' (tcp://*:PORT) and connects to it otherwise, so give vLLM "
                             "tcp://*:PORT and the gateway tcp://ENGINE_HOST:PORT; routing uses the gateway's own index for this worker "
                             "meanwhile", w.label, w.cfg.kv_events, self.state.config.kv_events.expect_within_s)
+            if w.healthy and self.state.clock() - w.answered_s < self.cfg.health_interval_s:
+                self.state.passed(w)  # its traffic showed it alive since the last check
+                continue
             try:
                 ok = (await self._get(w, "/health")).status_code == 200
             except httpx.HTTPError:
@@ -199,4 +214,4 @@ class Telemetry:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.client.aclose()
+        await self.transport.aclose()

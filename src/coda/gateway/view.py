@@ -31,6 +31,10 @@ SCRAPED_SIGNALS: dict[str, tuple[str, ...]] = {
     "queue_depth": ("vllm:num_requests_waiting",),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
+#: session slots held at most (the least recently admitted session loses its slot past it): about
+#: 200 bytes each, since a session is known by a fixed-size key (``identity.session_key``), so
+#: about 40 MiB whatever the clients send (assumed: far more live agent sessions than one gateway serves)
+MAX_SESSION_SLOTS = 200_000
 #: signals the gateway computes itself, so every backend supplies them
 OWN_SIGNALS = frozenset(SIGNALS) - frozenset(SCRAPED_SIGNALS)
 
@@ -60,6 +64,7 @@ class Worker:
     ttft_s: float | None = None
     first_sent_s: float | None = None  # when the gateway first sent this worker a request
     kv_batches: int = 0  # KV event batches applied
+    answered_s: float = -math.inf  # when it last answered a proxied request (below 500): as good as a health check
     #: configured KV events that have not come (``GatewayState.check_kv_events``): its blocks come from the gateway's own index
     kv_missing: bool = False
 
@@ -78,6 +83,7 @@ class Worker:
 @dataclass(slots=True)
 class Session:
     hasher: BlockHasher
+    seen_s: float  # when it last sent a request: idle past the session TTL, it is forgotten
     last_worker: int | None = None
     completed_rounds: int = 0
 
@@ -152,7 +158,7 @@ class GatewayState:
         self.defer = self.policies.spec.ingress.defer
         self.ingress: IngressPolicy = self.policies.ingress
         self.router: Router = self.policies.router
-        self.ledger = SessionLedger(ledger_ttl_s(self.ingress))
+        self.ledger = SessionLedger(ledger_ttl_s(self.ingress), MAX_SESSION_SLOTS)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
@@ -203,6 +209,14 @@ class GatewayState:
         """What the ingress policy (and its shadow) reads."""
         return frozenset(self.ingress.signals)
 
+    @property
+    def reads_scraped(self) -> bool:
+        """Whether a decision reads what an engine's /metrics says: an ingress signal scraped from
+        it, or, with a shared store, the engine's own count of the requests it runs and queues
+        (``inflight_of``). Otherwise telemetry serves only /metrics, /debug/state and the KV
+        capacity, and a scrape every ``idle_interval_s`` is enough."""
+        return bool(self.needed_signals & SCRAPED_SIGNALS.keys()) or self.shared
+
     def missing_signals(self, w: Worker) -> list[str]:
         return sorted(s for s in self.needed_signals if not w.supplies(s))
 
@@ -233,19 +247,34 @@ class GatewayState:
         """The prompt's block hashes; a session's hasher only hashes what its context appended."""
         if session_id is None:
             return BlockHasher(self.units_per_block).update(units)
+        now = self.clock()
         s = self.sessions.get(session_id)
         if s is None:
-            s = self.sessions[session_id] = Session(BlockHasher(self.units_per_block))
+            s = self.sessions[session_id] = Session(BlockHasher(self.units_per_block), now)
         else:
             self.sessions.move_to_end(session_id)
             self.session_bytes -= s.hasher.nbytes
+            s.seen_s = now
         hashes = s.hasher.update(units)
         self.session_bytes += s.hasher.nbytes
         # Least recently seen sessions go first; a dropped session is re-hashed in full on its next request.
         cfg = self.config.indexer
         while len(self.sessions) > 1 and (len(self.sessions) > cfg.max_sessions or self.session_bytes > cfg.session_cache_mib * 2**20):
-            self.session_bytes -= self.sessions.popitem(last=False)[1].hasher.nbytes
+            self._forget_oldest()
         return hashes
+
+    def expire_sessions(self) -> None:
+        """Forget the sessions idle for longer than the session TTL (their hashes and their
+        tokenizer checkpoints), and let the slot ledger drop its expired slots."""
+        now = self.clock()
+        while self.sessions and now - next(iter(self.sessions.values())).seen_s > self.ledger.ttl_s:
+            self._forget_oldest()
+        self.ledger.count(now)
+
+    def _forget_oldest(self) -> None:
+        sid, s = self.sessions.popitem(last=False)
+        self.session_bytes -= s.hasher.nbytes
+        self.tokenizer.forget(sid)
 
     def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
         return self.indexer.match(hashes, [w.tiers for w in candidates])

@@ -39,6 +39,13 @@ def _check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be within [0, 1], got {value}")
 
 
+def _check_at_least(low: float, **values: float | None) -> None:
+    """Counts and times a policy cannot work with below ``low`` (``None``: the default applies)."""
+    for name, value in values.items():
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be >= {low:g}, got {value}")
+
+
 @dataclass(frozen=True, slots=True)
 class AdmitAll(IngressPolicy):
     """Admit everything (the baseline)."""
@@ -61,6 +68,10 @@ class QueueLimit(IngressPolicy):
     name: str = "queue_limit"
     signals: frozenset[str] = frozenset({"queue_depth", "inflight_requests", "inflight_tokens"})
 
+    def __post_init__(self) -> None:
+        _check_at_least(1, max_waiting=self.max_waiting)
+        _check_at_least(0, retry_after_s=self.retry_after_s)
+
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start(snap.prompt_tokens)):
             return Decision("admit", self.name)
@@ -78,6 +89,7 @@ class KVHeadroom(IngressPolicy):
 
     def __post_init__(self) -> None:
         _check_fraction("max_kv_usage", self.max_kv_usage)
+        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.kv_usage < self.max_kv_usage):
@@ -106,6 +118,8 @@ class TenantShare(IngressPolicy):
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
+        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s)
+        _check_at_least(1, queue_high=self.queue_high)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if not saturated(snap, self.kv_high, self.queue_high):
@@ -134,6 +148,8 @@ class Overload(IngressPolicy):
 
     def __post_init__(self) -> None:
         _check_fraction("kv_reject", self.kv_reject)
+        _check_at_least(1, max_inflight=self.max_inflight, queue_reject=self.queue_reject)
+        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def limits(self, w: WorkerLoad) -> tuple[int, int]:
         """(max in flight, max waiting) for this worker: the explicit counts, else its seats' share."""
@@ -170,6 +186,8 @@ class SessionAdmission(IngressPolicy):
         _check_fraction("kv_high", self.kv_high)
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s)
+        _check_at_least(1, queue_high=self.queue_high)
 
     @property
     def session_ttl_s(self) -> float:  # type: ignore[override]
@@ -194,6 +212,9 @@ class Deadline(IngressPolicy):
     retry_after_s: float = 1.0
     name: str = "deadline"
     signals: frozenset[str] = frozenset({"deadline_slack"})
+
+    def __post_init__(self) -> None:
+        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.deadline_slack_s + self.grace_s >= 0:

@@ -197,6 +197,9 @@ def _check_type(label: str, key: str, value: Any, default: Any, hint: Any) -> No
         if value not in choices:
             raise CodaError(f"{label}: parameter {key}={value!r} must be one of {', '.join(map(repr, choices))}")
         return
+    if default is None and value is not None:  # an optional value: checked as a sample of the type it takes
+        kinds = [k for k in typing.get_args(hint) if k is not type(None)]
+        default = kinds[0]() if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
     if default is inspect.Parameter.empty or default is None:
         return
     if isinstance(default, bool) or isinstance(value, bool):

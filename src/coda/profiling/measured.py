@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coda.errors import CodaError
+from coda.errors import CodaError, reading
 
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
 SKEW_COLUMNS = ("regime", "n", "nb", "pc", "kp", "kvs", "kv_big", "kv_mean", "t_mean_us", "t_max_us", "t_skew_us")
@@ -61,9 +61,9 @@ class SkewRow:
 
 
 def _open(path: Path, columns: tuple[str, ...], kind: str) -> tuple[list[dict[str, str]], int]:
-    if not path.is_file():
+    if not path.exists():
         raise CodaError(f"{kind} CSV {path}: no such file (pass the path of a measured CSV)")
-    with path.open(newline="") as fh:
+    with reading(path, f"{kind} CSV"), path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         missing = [c for c in columns if c not in header]

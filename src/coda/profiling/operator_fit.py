@@ -27,7 +27,7 @@ import yaml
 
 from coda.cost.geometry import ELEMENTWISE, GEMMS, PER_SEQUENCE, STEP_OPS, Geometry
 from coda.cost.profile import Profile
-from coda.errors import CodaError
+from coda.errors import CodaError, reading
 from coda.profiling import catalog
 from coda.profiling.fit import Hardware, fit_constants, pack, predict
 from coda.profiling.hf_config import read_config
@@ -101,7 +101,7 @@ def model_geometry(setup: Setup, model_config: Path | None) -> Geometry:
 # --- reading ---------------------------------------------------------------------------------
 def read_table(path: Path, key: str, columns: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``layer,<key>,time_us`` rows by layer: (counts, seconds), sorted by count."""
-    with path.open(newline="") as fh:
+    with reading(path, "measured CSV"), path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in columns if c not in (reader.fieldnames or [])]
         if missing:
@@ -126,7 +126,7 @@ def read_table(path: Path, key: str, columns: tuple[str, ...]) -> dict[str, tupl
 
 def read_moe(path: Path) -> np.ndarray:
     """``tokens,activated_experts,time_us`` rows as an array (tokens, experts, seconds)."""
-    with path.open(newline="") as fh:
+    with reading(path, "measured CSV"), path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in ("tokens", "activated_experts", "time_us") if c not in (reader.fieldnames or [])]
         if missing:

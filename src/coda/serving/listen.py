@@ -12,7 +12,11 @@ def listen(host: str, port: int) -> socket.socket:
     accepted connection (``socket.create_server`` leaves the protocol at 0, and Nagle's algorithm
     then holds a stream's first chunk for the client's delayed ACK: up to 40 ms added to TTFT).
     A port in use or a bad address is a one-line ``CodaError``."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise CodaError(f"--host {host}: not an address to listen on ({getattr(err, 'strerror', None) or err}); pass an IP address "
+                        "of this machine or a name it resolves, e.g. 127.0.0.1 or 0.0.0.0") from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

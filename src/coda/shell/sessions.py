@@ -22,12 +22,15 @@ class SessionLedger:
     """Sessions that hold an admission slot, released after ``ttl_s`` without a request.
 
     Time is passed in (the gateway's monotonic clock, the simulator's virtual time). Sessions
-    are kept in last-seen order, so expiring them is amortized O(1) per call."""
+    are kept in last-seen order, so expiring them is amortized O(1) per call. With a ``limit``,
+    the least recently seen slot is released when one more would pass it (a shell that takes
+    slots from clients bounds its memory so)."""
 
-    __slots__ = ("ttl_s", "_seen")
+    __slots__ = ("ttl_s", "limit", "_seen")
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, limit: int | None = None) -> None:
         self.ttl_s = ttl_s
+        self.limit = limit
         self._seen: OrderedDict[str, float] = OrderedDict()
 
     def _expire(self, now_s: float) -> None:
@@ -52,6 +55,8 @@ class SessionLedger:
             return
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
+        if self.limit is not None and len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
 
     def last_seen(self, session_id: str) -> float:
         """When the session last took its slot (``-inf`` when it holds none)."""

@@ -20,7 +20,7 @@ class SloConfig(StrictModel):
 class SimConfig(PoliciesConfig):
     """Everything that defines a simulation besides the workload."""
 
-    workers: PositiveInt = 1
+    workers: PositiveInt = Field(1, le=4096, description="simulated engines (at most 4,096: each holds its KV tiers' arrays)")
     seed: int = 0
     profile: str = "a100-qwen3coder30b-fp8-calibrated"
     chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")

@@ -101,6 +101,8 @@ def variants(systems: Sequence[str | dict[str, Any] | Variant]) -> list[Variant]
             raise invalid(f"systems[{i}]", err, "give a preset name or {name, system, policies}") from None
         system_preset(v.preset)
         out.append(v)
+    if not out:
+        raise CodaError("systems: none given; name at least one preset (see `coda systems`), e.g. --systems vllm,coda")
     names = [v.name for v in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

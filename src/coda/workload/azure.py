@@ -23,7 +23,7 @@ def read_azure(path: Path) -> Workload:
     check_file(path, FORMAT)
     report = LoadReport(str(path), FORMAT)
     rows: list[tuple[float, int, int, int]] = []  # (time, context, generated, line)
-    with open_text(path) as fh:  # type: ignore[attr-defined]
+    with open_text(path) as fh:
         reader = csv.reader(fh)
         header = next(reader, [])
         missing = [c for c in COLUMNS if c not in header]

@@ -44,7 +44,7 @@ def read_requests(path: Path) -> Workload:
     check_file(path, FORMAT)
     report = LoadReport(str(path), FORMAT)
     rows: list[tuple[float, int, int, int]] = []
-    with open_text(path) as fh:  # type: ignore[attr-defined]
+    with open_text(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue

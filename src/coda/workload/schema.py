@@ -11,16 +11,17 @@ File format: JSONL, one session per line, optionally preceded by one header line
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TextIO
 
 import msgspec
 
-from coda.errors import CodaError
+from coda.errors import CodaError, reading
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -34,6 +35,10 @@ class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: str
     duration_s: NonNegFloat
+
+
+#: the most tokens a round may name (assumed: orders of magnitude past any model's context; a larger number is corrupt data)
+MAX_ROUND_TOKENS = 2**31 - 1
 
 
 class Round(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -139,6 +144,16 @@ class Workload(msgspec.Struct):
     def num_requests(self) -> int:
         return sum(len(s.rounds) for s in self.sessions)
 
+    def validate_sizes(self, source: str) -> None:
+        """No round names more than ``MAX_ROUND_TOKENS`` tokens (a larger count is a corrupt row)."""
+        for s in self.sessions:
+            for i, rnd in enumerate(s.rounds):
+                for name in ("new_input_tokens", "output_tokens", "prefix_tokens"):
+                    v = getattr(rnd, name)
+                    if v is not None and v > MAX_ROUND_TOKENS:
+                        raise CodaError(f"{source}: session {s.session_id} rounds[{i}].{name}={v} is more than {MAX_ROUND_TOKENS} tokens; "
+                                        "fix or drop the row")
+
     def validate_blocks(self, source: str) -> None:
         """Every round with ``block_hashes`` must carry one hash per ``block_tokens`` block."""
         if not any(r.block_hashes is not None for s in self.sessions for r in s.rounds):
@@ -180,11 +195,12 @@ def describe_decode_error(err: msgspec.DecodeError) -> tuple[str, str]:
     return path, msg[0].lower() + msg[1:] if msg else msg
 
 
-def open_text(path: Path) -> Iterable[str]:
-    """Open a text file, transparently decompressing ``.gz``."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+@contextlib.contextmanager
+def open_text(path: Path) -> Iterator[TextIO]:
+    """Open a workload file's text, transparently decompressing ``.gz``; what goes wrong reading it
+    within the block is one line naming the file (``coda.errors.reading``)."""
+    with reading(path, "workload"), gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open("r", encoding="utf-8") as fh:
+        yield fh
 
 
 def _check_path(path: Path) -> None:
@@ -201,7 +217,7 @@ def read_workload(path: str | Path) -> Workload:
     sessions: list[Session] = []
     header = _Header(coda_workload=FORMAT_VERSION)
     seen: set[str] = set()
-    with open_text(path) as fh:  # type: ignore[attr-defined]
+    with open_text(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue

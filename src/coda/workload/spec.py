@@ -64,7 +64,7 @@ def detect_format(path: Path) -> str:
 
     if not path.exists():
         raise CodaError(f"{path}: no such workload file; pass a path or a spec such as synth:rate=3,duration=600,seed=0")
-    with open_text(path) as fh:  # type: ignore[attr-defined]
+    with open_text(path) as fh:
         first = next((line for line in fh if line.strip()), "")
     for name, matches in DETECTORS:
         if matches(path, first):
@@ -76,8 +76,12 @@ def load_workload(arg: str, fmt: str | None = None) -> Workload:
     """Load a workload from a spec string or a file (format given or detected)."""
     if fmt is not None and fmt not in READERS:
         raise CodaError(f"unknown workload format {fmt!r}; valid: {', '.join(READERS)}")
+    if not arg:
+        raise CodaError("the workload argument is empty; pass a workload file or a spec such as synth:rate=3,duration=600,seed=0")
     if arg.startswith("synth:") or arg == "synth":
         return synth_from_spec(arg)
     path = Path(arg)
     name = fmt or detect_format(path)
-    return READERS[name](path)
+    wl = READERS[name](path)
+    wl.validate_sizes(str(path))
+    return wl

@@ -71,7 +71,7 @@ def jsonl_rows(path: Path, row_type: type, fmt: str) -> Iterator[tuple[int, Any]
     """Decode each non-blank line of a JSONL file (``.gz`` too) into ``row_type``, one at a time."""
     check_file(path, fmt)
     decoder = msgspec.json.Decoder(row_type)
-    with open_text(path) as fh:  # type: ignore[attr-defined]
+    with open_text(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
