@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from coda.engines.launch import FakeEngineProcess
+from coda.gateway.identity import DEFAULT_TENANT, session_key
 from coda.policy.routing import rendezvous
 from coda.serving.procs import Proc, running
 from tests.integration.redis_server import RedisServer, free_port, redis_server  # noqa: F401  (a fixture)
@@ -77,8 +78,10 @@ class RoundRobin(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
-def home(session: str) -> str:
-    return LABELS[rendezvous(session, LABELS)]
+def home(session: str, tenant: str = DEFAULT_TENANT) -> str:
+    """The worker a session of ``tenant`` belongs to: the gateway hashes the tenant and the id into
+    its session key, and rendezvous-hashes that key over the workers."""
+    return LABELS[rendezvous(session_key(tenant, session), LABELS)]
 
 
 def tables(server: RedisServer) -> dict[str, dict[str, str]]:
