@@ -263,7 +263,7 @@ def test_a_store_that_dies_is_served_through_fail_open_and_caught_up_when_it_ret
         # resync: r0 republished its stream and the slots it gave while the store was away
         wait_until(lambda: float(tables(redis_server).get("r0", {}).get(f"n|{home('kept')}", 0)) == 1, "r0 republished its stream")
         slots = redis_server.client().zrange(f"{PREFIX}:sessions", 0, -1)
-        assert {"kept", "meanwhile-0", "meanwhile-1", "meanwhile-2"} <= set(slots)
+        assert {session_key(DEFAULT_TENANT, s) for s in ("kept", "meanwhile-0", "meanwhile-1", "meanwhile-2")} <= set(slots)
         wait_until(lambda: state(procs[1])["replica"]["others"].get(f"n|{home('kept')}") == 1, "r1 reads r0's stream again")
         held.close()
         assert_counts_return_to_zero(procs, redis_server)
