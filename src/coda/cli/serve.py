@@ -11,6 +11,7 @@ import typer
 
 from coda.cli import app, err_console, out_console
 from coda.errors import CodaError
+from coda.serving.listen import event_loop_factory
 
 
 @app.command("serve")
@@ -68,7 +69,8 @@ def serve(
                           + ", ".join(f"{w.label} ({', '.join(sorted(w.models))})" for w in s.workers), highlight=False, soft_wrap=True)
 
     try:
-        asyncio.run(run(cfg, ready))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(run(cfg, ready))
     except KeyboardInterrupt:
         pass
     except OSError as err:

@@ -326,9 +326,12 @@ class Exchange:
         await send({"type": "http.response.body", "body": first, "more_body": True})
         if sse:
             relay.state.streamed(t, first.count(b"data:"))
+        clock = relay.state.clock if resp.status_code < 500 else None
         try:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if clock is not None:  # a worker streaming its answer needs no health check meanwhile
+                    w.answered_s = clock()
                 if sse:
                     tail = (tail + chunk)[-TAIL_BYTES:]
                     relay.state.streamed(t, chunk.count(b"data:"))

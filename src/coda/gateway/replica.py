@@ -2,8 +2,8 @@
 reads the others' sums back into ``GatewayState.others``, and tracks whether the store answers.
 
 Decisions go through ``decide_lock`` one at a time per replica (atomic among replicas through the
-store's own atomic steps, see ``coda.gateway.store``). A background loop publishes the table when
-counts change, and every ``publish_interval_s`` regardless, which refreshes its TTL and brings the
+store's own atomic steps, see ``coda.gateway.store``). With a shared store, a background loop
+publishes the table when counts change, and every ``publish_interval_s`` regardless, which refreshes its TTL and brings the
 other replicas' changes in (deferred requests then decide again). While the store is unreachable
 the replica serves on its own state (``on_unreachable``: open admits by it, closed defers), only
 the loop tries the store, and when it answers again the loop republishes the table and the session
@@ -75,7 +75,8 @@ class Replica:
 
     async def start(self) -> None:
         await self._publish(None, probe=True)
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self.store.kind != "in-process":  # an in-process store has no other replica to publish to
+            self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def close(self) -> None:
         if self._task is not None:

@@ -8,8 +8,9 @@ older than ``stale_after_s`` is stale, and admission counts it as saturated. Hea
 a worker after ``eject_after`` consecutive failures and re-admit it after ``readmit_after``
 passes (its models are read again then: it may have restarted with another configuration).
 
-A worker that answered a proxied request within the last ``health_interval_s`` needs no
-health check: its traffic showed it alive (a refused connection still counts as a failure).
+A worker that answered a proxied request, or relayed a chunk of one, within the last
+``health_interval_s`` needs no health check: its traffic showed it alive (a refused connection
+still counts as a failure).
 An idle gateway (nothing in flight for ``idle_interval_s``) scrapes and checks health every
 ``idle_interval_s`` instead, so it costs next to no CPU; a request wakes the loops, and one whose
 policy reads scraped signals first waits for a scrape of every stale worker (``fresh``).

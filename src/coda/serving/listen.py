@@ -1,8 +1,11 @@
-"""Listening sockets for Coda's HTTP servers (the gateway and the fake engine)."""
+"""Listening sockets for Coda's HTTP servers (the gateway and the fake engine), and the event loop
+the gateway runs on."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Callable
 
 from coda.errors import CodaError
 
@@ -26,3 +29,14 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise CodaError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return sock
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (every platform but Windows): its selector,
+    transports and callbacks run in C, where asyncio's are Python code run for every relayed chunk
+    (most of a proxy's CPU beside HTTP parsing); ``None`` (asyncio's own loop) elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
