@@ -34,6 +34,7 @@ MESSAGES = {
     "overloaded": "every worker is at its load limit",
     "session_slots_full": "every agent-session slot is taken",
     "new_session_deferred": "the cluster is saturated, so new agent sessions wait while running ones finish",
+    "defer_budget_spent": "this new agent session has waited for a slot as long as the session policy defers one",
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
     "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
@@ -178,6 +179,9 @@ class Admission:
                             await asyncio.wait_for(self._changed.wait(), left)
                         except TimeoutError:
                             pass
+                        t.matches = state.match(t.hashes, t.candidates)  # what it would newly occupy may have shrunk while it waited
+                        if not state.ledger.active(t.session_id, state.clock()):
+                            await asyncio.sleep(0)  # held continuations of admitted sessions, woken together with it, decide first
                         d, snap, shadow = await self.decide(t)
                 finally:
                     state.queued -= 1

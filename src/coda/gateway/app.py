@@ -338,6 +338,7 @@ class Gateway:
                 "id": w.id, "label": w.label, "url": w.cfg.url, "healthy": w.healthy, "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
                 "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None, "queue_depth": w.queue_depth,
                 "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
+                "inflight_new_tokens": w.inflight_new_tokens,
                 "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
                 "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
                 "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,

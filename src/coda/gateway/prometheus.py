@@ -39,6 +39,8 @@ class GatewayMetrics:
         w = ("worker",)
         self.w_inflight = Gauge("coda_worker_inflight_requests", "Requests in flight through the gateway", w, registry=r)
         self.w_tokens = Gauge("coda_worker_inflight_tokens", "Prompt tokens in flight through the gateway", w, registry=r)
+        self.w_new_tokens = Gauge("coda_worker_inflight_new_tokens", "KV tokens the requests in flight through the gateway newly "
+                                  "occupy (their prompts beyond the prefix resident when sent): what the load checks count", w, registry=r)
         self.w_healthy = Gauge("coda_worker_healthy", "1 while the worker passes health checks", w, registry=r)
         self.w_stale = Gauge("coda_worker_telemetry_stale", "1 while the worker's telemetry is stale", w, registry=r)
         self.w_queue = Gauge("coda_worker_queue_depth", "Requests waiting in the engine (scraped)", w, registry=r)
@@ -56,6 +58,7 @@ class GatewayMetrics:
             lab = w.label
             self.w_inflight.labels(lab).set(len(w.inflight))
             self.w_tokens.labels(lab).set(w.inflight_tokens)
+            self.w_new_tokens.labels(lab).set(w.inflight_new_tokens)
             self.w_healthy.labels(lab).set(int(w.healthy))
             self.w_stale.labels(lab).set(int(now - w.scraped_at > state.config.telemetry.stale_after_s))
             self.w_queue.labels(lab).set(w.queue_depth)

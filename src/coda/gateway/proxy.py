@@ -285,6 +285,8 @@ class Exchange:
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
                 error = f"backend {w.label} failed before its first byte ({type(err).__name__})"
                 continue
+            state.answered(t)
+            relay.admission.kick()  # its engine's queue got younger
             if resp.status_code in RETRY_STATUSES and len(tried) < 2:
                 await resp.aclose()
                 state.end(t)

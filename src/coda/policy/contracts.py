@@ -29,7 +29,7 @@ from coda.policy.snapshots import AdmissionSnapshot, IngressSnapshot, RoutingSna
 
 #: every signal an ingress policy may read; the gateway maps each to a source (an engine's /metrics
 #: or its own count) and refuses to start when one is missing, the simulator fills them all
-SIGNALS = ("queue_depth", "kv_usage", "inflight_requests", "inflight_tokens", "prefix_hit", "tenant_share", "deadline_slack")
+SIGNALS = ("queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "prefix_hit", "tenant_share", "deadline_slack")
 
 Action = Literal["admit", "defer", "reject"]
 SEVERITY: dict[str, int] = {"admit": 0, "defer": 1, "reject": 2}

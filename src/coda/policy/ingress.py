@@ -22,6 +22,7 @@ set so it can label metrics.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -60,8 +61,8 @@ class AdmitAll(IngressPolicy):
 @dataclass(frozen=True, slots=True)
 class QueueLimit(IngressPolicy):
     """Defer what the engine would only queue: while every worker has ``max_waiting`` requests in
-    its engine queue, or could not start the request at once (every seat taken, or its prompt
-    does not fit in the KV cache beside the prompts in flight: ``WorkerLoad.can_start``)."""
+    its engine queue, or could not start the request at once (every seat taken, or what it would
+    newly occupy does not fit in the KV cache beside what is in flight: ``WorkerLoad.can_start``)."""
 
     max_waiting: int = 4
     retry_after_s: float = 1.0
@@ -73,7 +74,7 @@ class QueueLimit(IngressPolicy):
         _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start(snap.prompt_tokens)):
+        if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start()):
             return Decision("admit", self.name)
         return Decision("defer", self.name, "queue_full", 503, self.retry_after_s)
 
@@ -97,10 +98,31 @@ class KVHeadroom(IngressPolicy):
         return Decision("defer", self.name, "kv_full", 503, self.retry_after_s)
 
 
-def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int) -> bool:
-    """No worker has room: each is at ``kv_high`` KV use, has ``queue_high`` requests waiting, or
-    could not start the request at once (``WorkerLoad.can_start``)."""
-    return not room(snap, lambda w: w.kv_usage < kv_high and w.queue_depth < queue_high and w.can_start(snap.prompt_tokens))
+def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_s: float) -> bool:
+    """A dual gate over signals that move within seconds: no worker has room, a worker having none
+    when its KV is pressed (``kv_high`` KV use, or the request does not fit beside what is in flight:
+    ``WorkerLoad.fits``) AND its queue is (``queue_high`` requests waiting, the oldest unanswered one
+    waiting ``queue_age_s``, or every seat taken). Either alone is a busy engine that still serves
+    what it is sent at its pace: a full cache with nothing waiting, or a queue that drains."""
+
+    def has_room(w: WorkerLoad) -> bool:
+        kv_pressed = w.kv_usage >= kv_high or not w.fits()
+        queue_pressed = w.queue_depth >= queue_high or w.queue_age_s >= queue_age_s or not w.has_seat()
+        return not (kv_pressed and queue_pressed)
+
+    return not room(snap, has_room)
+
+
+#: the oldest unanswered request's wait at which a queue counts as pressed (assumed: a few times the
+#: unloaded time to first token of a long agent prompt, about 0.35 s on the load benchmark's engines)
+QUEUE_AGE_S = 2.0
+
+
+def jittered(base_s: float, jitter: float, key: str) -> float:
+    """``base_s`` stretched by up to ``jitter`` of itself, by a hash of ``key`` (a pure function, so
+    every shell answers alike, while clients deferred together come back spread out)."""
+    u = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+    return base_s * (1.0 + jitter * u)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,17 +134,18 @@ class TenantShare(IngressPolicy):
     slack: float = 0.1
     kv_high: float = 0.85
     queue_high: int = 2
+    max_queue_age_s: float = QUEUE_AGE_S
     retry_after_s: float = 2.0
     name: str = "tenant_share"
-    signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
-        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s)
+        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s, max_queue_age_s=self.max_queue_age_s)
         _check_at_least(1, queue_high=self.queue_high)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if not saturated(snap, self.kv_high, self.queue_high):
+        if not saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
             return Decision("admit", self.name)
         if snap.tenant_share > snap.entitlement * (1.0 + self.slack):
             return Decision("reject", self.name, "tenant_over_share", 429, self.retry_after_s)
@@ -169,24 +192,33 @@ class Overload(IngressPolicy):
 
 @dataclass(frozen=True, slots=True)
 class SessionAdmission(IngressPolicy):
-    """Admit whole agent sessions: a request of a session that holds a slot always passes; under
-    saturation (or with ``max_sessions`` slots taken) a new session is deferred, so the sessions
-    already running keep their KV and finish. A session idle for ``idle_ttl_s`` loses its slot
-    (the shell's ``SessionLedger`` applies the TTL)."""
+    """Admit whole agent sessions: admitting half of two sessions can finish neither. A request of
+    a session that holds a slot always passes, so the sessions running keep their KV and finish. A
+    new session waits while the cluster is saturated (the dual gate of ``saturated``) or
+    ``max_sessions`` slots are taken: deferred (503, a ``Retry-After`` of ``retry_after_s``
+    stretched by up to ``retry_jitter`` so deferred clients do not return together) until it has
+    been deferred for ``defer_budget_s``, then rejected (529), so a client stops waiting on a
+    door that will not open soon. A session idle for ``idle_ttl_s`` loses its slot (the shell's
+    ``SessionLedger`` applies the TTL and keeps when each waiting session was first deferred)."""
 
     max_sessions: int = 0  # 0: no cap, only saturation defers
     kv_high: float = 0.85
     queue_high: int = 2
+    max_queue_age_s: float = QUEUE_AGE_S
     idle_ttl_s: float = 300.0
     retry_after_s: float = 2.0
+    retry_jitter: float = 0.5
+    #: assumed: about six of an agent client's retries at the default Retry-After
+    defer_budget_s: float = 15.0
     name: str = "session"
-    signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
-        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s)
+        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s, retry_jitter=self.retry_jitter,
+                        defer_budget_s=self.defer_budget_s, max_queue_age_s=self.max_queue_age_s)
         _check_at_least(1, queue_high=self.queue_high)
 
     @property
@@ -197,10 +229,14 @@ class SessionAdmission(IngressPolicy):
         if snap.session_active:
             return Decision("admit", self.name, "session_continues")
         if self.max_sessions and snap.active_sessions >= self.max_sessions:
-            return Decision("defer", self.name, "session_slots_full", 503, self.retry_after_s)
-        if saturated(snap, self.kv_high, self.queue_high):
-            return Decision("defer", self.name, "new_session_deferred", 503, self.retry_after_s)
-        return Decision("admit", self.name)
+            reason = "session_slots_full"
+        elif saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
+            reason = "new_session_deferred"
+        else:
+            return Decision("admit", self.name)
+        if snap.session_deferred_s >= self.defer_budget_s:
+            return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s)
+        return Decision("defer", self.name, reason, 503, jittered(self.retry_after_s, self.retry_jitter, f"{snap.session_id}|{snap.now_s!r}"))
 
 
 @dataclass(frozen=True, slots=True)
