@@ -348,7 +348,7 @@ class Gateway:
             "policies": s.policies.spec.describe(), "policy": s.ingress.name, "router": s.router.name, "draining": s.draining,
             "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
             "replica": {"id": self.replica.id, "store": self.replica.detail, "others": dict(s.others)},
-            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
+            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions), "ingress_liveness": self.admission.liveness.report(),
             "session_cache_mib": round(s.session_bytes / 2**20, 3),
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
             "workers": workers,

@@ -18,6 +18,12 @@ class GatewayMetrics:
         self.requests = Counter("coda_gateway_requests", "Requests answered, by route and status", ("route", "status"), registry=r)
         self.decisions = Counter("coda_ingress_decisions", "Final ingress decisions", ("policy", "action", "reason"), registry=r)
         self.deferred = Counter("coda_ingress_deferred", "Requests deferred at least once", registry=r)
+        self.gate_fires = Counter("coda_ingress_gate_fires", "Decisions in which a gate (a part of the ingress policy) did not admit, by "
+                                  "what it did and the signal that bound (a held request is decided again, so it may count more than once)",
+                                  ("gate", "action", "signal"), registry=r)
+        self.gate_touched = Counter("coda_ingress_gate_requests_touched", "Requests a gate did not admit at least once (over "
+                                    "coda_ingress_requests_decided: the share it touched; 0 all run: it never acted)", ("gate",), registry=r)
+        self.requests_decided = Counter("coda_ingress_requests_decided", "Requests the ingress policy decided for good", registry=r)
         self.shadow = Counter("coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r)
         self.queue = Gauge("coda_ingress_queue_length", "Requests held by defer decisions", registry=r)
         self.retries = Counter("coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r)

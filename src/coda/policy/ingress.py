@@ -23,7 +23,7 @@ set so it can label metrics.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coda.policy.contracts import SEVERITY, Decision, IngressPolicy
@@ -33,6 +33,18 @@ from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 def room(snap: IngressSnapshot, has_room: Callable[[WorkerLoad], bool]) -> bool:
     """Whether some healthy worker with fresh telemetry passes ``has_room`` (stale ones are full)."""
     return any(w.healthy and not w.stale and has_room(w) for w in snap.workers)
+
+
+def binding(snap: IngressSnapshot, pressed: Mapping[str, Callable[[WorkerLoad], bool]]) -> str:
+    """The signals that left no worker room: the names of ``pressed`` that hold on some usable
+    worker, and ``telemetry`` when a worker is stale or unhealthy, joined by ``+``."""
+    names = set()
+    for w in snap.workers:
+        if not w.healthy or w.stale:
+            names.add("telemetry")
+        else:
+            names.update(name for name, check in pressed.items() if check(w))
+    return "+".join(sorted(names))
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -76,7 +88,9 @@ class QueueLimit(IngressPolicy):
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start()):
             return Decision("admit", self.name)
-        return Decision("defer", self.name, "queue_full", 503, self.retry_after_s)
+        signal = binding(snap, {"queue_depth": lambda w: w.queue_depth >= self.max_waiting, "inflight_requests": lambda w: not w.has_seat(),
+                                "inflight_tokens": lambda w: not w.fits()})
+        return Decision("defer", self.name, "queue_full", 503, self.retry_after_s, signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,7 @@ class KVHeadroom(IngressPolicy):
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.kv_usage < self.max_kv_usage):
             return Decision("admit", self.name)
-        return Decision("defer", self.name, "kv_full", 503, self.retry_after_s)
+        return Decision("defer", self.name, "kv_full", 503, self.retry_after_s, binding(snap, {"kv_usage": lambda w: True}))
 
 
 def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_s: float) -> bool:
@@ -111,6 +125,13 @@ def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_
         return not (kv_pressed and queue_pressed)
 
     return not room(snap, has_room)
+
+
+def saturation_signal(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_s: float) -> str:
+    """The signals of ``saturated``'s gate that are pressed (``binding``)."""
+    return binding(snap, {"kv_usage": lambda w: w.kv_usage >= kv_high, "inflight_tokens": lambda w: not w.fits(),
+                          "queue_depth": lambda w: w.queue_depth >= queue_high, "queue_age": lambda w: w.queue_age_s >= queue_age_s,
+                          "inflight_requests": lambda w: not w.has_seat()})
 
 
 #: the oldest unanswered request's wait at which a queue counts as pressed (assumed: a few times the
@@ -148,7 +169,7 @@ class TenantShare(IngressPolicy):
         if not saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
             return Decision("admit", self.name)
         if snap.tenant_share > snap.entitlement * (1.0 + self.slack):
-            return Decision("reject", self.name, "tenant_over_share", 429, self.retry_after_s)
+            return Decision("reject", self.name, "tenant_over_share", 429, self.retry_after_s, "tenant_share")
         return Decision("admit", self.name)
 
 
@@ -187,7 +208,9 @@ class Overload(IngressPolicy):
 
         if room(snap, has_room):
             return Decision("admit", self.name)
-        return Decision("reject", self.name, "overloaded", 529, self.retry_after_s)
+        signal = binding(snap, {"inflight_requests": lambda w: w.inflight_requests >= self.limits(w)[0], "kv_usage": lambda w: w.kv_usage >= self.kv_reject,
+                                "queue_depth": lambda w: w.queue_depth >= self.limits(w)[1]})
+        return Decision("reject", self.name, "overloaded", 529, self.retry_after_s, signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,14 +252,15 @@ class SessionAdmission(IngressPolicy):
         if snap.session_active:
             return Decision("admit", self.name, "session_continues")
         if self.max_sessions and snap.active_sessions >= self.max_sessions:
-            reason = "session_slots_full"
+            reason, signal = "session_slots_full", "session_slots"
         elif saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
-            reason = "new_session_deferred"
+            reason, signal = "new_session_deferred", saturation_signal(snap, self.kv_high, self.queue_high, self.max_queue_age_s)
         else:
             return Decision("admit", self.name)
         if snap.session_deferred_s >= self.defer_budget_s:
-            return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s)
-        return Decision("defer", self.name, reason, 503, jittered(self.retry_after_s, self.retry_jitter, f"{snap.session_id}|{snap.now_s!r}"))
+            return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, signal)
+        retry = jittered(self.retry_after_s, self.retry_jitter, f"{snap.session_id}|{snap.now_s!r}")
+        return Decision("defer", self.name, reason, 503, retry, signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +279,7 @@ class Deadline(IngressPolicy):
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.deadline_slack_s + self.grace_s >= 0:
             return Decision("admit", self.name)
-        return Decision("reject", self.name, "deadline_unmeetable", 529, self.retry_after_s)
+        return Decision("reject", self.name, "deadline_unmeetable", 529, self.retry_after_s, "deadline_slack")
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,7 @@ class Simulation:
         ing = self.ingress
         assert ing is not None
         snap = self.ingress_snapshot(req)
-        d = ing.decide(snap)
+        d = ing.decide(snap, req.rid)
         if d.action == "admit":
             ing.release(req)
             wid = self._route(req, req.sess)
@@ -264,6 +264,7 @@ class Simulation:
                 return  # held already: its deadline event stands
             req.deferred_since = self.loop.now
             if not ing.hold(req):
+                ing.liveness.done(req.rid)
                 self._reject(req, "gateway_queue_full")
                 return
             self.loop.at(self.loop.now + ing.defer.max_wait_s, self._defer_timeout, req)
@@ -275,6 +276,7 @@ class Simulation:
         """A held request that found no room within max_wait_s: answered 503 with Retry-After."""
         assert self.ingress is not None
         if self.ingress.release(req):
+            self.ingress.liveness.done(req.rid)
             self._reject(req, "defer_timeout")
 
     def _room_may_have_freed(self) -> None:

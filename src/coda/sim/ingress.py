@@ -21,6 +21,7 @@ from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
 from coda.shell.estimates import deadline_slack_s
+from coda.shell.liveness import Liveness, gate_decisions
 from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
@@ -42,6 +43,7 @@ class SimIngress:
         self.unanswered: dict[int, OrderedDict[int, float]] = {}
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
+        self.liveness = Liveness.of(policy)
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
 
     def tenant(self, name: str) -> TenantSpec:
@@ -81,10 +83,14 @@ class SimIngress:
             kv_capacity_tokens=w.hbm.capacity * w.C,
         )
 
-    def decide(self, snap: IngressSnapshot) -> Decision:
+    def decide(self, snap: IngressSnapshot, rid: int) -> Decision:
+        """The decision on request ``rid`` (counted per gate; a request deferred for good is ``done`` by the caller)."""
         d = self.policy.decide(snap)
         key = f"{d.action}:{d.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.liveness.observe(rid, gate_decisions(self.policy, snap))
+        if d.action != "defer":
+            self.liveness.done(rid)
         if d.action == "admit":
             self.ledger.touch(snap.session_id, snap.now_s)
         elif d.action == "defer":
