@@ -84,7 +84,8 @@ def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | Non
            gates: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """``gates``: each gate that did not admit the request at some decision, with its last such decision."""
     rec: dict[str, Any] = {
-        "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id, "model": t.model,
+        "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id,
+        "session_source": t.session_source, "model": t.model,
         "prompt_tokens": t.prompt_tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
         "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "prefix_hit": round(t.prefix_hit, 4),
         "signals": snap.signals(), "gates": gates or {},

@@ -41,7 +41,7 @@ from starlette.routing import Route
 from coda.errors import CodaError
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
-from coda.gateway.identity import Identities, session_id, session_key, with_cache_salt
+from coda.gateway.identity import Identities, session_of, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
@@ -181,8 +181,9 @@ class Gateway:
             await self.telemetry.fresh()
             raw = await self._body(request)
             body = self._json(raw)
-            sid = session_key(tenant, session_id(request.headers, body))
+            sid, source = session_of(tenant, path, request.headers, body, self.state.chains)
             ticket = self._plan(path, request, tenant, body, sid, await self._engine_tokens(path, body, sid))
+            ticket.session_source = source
         except ApiError as err:
             self._refused(path, err.status, err.code or "error", t0)
             return err.response(path)

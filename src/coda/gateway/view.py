@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coda.gateway.config import BackendConfig, GatewayConfig
+from coda.gateway.identity import ResponseChains
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
 from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
@@ -113,6 +114,7 @@ class Ticket:
     session_seen: bool = False  # the store says the session held a slot: an earlier round went somewhere
     plan: tuple[Worker, int | None] | None = None  # the worker (and shadow router's choice) its admission counted it on
     new_tokens: int = 0  # what it newly occupies on the worker it was sent to (``WorkerLoad.new_tokens``), while in flight
+    session_source: str | None = None  # the rule that recognised its session (``identity.session_of``)
 
     @property
     def prefix_hit(self) -> float:
@@ -165,6 +167,7 @@ class GatewayState:
         self.router: Router = self.policies.router
         self.ledger = SessionLedger(ledger_ttl_s(self.ingress), MAX_SESSION_SLOTS)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.chains = ResponseChains()  # Responses API answers -> their session, for ``previous_response_id``
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
