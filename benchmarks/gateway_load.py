@@ -12,8 +12,9 @@ can disagree in a closed loop: a session slowed by overload offers fewer rounds,
 charged the rounds it would have sent. A policy whose run fails (`coda bench` exits non-zero, or
 the gateway does not start) is a row with its reason, and the next policy runs.
 
-Goodput and session goodput divide by the symmetric denominator of ``coda.metrics.offered`` (what
-the workload offers in the window at the unloaded pace, the same for every policy; docs/bench.md),
+Goodput and session goodput divide by the symmetric denominator of ``coda.metrics.offered`` (a
+refused session's unsent rounds charged only as far as its trace timing at the unloaded pace
+reaches inside the window, as a slowed session's late rounds are not; docs/bench.md),
 beside ``coda bench``'s own goodput over the rounds the replay recorded (``goodput_replayed``).
 Each row carries the ingress policy's liveness verdict (whether each gate fired) read from the
 gateway's /metrics. ``--json`` prints one object, ``{"rows": [...]}``, one row per phase and policy.
@@ -37,10 +38,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from coda.cost.model import build_cost_model
+from coda.cost.profile import load_profile
 from coda.engines.launch import FakeEngineProcess
 from coda.metrics.offered import symmetric_summary
 from coda.metrics.requests import Window
+from coda.metrics.tasks import alone_times_s
 from coda.serving.procs import running
+from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
 
 POLICIES = "admit_all,queue_limit,session"
@@ -83,14 +88,24 @@ def policy_run(backends: list[str], phase: str, rate: float, policy: str, durati
         alive = gw.popen.poll() is None
     after_1 = [r for t, r in samples if t >= 60]
     records = [json.loads(line) for line in (out / label / "requests.jsonl").read_text().splitlines()]
-    fair = symmetric_summary(records, load_workload(wl), Window(*s["window_s"]), time_scale=scale, ttft_slo_s=s["config"]["slo"]["ttft_s"],
-                             tbt_slo_s=s["config"]["slo"]["tbt_s"])
+    workload = load_workload(wl)
+    fair = symmetric_summary(records, workload, Window(*s["window_s"]), time_scale=scale, ttft_slo_s=s["config"]["slo"]["ttft_s"],
+                             tbt_slo_s=s["config"]["slo"]["tbt_s"], alone_s=alone_ends(workload))
     ingress = s.get("ingress") or {}
     return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput_replayed": s["goodput"], "offered_replayed": s["offered"],
             "slo_tps": s["slo_tps"], "output_tps": s["output_tps"], "ttft_p95_s": s["ttft_p95_s"], "alive": alive,
             "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []),
             "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
             "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples, "error": None}
+
+
+def alone_ends(workload) -> dict[str, list[float]]:
+    """Each session's round ends alone on an idle fake engine, in trace seconds: its cost profile
+    and engine settings are the simulator's defaults, as `coda fake-engine`'s are."""
+    engine = SimConfig()
+    cost = build_cost_model(load_profile(engine.profile))
+    return {s.session_id: alone_times_s(s, cost, chunk_tokens=engine.chunk_tokens, max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        decode_run_max=engine.decode_run_max) for s in workload.sessions}
 
 
 def sample_rss(pid: int, samples: list[tuple[float, float]], stop: threading.Event, t0: float) -> None:
@@ -157,8 +172,8 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
     """The table, each policy against admit_all at the same load, and each liveness verdict."""
     unloaded = rows[0]["ttft_p95_s"] or float("nan")
     table = Table(title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
-                        f"fake engines x{args.speedup:g}, default thresholds; offered = the symmetric denominator (docs/bench.md)")
-    cols = ("phase", "policy", "rate", "offered", "admitted", "deferred", "rejected", "completed", "unsent", "goodput", "session goodput",
+                        f"fake engines x{args.speedup:g}, default thresholds; offered: the symmetric denominator (docs/bench.md)")
+    cols = ("phase", "policy", "rate", "offered", "admitted", "deferred", "rejected", "abandoned", "completed", "goodput", "session goodput",
             "sessions done", "goodput (replayed)", "TTFT p95 (admitted)", "vs unloaded", "SLO req/s", "gateway up", "RSS min 1 -> end (MiB)")
     for c in cols:
         table.add_column(c, justify="right")
@@ -167,8 +182,8 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * (len(cols) - 4))
             continue
         p95 = r["ttft_p95_s"]
-        table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "completed",
-                                                                                          "unsent")),
+        table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "abandoned",
+                                                                                          "completed")),
                       f"{r['goodput']:.3f}", f"{r['session_goodput']:.3f}", f"{r['sessions_completed']}/{r['sessions_offered']}",
                       f"{r['goodput_replayed']:.3f}", f"{p95:.2f} s" if p95 else "-", f"{p95 / unloaded:.2f}x" if p95 else "-",
                       f"{r['slo_rps']:.2f}", str(r["alive"]),
