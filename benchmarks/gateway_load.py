@@ -12,8 +12,16 @@ can disagree in a closed loop: a session slowed by overload offers fewer rounds,
 charged the rounds it would have sent. A policy whose run fails (`coda bench` exits non-zero, or
 the gateway does not start) is a row with its reason, and the next policy runs.
 
+Goodput and session goodput divide by the symmetric denominator of ``coda.metrics.offered`` (a
+refused session's unsent rounds charged only as far as its trace timing at the unloaded pace
+reaches inside the window, as a slowed session's late rounds are not; docs/bench.md),
+beside ``coda bench``'s own goodput over the rounds the replay recorded (``goodput_replayed``).
+Each row carries the ingress policy's liveness verdict (whether each gate fired) read from the
+gateway's /metrics. ``--json`` prints one object, ``{"rows": [...]}``, one row per phase and policy.
+
     python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--overload 4] [--rates 0.5,1,2,4] [--out runs/gateway-load]
                                       [--sweep-json runs/gateway-load/sweep/sweep.json | --knee RATE]
+                                      [--policies admit_all,queue_limit,session] [--json]
 """
 
 from __future__ import annotations
@@ -30,10 +38,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from coda.cost.model import build_cost_model
+from coda.cost.profile import load_profile
 from coda.engines.launch import FakeEngineProcess
+from coda.metrics.offered import symmetric_summary
+from coda.metrics.requests import Window
+from coda.metrics.tasks import alone_times_s
 from coda.serving.procs import running
+from coda.sim.config import SimConfig
+from coda.workload.spec import load_workload
 
-POLICIES = ("admit_all", "queue_limit", "session")
+POLICIES = "admit_all,queue_limit,session"
 
 
 def rss_mib(pid: int) -> float:
@@ -55,8 +70,10 @@ def bench(endpoint: str, args: list[str], out: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def policy_run(backends: list[str], label: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
-    """One policy's loaded (or unloaded) run behind a fresh gateway: its bench summary and the gateway's RSS over time."""
+def policy_run(backends: list[str], phase: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
+    """One policy's loaded (or unloaded) run behind a fresh gateway: its measures on the symmetric
+    denominator, its bench summary's, and the gateway's RSS over time."""
+    label = f"{phase}-{policy}"
     wl = f"synth:rate={rate:g},duration={duration:.0f},seed=11"
     with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", policy) as gw:
         samples: list[tuple[float, float]] = []
@@ -70,11 +87,25 @@ def policy_run(backends: list[str], label: str, rate: float, policy: str, durati
             stop.set()
         alive = gw.popen.poll() is None
     after_1 = [r for t, r in samples if t >= 60]
-    return {"policy": label, "rate": rate, "goodput": s["goodput"], "slo_tps": s["slo_tps"], "output_tps": s["output_tps"],
-            "ttft_p95_s": s["ttft_p95_s"], "offered": s["offered"],
-            "completed": s["completed"], "rejected": s["rejected"], "failed": s["failed"], "alive": alive,
+    records = [json.loads(line) for line in (out / label / "requests.jsonl").read_text().splitlines()]
+    workload = load_workload(wl)
+    fair = symmetric_summary(records, workload, Window(*s["window_s"]), time_scale=scale, ttft_slo_s=s["config"]["slo"]["ttft_s"],
+                             tbt_slo_s=s["config"]["slo"]["tbt_s"], alone_s=alone_ends(workload))
+    ingress = s.get("ingress") or {}
+    return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput_replayed": s["goodput"], "offered_replayed": s["offered"],
+            "slo_tps": s["slo_tps"], "output_tps": s["output_tps"], "ttft_p95_s": s["ttft_p95_s"], "alive": alive,
+            "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []),
             "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
             "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples, "error": None}
+
+
+def alone_ends(workload) -> dict[str, list[float]]:
+    """Each session's round ends alone on an idle fake engine, in trace seconds: its cost profile
+    and engine settings are the simulator's defaults, as `coda fake-engine`'s are."""
+    engine = SimConfig()
+    cost = build_cost_model(load_profile(engine.profile))
+    return {s.session_id: alone_times_s(s, cost, chunk_tokens=engine.chunk_tokens, max_num_batched_tokens=engine.max_num_batched_tokens,
+                                        decode_run_max=engine.decode_run_max) for s in workload.sessions}
 
 
 def sample_rss(pid: int, samples: list[tuple[float, float]], stop: threading.Event, t0: float) -> None:
@@ -94,11 +125,13 @@ def main() -> None:
     ap.add_argument("--sweep-json", type=Path, help="reuse the sweep.json of an earlier run instead of sweeping again")
     ap.add_argument("--knee", type=float, help="the knee rate (req/s), e.g. from an earlier sweep, instead of sweeping")
     ap.add_argument("--overload", type=float, default=4.0, help="the loaded runs' rate as a multiple of the knee")
+    ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
+    ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (one row per phase and policy) instead of the table')
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scale = 1.0 / args.speedup  # replay the trace as fast as the engines simulate it
-    console = Console()
+    console = Console(stderr=args.json)
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
         backends = ["--backend", e0.url, "--backend", e1.url]
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
@@ -117,43 +150,56 @@ def main() -> None:
         if knee is None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
         duration = args.minutes * 60 / scale  # trace seconds that replay in `minutes` of wall time
-        runs = [("unloaded", knee / 4, "admit_all")] + [(p, args.overload * knee, p) for p in POLICIES]
+        policies = args.policies.split(",")
+        runs = [("unloaded", knee / 4, "admit_all")] + [("overload", args.overload * knee, p) for p in policies]
         rows = []
-        for label, rate, policy in runs:
+        for phase, rate, policy in runs:
             try:
-                rows.append(policy_run(backends, label, rate, policy, duration, scale, out))
+                rows.append(policy_run(backends, phase, rate, policy, duration, scale, out))
             except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.serving.procs)
-                console.print(f"{label} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
-                rows.append({"policy": label, "rate": rate, "error": str(err)})
+                console.print(f"{phase} {policy} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
+                rows.append({"phase": phase, "policy": policy, "rate": rate, "error": str(err)})
         if rows[0]["error"]:
             raise SystemExit(f"the unloaded run failed, so nothing compares against it: {rows[0]['error']}")
     (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "args": vars(args)}, indent=2, default=str))
+    if args.json:
+        print(json.dumps({"rows": [{k: v for k, v in r.items() if k != "rss_samples"} for r in rows]}, default=str))
+        return
+    report(console, rows, knee, args)
+
+
+def report(console: Console, rows: list[dict], knee: float, args: argparse.Namespace) -> None:
+    """The table, each policy against admit_all at the same load, and each liveness verdict."""
     unloaded = rows[0]["ttft_p95_s"] or float("nan")
     table = Table(title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
-                        f"fake engines x{args.speedup:g}, default thresholds")
-    for c in ("policy", "rate", "goodput", "SLO tok/s", "output tok/s", "TTFT p95 (admitted)", "vs unloaded", "offered", "completed",
-              "rejected", "failed", "gateway up", "RSS min 1 -> end (MiB)", "growth"):
+                        f"fake engines x{args.speedup:g}, default thresholds; offered: the symmetric denominator (docs/bench.md)")
+    cols = ("phase", "policy", "rate", "offered", "admitted", "deferred", "rejected", "abandoned", "completed", "goodput", "session goodput",
+            "sessions done", "goodput (replayed)", "TTFT p95 (admitted)", "vs unloaded", "SLO req/s", "gateway up", "RSS min 1 -> end (MiB)")
+    for c in cols:
         table.add_column(c, justify="right")
     for r in rows:
-        if r["error"]:
-            table.add_row(r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * 11)
+        if r.get("error"):
+            table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * (len(cols) - 4))
             continue
         p95 = r["ttft_p95_s"]
-        table.add_row(r["policy"], f"{r['rate']:g}", f"{r['goodput']:.3f}", f"{r['slo_tps']:.0f}", f"{r['output_tps']:.0f}",
-                      f"{p95:.2f} s" if p95 else "-", f"{p95 / unloaded:.2f}x" if p95 else "-", str(r["offered"]),
-                      str(r["completed"]), str(r["rejected"]), str(r["failed"]), str(r["alive"]),
-                      f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f}" if r["rss_end_mib"] else "-",
-                      f"{r['rss_growth_mib']:+.1f}" if r["rss_growth_mib"] is not None else "-")
+        table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "abandoned",
+                                                                                          "completed")),
+                      f"{r['goodput']:.3f}", f"{r['session_goodput']:.3f}", f"{r['sessions_completed']}/{r['sessions_offered']}",
+                      f"{r['goodput_replayed']:.3f}", f"{p95:.2f} s" if p95 else "-", f"{p95 / unloaded:.2f}x" if p95 else "-",
+                      f"{r['slo_rps']:.2f}", str(r["alive"]),
+                      f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-")
     console.print(table)
-    for r in rows[2:]:
-        if r["error"] or rows[1]["error"]:
-            console.print(f"{r['policy']} at {args.overload:g}x: no comparison ({r['error'] or 'admit_all failed'})", highlight=False)
+    base = next((r for r in rows if r["phase"] == "overload" and r["policy"] == "admit_all" and not r.get("error")), None)
+    for r in rows[1:]:
+        for line in r.get("verdict") or ():
+            console.print(f"{r['policy']}: {line}", highlight=False)
+        if r.get("error") or base is None or r is base:
             continue
         ratio = (r["ttft_p95_s"] or float("inf")) / unloaded
         console.print(f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
-                      f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {rows[1]['goodput']:.3f}); "
-                      f"SLO tok/s {r['slo_tps']:.0f} (admit_all {rows[1]['slo_tps']:.0f})", highlight=False)
-
+                      f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {base['goodput']:.3f}); "
+                      f"session goodput {r['session_goodput']:.3f} (admit_all {base['session_goodput']:.3f}); sessions completed "
+                      f"{r['sessions_completed']} (admit_all {base['sessions_completed']})", highlight=False)
 
 if __name__ == "__main__":
     main()

@@ -132,8 +132,9 @@ def test_defer_holds_then_503_with_retry_after(tmp_path, engines):
 
 
 def test_tenant_over_its_share_gets_429_while_another_tenant_is_served(tmp_path, engines):
+    # kv_high 0 presses the dual gate's KV side always (the fake engines' caches stay nearly empty), so the queues decide
     cfg = {"auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"weight": 1}, "b": {"weight": 1}},
-           "ingress": {"name": "tenant_share", "params": {"queue_high": 1, "slack": 0.0}}}
+           "ingress": {"name": "tenant_share", "params": {"queue_high": 1, "slack": 0.0, "kv_high": 0.0}}}
     with gateway(tmp_path, engines, **cfg) as gw:
         a, b = client(gw.url, "key-a"), client(gw.url, "key-b")
         held = [hold(b, "b0"), hold(a, "a0")]

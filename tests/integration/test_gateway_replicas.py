@@ -157,10 +157,11 @@ def test_session_slots_hold_over_all_replicas(tmp_path, engines, redis_server): 
 
 def test_a_tenant_s_share_holds_over_all_replicas(tmp_path, engines, redis_server):  # noqa: F811
     """One seat per worker (two in all): b holds one, a's first request takes the other; then the
-    cluster is saturated and a is over its half share, so each of a's other requests, whichever
+    cluster is saturated (every seat taken; kv_high 0 presses the dual gate's KV side, which the
+    fake engines' nearly empty caches would not) and a is over its half share, so each of a's other requests, whichever
     replica it goes through and however close together they come, gets 429."""
     cfg = {"tenants": {"a": {"weight": 1}, "b": {"weight": 1}}, "backend": {"max_num_seqs": 1},
-           "policies": {"router": "least_loaded", "ingress": {"name": "tenant_share", "params": {"slack": 0.0}}}}
+           "policies": {"router": "least_loaded", "ingress": {"name": "tenant_share", "params": {"slack": 0.0, "kv_high": 0.0}}}}
     with replicas(tmp_path, engines, redis_server, **cfg) as procs:
         b = client(procs[0].url, default_headers={"x-tenant-id": "b"})
         held = b.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task b"}], max_tokens=3000, stream=True)

@@ -202,12 +202,22 @@ def fresh_views(sim: Simulation, chain: list[int]) -> tuple[WorkerView, ...]:
     return tuple(views)
 
 
-def fresh_loads(sim: Simulation) -> tuple[WorkerLoad, ...]:
-    """The reference ingress loads, built afresh."""
+def fresh_loads(sim: Simulation, req) -> tuple[WorkerLoad, ...]:
+    """The reference ingress loads for ``req``, built afresh (what it would newly occupy from the
+    HBM pools themselves, scanned chunk by chunk)."""
+
+    def resident(w: Worker) -> int:
+        n = 0
+        while n < len(req.chain) and req.chain[n] in w.hbm.resident:
+            n += 1
+        return n
+
+    ages = "queue_age" in sim.ingress.policy.signals
     return tuple(WorkerLoad(worker_id=w.id, queue_depth=len(w.waiting), kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
+                            queue_age_s=sim.ingress.queue_age_s(w.id, sim.loop.now) if ages else 0.0,
                             inflight_requests=len(w.running) + w.n_restoring + len(w.waiting),
-                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0), max_num_seqs=w.max_num_seqs,
-                            kv_capacity_tokens=w.hbm.capacity * w.C) for w in sim.workers)
+                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0), new_tokens=req.orig_prompt_tokens - resident(w) * sim.C,
+                            max_num_seqs=w.max_num_seqs, kv_capacity_tokens=w.hbm.capacity * w.C) for w in sim.workers)
 
 
 @settings(max_examples=30)
@@ -244,7 +254,7 @@ def check_snapshots(sim: Simulation) -> dict[str, int]:
 
     def ingress_snapshot(req):
         snap = admitted(req)
-        assert snap.workers == fresh_loads(sim)
+        assert snap.workers == fresh_loads(sim, req)
         checked["ingress"] += 1
         return snap
 

@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from coda.errors import CodaError
 from coda.gateway.admission import JsonlLog
 from coda.gateway.config import BackendConfig, build_config
-from coda.gateway.identity import MAX_TENANT_CHARS, Identities, session_id, session_key, with_cache_salt
+from coda.gateway.identity import MAX_TENANT_CHARS, Identities, session_key, with_cache_salt
 from coda.gateway.kv_consumer import BlockTranslator
 from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
 from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
@@ -75,14 +75,6 @@ def test_identity_from_keys_or_header():
     assert open_ids.tenant(Headers({"x-tenant-id": "t9"})) == "t9" and open_ids.tenant(Headers({})) == "default"
     labels = {open_ids.label(f"t{i}") for i in range(200)}
     assert len(labels) == 65 and "other" in labels  # a header cannot grow /metrics without bound
-
-
-def test_session_id_sources_in_order():
-    assert session_id(Headers({"x-claude-code-session-id": "c", "session-id": "s"}), {"user": "u"}) == "c"
-    assert session_id(Headers({"session-id": "s"}), {"user": "u"}) == "s"
-    assert session_id(Headers({}), {"user": "u", "metadata": {"session_id": "m"}}) == "u"
-    assert session_id(Headers({}), {"metadata": {"session_id": "m"}}) == "m"
-    assert session_id(Headers({}), {"user": 3}) is None
 
 
 @given(st.text(max_size=200), st.text(min_size=1, max_size=5000), st.text(max_size=200))

@@ -67,11 +67,12 @@ def test_inflight_counts_return_to_zero(seq):
         elif op == "pass":
             s.passed(s.workers[k % 3])
         assert sum(len(w.inflight) for w in s.workers) == len(open_tickets)
-        assert sum(s.tenant_inflight.values()) == sum(t.prompt_tokens for t in open_tickets.values())
+        assert sum(s.tenant_inflight.values()) == sum(w.inflight_new_tokens for w in s.workers) == sum(t.new_tokens for t in open_tickets.values())
+        assert all(0 <= t.new_tokens <= t.prompt_tokens for t in open_tickets.values())
     for t in open_tickets.values():
         s.end(t)
         s.end(t)  # idempotent
-    assert all(not w.inflight and w.inflight_tokens == 0 for w in s.workers) and s.tenant_inflight == {}
+    assert all(not w.inflight and w.inflight_tokens == w.inflight_new_tokens == 0 for w in s.workers) and s.tenant_inflight == {}
 
 
 def test_approx_index_is_bounded_and_routes_a_session_back():

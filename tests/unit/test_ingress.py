@@ -50,18 +50,25 @@ def test_default_thresholds_come_from_each_engine_s_limits():
     full = WorkerLoad(0, inflight_requests=4, inflight_tokens=400, max_num_seqs=4)
     assert q.decide(snap(full)).action == "defer" and over.decide(snap(full)).action == "reject"
     assert q.decide(snap(dataclasses.replace(full, inflight_requests=3))).action == "admit"
-    # a 1,000-token KV cache holding 950 prompt tokens in flight: a 100-token prompt does not fit, a 50-token one does
+    # a 1,000-token KV cache with 950 tokens newly occupied in flight: a request that would newly occupy 100 does not
+    # fit, one that would newly occupy 50 does (whatever its whole prompt: the rest is resident there already)
     kv = WorkerLoad(0, inflight_requests=2, inflight_tokens=950, kv_capacity_tokens=1000)
-    assert q.decide(snap(kv, prompt_tokens=100)).action == "defer" and q.decide(snap(kv, prompt_tokens=50)).action == "admit"
-    assert q.decide(snap(dataclasses.replace(kv, inflight_requests=0, inflight_tokens=0), prompt_tokens=5000)).action == "admit"  # idle: always fits
+    assert q.decide(snap(dataclasses.replace(kv, new_tokens=100), prompt_tokens=100)).action == "defer"
+    assert q.decide(snap(dataclasses.replace(kv, new_tokens=50), prompt_tokens=60_000)).action == "admit"
+    idle = dataclasses.replace(kv, inflight_requests=0, inflight_tokens=0, new_tokens=5000)
+    assert q.decide(snap(idle, prompt_tokens=5000)).action == "admit"  # idle: always fits
     # the same load on a worker whose limits are unknown: nothing binds but the engine's queue
     assert q.decide(snap(WorkerLoad(0, inflight_requests=400, inflight_tokens=10**7))).action == "admit"
     # overload's queue limit is a quarter of the seats; explicit counts win over the seats
     assert over.limits(WorkerLoad(0, max_num_seqs=256)) == (256, 64) and over.limits(WorkerLoad(0)) == (64, 16)
     assert make_policy("ingress", "overload", {"max_inflight": 8, "queue_reject": 2}).limits(WorkerLoad(0, max_num_seqs=256)) == (8, 2)
-    # session and tenant_share count a worker that cannot start the request as saturated
+    # session and tenant_share count every seat taken as queue pressure, a request that does not fit as KV pressure;
+    # saturation needs both (the dual gate)
     s = make_policy("ingress", "session")
-    assert s.decide(snap(full, session_id="new")).reason == "new_session_deferred"
+    assert s.decide(snap(full, session_id="new")).action == "admit"
+    assert s.decide(snap(dataclasses.replace(kv, new_tokens=100), session_id="new")).action == "admit"
+    assert s.decide(snap(dataclasses.replace(full, kv_usage=0.9), session_id="new")).reason == "new_session_deferred"
+    assert s.decide(snap(dataclasses.replace(kv, new_tokens=100, queue_age_s=2.5), session_id="new")).reason == "new_session_deferred"
 
 
 def test_kv_headroom_and_overload():
@@ -76,7 +83,7 @@ def test_kv_headroom_and_overload():
 
 def test_tenant_share_rejects_the_heavy_tenant_only_under_saturation():
     p = make_policy("ingress", "tenant_share", {"slack": 0.0})
-    busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
+    busy = (WorkerLoad(0, queue_depth=3, kv_usage=0.9, inflight_tokens=900),)
     heavy = snap(*busy, tenant="a", tenant_inflight_tokens=800, active_weight=2.0)
     light = snap(*busy, tenant="b", tenant_inflight_tokens=100, active_weight=2.0)
     d = p.decide(heavy)
@@ -91,7 +98,8 @@ def test_tenant_share_rejects_the_heavy_tenant_only_under_saturation():
 
 def test_session_policy_lets_running_sessions_continue_and_defers_new_ones():
     p = make_policy("ingress", "session", {"max_sessions": 2})
-    hot = (WorkerLoad(0, kv_usage=0.95),)
+    hot = (WorkerLoad(0, kv_usage=0.95, queue_depth=2),)
+    assert p.decide(snap(WorkerLoad(0, kv_usage=0.95), session_id="new")).action == "admit"  # a full cache that nothing waits on
     assert p.decide(snap(*hot, session_id="s", session_active=True)).action == "admit"
     d = p.decide(snap(*hot, session_id="new"))
     assert (d.action, d.status, d.reason) == ("defer", 503, "new_session_deferred")
@@ -111,8 +119,9 @@ def test_deadline_rejects_what_cannot_meet_it():
 
 def test_composition_takes_the_most_severe_decision_and_unions_needs():
     p = make_policy("ingress", "queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
-    assert p.name == "queue_limit+tenant_share" and p.signals == {"queue_depth", "kv_usage", "tenant_share", "inflight_requests", "inflight_tokens"}
-    busy = (WorkerLoad(0, queue_depth=3, inflight_tokens=900),)
+    assert p.name == "queue_limit+tenant_share" and p.signals == {"queue_depth", "queue_age", "kv_usage", "tenant_share", "inflight_requests",
+                                                                   "inflight_tokens"}
+    busy = (WorkerLoad(0, queue_depth=3, kv_usage=0.9, inflight_tokens=900),)
     assert p.decide(snap(*busy, tenant_inflight_tokens=0, active_weight=2.0)).action == "defer"  # queue full, tenant light
     d = p.decide(snap(*busy, tenant_inflight_tokens=800, active_weight=2.0))
     assert (d.action, d.policy) == ("reject", "tenant_share")  # reject beats defer
@@ -143,7 +152,8 @@ def test_session_ledger_expires_idle_sessions():
 
 workers_st = st.lists(
     st.builds(WorkerLoad, worker_id=st.integers(0, 7), healthy=st.booleans(), stale=st.booleans(), queue_depth=st.integers(0, 50),
-              kv_usage=st.floats(0, 1), inflight_requests=st.integers(0, 100), inflight_tokens=st.integers(0, 10**6)),
+              kv_usage=st.floats(0, 1), inflight_requests=st.integers(0, 100), inflight_tokens=st.integers(0, 10**6),
+              new_tokens=st.integers(0, 10**5), max_num_seqs=st.integers(0, 64), kv_capacity_tokens=st.integers(0, 10**6)),
     min_size=1, max_size=6,
 ).map(tuple)
 snap_st = st.builds(IngressSnapshot, now_s=st.floats(0, 1e6), tenant=st.sampled_from(["a", "b"]), prompt_tokens=st.integers(1, 10**5),

@@ -3,12 +3,13 @@
 The state is scripted once (two workers, 16-token blocks, 100 blocks of KV each):
 
 - worker 0 decodes request A (160-token prompt, 20 tokens generated: context 180, 12 blocks held)
-  and holds request B waiting (64-token prompt, its first block cached and idle, the second in the
-  node's DRAM store and the third on its SSD);
+  and holds request B waiting (sent 3 s ago, no output yet; 64-token prompt, its first block cached
+  and idle, the second in the node's DRAM store and the third on its SSD);
 - worker 1 decodes request C (320-token prompt, 5 generated: context 325, 21 blocks held) and holds
   the first 10 blocks of the arriving request's prompt, cached and idle;
 - the arriving request R: 400 tokens of a session with a completed earlier round, tenant ``t``
-  (deadline 1 s), with A, B and C in flight; the workers' first-token estimates are 0.2 and 0.3 s.
+  (deadline 1 s), with A, B and C in flight (none of them found its prompt resident when sent, so
+  each newly occupies its whole prompt); the workers' first-token estimates are 0.2 and 0.3 s.
 
 Each shell is put in that state through its own inputs (the simulator's workers and KV pools; the
 gateway's in-flight tickets, relayed tokens, KV index and scraped telemetry; vLLM's request list and
@@ -40,14 +41,17 @@ TTFT = [0.2, 0.3]
 
 
 class Clock:
+    def __init__(self) -> None:
+        self.t = NOW
+
     def __call__(self) -> float:
-        return NOW
+        return self.t
 
 
 def sim_state() -> tuple[Simulation, SimRequest]:
     rounds = [Round(new_input_tokens=384, output_tokens=8, kind="user"), Round(new_input_tokens=16, output_tokens=8)]
     wl = Workload(sessions=[Session(session_id="s1", start_s=0.0, rounds=rounds, tenant="t")], meta={"duration_s": 100.0})
-    cfg = SimConfig(system="coda", workers=2, chunk_tokens=C, dram=True, ssd=True, warmup_s=0, policies={"ingress": "deadline"},
+    cfg = SimConfig(system="coda", workers=2, chunk_tokens=C, dram=True, ssd=True, warmup_s=0, policies={"ingress": "deadline+session"},
                     tenants={"t": {"deadline_ms": DEADLINE_MS}})
     sim = Simulation(wl, cfg)
     assert sim.tiers.hbm_chunks >= 100
@@ -56,7 +60,7 @@ def sim_state() -> tuple[Simulation, SimRequest]:
     sim.loop.now = NOW
     sess = sim.sessions[0]
 
-    def request(rid: int, prompt: int, generated: int, worker: int, decoding: bool) -> SimRequest:
+    def request(rid: int, prompt: int, generated: int, worker: int, decoding: bool, sent_s: float = NOW) -> SimRequest:
         r = SimRequest(rid, sess, 1, "tool_followup", 10.0 + rid)
         r.prompt_tokens = r.orig_prompt_tokens = prompt
         r.emitted = generated
@@ -64,8 +68,10 @@ def sim_state() -> tuple[Simulation, SimRequest]:
         r.owners = (sess.owner,)
         w = sim.workers[worker]
         w.enqueue(r)
-        sim.ingress.admitted(worker, "t", prompt)
+        r.ingress_tokens = prompt  # nothing of it was resident when it was sent
+        sim.ingress.admitted(r, worker, "t", sent_s)
         if decoding:
+            sim.ingress.answered(r)
             w.waiting.remove(r)
             w.running.append(r)
             r.state = RUNNING
@@ -77,7 +83,7 @@ def sim_state() -> tuple[Simulation, SimRequest]:
         return r
 
     request(1, 160, 20, 0, decoding=True)  # A
-    b = request(0, 64, 0, 0, decoding=False)  # B: id 0, its position in vLLM's queue below
+    b = request(0, 64, 0, 0, decoding=False, sent_s=NOW - 3)  # B: id 0, its position in vLLM's queue below
     sim.workers[0].hbm.insert(b.chain[:1])
     sim.workers[0].hbm.release(b.chain[:1])  # cached and idle
     sim.workers[0].dram.put(b.chain[1:2])
@@ -97,9 +103,10 @@ def sim_state() -> tuple[Simulation, SimRequest]:
 def gateway_state(sim: Simulation) -> tuple[GatewayState, Ticket]:
     seats = sim.config.max_num_seqs  # the engines' --max-num-seqs, which vLLM does not publish: the gateway's config says it
     cfg = build_config({"backends": [{"url": f"http://127.0.0.1:{i}", "max_num_seqs": seats} for i in (1, 2)], "system": "coda",
-                        "policies": {"ingress": "deadline"},
+                        "policies": {"ingress": "deadline+session"},
                         "tenants": {"t": {"deadline_ms": DEADLINE_MS}}, "indexer": {"block_tokens": C}}, {}, {})
-    s = GatewayState(cfg, make_tokenizer("words"), Clock())  # one unit per token, so 16-token blocks
+    clock = Clock()
+    s = GatewayState(cfg, make_tokenizer("words"), clock)  # one unit per token, so 16-token blocks
     for w, kv, ttft in zip(s.workers, (12 / 100, 21 / 100), TTFT):  # scraped telemetry: what vLLM's /metrics says
         w.models = {"m": {"id": "m"}}
         apply_metrics(w, parse_metrics(f'vllm:kv_cache_usage_perc{{engine="0"}} {kv}\n'
@@ -111,11 +118,14 @@ def gateway_state(sim: Simulation) -> tuple[GatewayState, Ticket]:
         t = Ticket(s.next_rid(), "/v1/completions", "t", None, "m", prompt, 16, [], list(s.workers), {})
         s.begin(t, s.workers[worker])
         if generated is not None:
+            s.answered(t)
             s.streamed(t, generated)
         return t
 
     send(160, 0, 20)  # A, decoding
+    clock.t = NOW - 3
     send(64, 0, None)  # B, no byte back yet
+    clock.t = NOW
     send(320, 1, 5)  # C, decoding
     hashes = list(range(400 // C))
     s.indexer.stored(s.workers[1].tiers.hbm, hashes[:10])  # what worker 1's KV events announced
@@ -145,9 +155,12 @@ def test_ingress_snapshots_are_equal(shells):
     sim, req, gw, ticket = shells
     a, b = sim.ingress_snapshot(req), gw.ingress_snapshot(ticket)
     assert a == b
-    assert a.prefix_hit == 0.0  # the deadline policy does not read it, so neither shell computes it
+    assert a.prefix_hit == 0.0  # neither policy reads it, so neither shell computes it
+    assert [w.queue_age_s for w in a.workers] == [3.0, 0.0] and a.session_deferred_s == 0.0  # B has waited 3 s for its first output
     assert a.deadline_slack_s == pytest.approx(1.0 - 0.2) and a.session_active and a.active_sessions == 1
     assert [w.kv_usage for w in a.workers] == [0.12, 0.21] and [w.inflight_tokens for w in a.workers] == [160 + 64, 320]
+    # what R would newly occupy: its whole prompt on worker 0, all but the 10 blocks worker 1 holds in HBM there
+    assert [w.new_tokens for w in a.workers] == [400, 400 - 10 * C] and a.tenant_inflight_tokens == 160 + 64 + 320
     assert [(w.max_num_seqs, w.kv_capacity_tokens) for w in a.workers] == [(256, 100 * C)] * 2  # the engines' limits
 
 

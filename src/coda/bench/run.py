@@ -13,9 +13,10 @@ import numpy as np
 from coda.bench.client import EndpointDown
 from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import bench_summary, knee, plot_load, sweep_rows, versions, write_csv, write_run
-from coda.bench.scrape import ScrapeError
+from coda.bench.scrape import ScrapeError, gateway_liveness
 from coda.errors import CodaError
 from coda.shell import strict_json
+from coda.shell.liveness import from_metrics, verdict
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
@@ -89,6 +90,7 @@ async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress:
     if on_replay is not None:
         on_replay(replay)
     ticker = asyncio.create_task(_tick(replay, progress)) if progress else None
+    before = await gateway_liveness(cfg.endpoint)
     try:
         await replay.run()
     except EndpointDown as err:
@@ -98,7 +100,12 @@ async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress:
     finally:
         if ticker is not None:
             ticker.cancel()
-    return replay, summary_of(replay, spec, alone)
+    summary = summary_of(replay, spec, alone)
+    after = await gateway_liveness(cfg.endpoint) if before is not None else None
+    if after is not None:
+        live = from_metrics(after, from_metrics(before or []))
+        summary["ingress"] = {"liveness": live, "verdict": verdict(live)}
+    return replay, summary
 
 
 async def _tick(replay: Replay, progress: Progress) -> None:

@@ -18,6 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from coda.metrics.requests import Window
+from coda.shell import liveness
 
 # series name -> the sample names that feed it, in order of preference (vLLM renamed the KV gauge)
 GAUGES = {
@@ -152,3 +153,18 @@ class Scraper:
 
     def summary(self, window: Window) -> dict[str, dict[str, Any]]:
         return {e.url: e.summary(window) for e in self.engines}
+
+
+async def gateway_liveness(endpoint: str) -> list[tuple[str, dict[str, str], float]] | None:
+    """The ingress gate counters (``coda.shell.liveness``) of a Coda gateway at ``endpoint``, as
+    samples; ``None`` when the endpoint is not one (no such counters, or no /metrics)."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            resp = await client.get(_metrics_url(endpoint))
+        resp.raise_for_status()
+        families = list(text_string_to_metric_families(resp.text))
+    except (httpx.HTTPError, ValueError):
+        return None
+    wanted = (liveness.FIRES, liveness.TOUCHED, liveness.DECIDED)
+    samples = [(s.name, dict(s.labels), float(s.value)) for f in families for s in f.samples if s.name in wanted]
+    return samples if any(name == liveness.TOUCHED for name, _, _ in samples) else None

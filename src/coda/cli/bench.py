@@ -28,6 +28,7 @@ from coda.cli import (
     require,
 )
 from coda.errors import CodaError, invalid
+from coda.shell.liveness import summary_line
 
 CONFIG_ONLY = ("workload", "format", "out", "sweep", "sweep_concurrency", "repeats")
 
@@ -232,6 +233,10 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
                           f"running mean {fmt_value(eng['running_mean'])}, KV usage mean {fmt_value(eng['kv_usage_mean'])} "
                           f"max {fmt_value(eng['kv_usage_max'])}, prefix-cache hit rate {fmt_value(eng['prefix_hit_rate'])} "
                           f"({eng['samples']} samples, {eng['errors']} failed)", highlight=False, soft_wrap=True)
+    if s.get("ingress"):
+        out_console.print(f"gateway ingress gates over the run: {summary_line(s['ingress']['liveness'])}", highlight=False, soft_wrap=True)
+        for line in s["ingress"]["verdict"]:
+            out_console.print(f"[bold]{line}[/bold]", highlight=False, soft_wrap=True)
     out_console.print("wrote " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
 
 

@@ -24,6 +24,7 @@ from coda.cli import (
 from coda.errors import CodaError
 from coda.metrics.requests import OPERATOR_KEYS
 from coda.shell import strict_json
+from coda.shell.liveness import summary_line
 
 # Options shared by `sim` and `compare`; None means "not given" so config files can supply them.
 WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=3,duration=600,seed=0")]
@@ -126,6 +127,11 @@ def _print_sim_table(s: dict[str, Any]) -> None:
                 *OPERATOR_KEYS, "sim_time_s", "wall_s", "speed_x"):
         table.add_row(key, fmt_value(s.get(key)))
     out_console.print(table)
+    ingress = s.get("ingress")
+    if ingress and ingress["policy"] != "admit_all":
+        out_console.print(f"ingress {ingress['policy']}: {summary_line(ingress['liveness'])}", highlight=False)
+        for line in ingress["verdict"]:
+            out_console.print(f"[bold]{line}[/bold]", highlight=False)
 
 
 @app.command()

@@ -26,6 +26,7 @@ from coda.policy.contracts import Decision
 from coda.policy.snapshots import IngressSnapshot
 from coda.serving.errors import ApiError
 from coda.shell import strict_json
+from coda.shell.liveness import Liveness, gate_decisions
 
 MESSAGES = {
     "queue_full": "every worker's engine queue is at the policy's limit",
@@ -34,6 +35,7 @@ MESSAGES = {
     "overloaded": "every worker is at its load limit",
     "session_slots_full": "every agent-session slot is taken",
     "new_session_deferred": "the cluster is saturated, so new agent sessions wait while running ones finish",
+    "defer_budget_spent": "this new agent session has waited for a slot as long as the session policy defers one",
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
     "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
@@ -78,12 +80,15 @@ class JsonlLog:
         self._out = None
 
 
-def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | None, waited_s: float, deferred: bool) -> dict[str, Any]:
+def record(t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | None, waited_s: float, deferred: bool,
+           gates: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """``gates``: each gate that did not admit the request at some decision, with its last such decision."""
     rec: dict[str, Any] = {
-        "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id, "model": t.model,
+        "ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "tenant": t.tenant, "session": t.session_id,
+        "session_source": t.session_source, "model": t.model,
         "prompt_tokens": t.prompt_tokens, "policy": d.policy, "action": d.action, "reason": d.reason, "status": d.status,
         "retry_after_s": d.retry_after_s, "deferred": deferred, "waited_s": round(waited_s, 4), "prefix_hit": round(t.prefix_hit, 4),
-        "signals": snap.signals(),
+        "signals": snap.signals(), "gates": gates or {},
     }
     if shadow is not None:
         rec["shadow"] = asdict(shadow)
@@ -99,6 +104,9 @@ class Admission:
         self.replica = replica or Replica(state, open_store(state), metrics)
         self.replica.on_change = self.kick
         self._changed = asyncio.Event()
+        self.liveness = Liveness.of(state.ingress)
+        for gate in self.liveness.gates:  # every gate's series exists from the start, so one that never fires reads 0
+            metrics.gate_touched.labels(gate)
 
     def kick(self) -> None:
         """Something that may free room happened: deferred requests decide again."""
@@ -158,11 +166,19 @@ class Admission:
             plan = fresh
         return plan, synced, claimed, False
 
+    def _observe(self, t: Ticket, d: Decision, snap: IngressSnapshot, gates: dict[str, dict[str, str]]) -> None:
+        """Count each gate that did not admit ``t`` on this decision."""
+        for g in self.liveness.observe(t.rid, gate_decisions(self.state.ingress, snap)):
+            self.metrics.gate_fires.labels(g.policy, g.action, g.signal or g.reason).inc()
+            gates[g.policy] = {"action": g.action, "reason": g.reason, "signal": g.signal}
+
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);
         raises ``ApiError`` (503 / 429 / 529 with Retry-After) for a request that is not admitted."""
         state = self.state
+        gates: dict[str, dict[str, str]] = {}
         d, snap, shadow = await self.decide(t)
+        self._observe(t, d, snap, gates)
         start = time.monotonic()
         deferred = d.action == "defer"
         if deferred:
@@ -178,11 +194,18 @@ class Admission:
                             await asyncio.wait_for(self._changed.wait(), left)
                         except TimeoutError:
                             pass
+                        t.matches = state.match(t.hashes, t.candidates)  # what it would newly occupy may have shrunk while it waited
+                        if not state.ledger.active(t.session_id, state.clock()):
+                            await asyncio.sleep(0)  # held continuations of admitted sessions, woken together with it, decide first
                         d, snap, shadow = await self.decide(t)
+                        self._observe(t, d, snap, gates)
                 finally:
                     state.queued -= 1
         waited = time.monotonic() - start
-        rec = record(t, d, snap, shadow, waited, deferred)
+        rec = record(t, d, snap, shadow, waited, deferred, gates)
+        self.metrics.requests_decided.inc()
+        for gate in self.liveness.done(t.rid):
+            self.metrics.gate_touched.labels(gate).inc()
         self.metrics.decisions.labels(d.policy, d.action, d.reason).inc()
         if shadow is not None:
             self.metrics.shadow.labels(shadow.policy, str(shadow.action == d.action).lower()).inc()

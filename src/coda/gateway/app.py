@@ -41,7 +41,7 @@ from starlette.routing import Route
 from coda.errors import CodaError
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import GatewayConfig
-from coda.gateway.identity import Identities, session_id, session_key, with_cache_salt
+from coda.gateway.identity import Identities, session_of, with_cache_salt
 from coda.gateway.kv_consumer import KVEventConsumer
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import EngineTokenizer, Prompt, make_tokenizer, max_tokens
@@ -181,8 +181,9 @@ class Gateway:
             await self.telemetry.fresh()
             raw = await self._body(request)
             body = self._json(raw)
-            sid = session_key(tenant, session_id(request.headers, body))
+            sid, source = session_of(tenant, path, request.headers, body, self.state.chains)
             ticket = self._plan(path, request, tenant, body, sid, await self._engine_tokens(path, body, sid))
+            ticket.session_source = source
         except ApiError as err:
             self._refused(path, err.status, err.code or "error", t0)
             return err.response(path)
@@ -338,6 +339,7 @@ class Gateway:
                 "id": w.id, "label": w.label, "url": w.cfg.url, "healthy": w.healthy, "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
                 "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None, "queue_depth": w.queue_depth,
                 "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
+                "inflight_new_tokens": w.inflight_new_tokens,
                 "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
                 "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
                 "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,
@@ -347,7 +349,7 @@ class Gateway:
             "policies": s.policies.spec.describe(), "policy": s.ingress.name, "router": s.router.name, "draining": s.draining,
             "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
             "replica": {"id": self.replica.id, "store": self.replica.detail, "others": dict(s.others)},
-            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions),
+            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions), "ingress_liveness": self.admission.liveness.report(),
             "session_cache_mib": round(s.session_bytes / 2**20, 3),
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
             "workers": workers,

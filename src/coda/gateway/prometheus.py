@@ -18,6 +18,12 @@ class GatewayMetrics:
         self.requests = Counter("coda_gateway_requests", "Requests answered, by route and status", ("route", "status"), registry=r)
         self.decisions = Counter("coda_ingress_decisions", "Final ingress decisions", ("policy", "action", "reason"), registry=r)
         self.deferred = Counter("coda_ingress_deferred", "Requests deferred at least once", registry=r)
+        self.gate_fires = Counter("coda_ingress_gate_fires", "Decisions in which a gate (a part of the ingress policy) did not admit, by "
+                                  "what it did and the signal that bound (a held request is decided again, so it may count more than once)",
+                                  ("gate", "action", "signal"), registry=r)
+        self.gate_touched = Counter("coda_ingress_gate_requests_touched", "Requests a gate did not admit at least once (over "
+                                    "coda_ingress_requests_decided: the share it touched; 0 all run: it never acted)", ("gate",), registry=r)
+        self.requests_decided = Counter("coda_ingress_requests_decided", "Requests the ingress policy decided for good", registry=r)
         self.shadow = Counter("coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r)
         self.queue = Gauge("coda_ingress_queue_length", "Requests held by defer decisions", registry=r)
         self.retries = Counter("coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r)
@@ -39,6 +45,8 @@ class GatewayMetrics:
         w = ("worker",)
         self.w_inflight = Gauge("coda_worker_inflight_requests", "Requests in flight through the gateway", w, registry=r)
         self.w_tokens = Gauge("coda_worker_inflight_tokens", "Prompt tokens in flight through the gateway", w, registry=r)
+        self.w_new_tokens = Gauge("coda_worker_inflight_new_tokens", "KV tokens the requests in flight through the gateway newly "
+                                  "occupy (their prompts beyond the prefix resident when sent): what the load checks count", w, registry=r)
         self.w_healthy = Gauge("coda_worker_healthy", "1 while the worker passes health checks", w, registry=r)
         self.w_stale = Gauge("coda_worker_telemetry_stale", "1 while the worker's telemetry is stale", w, registry=r)
         self.w_queue = Gauge("coda_worker_queue_depth", "Requests waiting in the engine (scraped)", w, registry=r)
@@ -56,6 +64,7 @@ class GatewayMetrics:
             lab = w.label
             self.w_inflight.labels(lab).set(len(w.inflight))
             self.w_tokens.labels(lab).set(w.inflight_tokens)
+            self.w_new_tokens.labels(lab).set(w.inflight_new_tokens)
             self.w_healthy.labels(lab).set(int(w.healthy))
             self.w_stale.labels(lab).set(int(now - w.scraped_at > state.config.telemetry.stale_after_s))
             self.w_queue.labels(lab).set(w.queue_depth)

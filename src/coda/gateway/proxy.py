@@ -24,6 +24,7 @@ import httpx
 import msgspec
 
 from coda.gateway.admission import Admission, JsonlLog
+from coda.gateway.identity import response_id
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.view import GatewayState, Ticket, Worker
 from coda.serving.errors import ApiError
@@ -215,7 +216,7 @@ class Exchange:
         """One access-log line: who, where, how it ended and how long it took; never prompt text."""
         t = self.t
         return {"ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "status": self.client_status, "outcome": self.outcome,
-                "tenant": t.tenant, "session": t.session_id, "model": t.model, "stream": self.stream, "worker": self.worker,
+                "tenant": t.tenant, "session": t.session_id, "session_source": t.session_source, "model": t.model, "stream": self.stream, "worker": self.worker,
                 "tries": self.tries, "prompt_tokens": t.prompt_tokens, "usage": list(self.usage) if self.usage else None,
                 "prefix_hit": round(t.prefix_hit, 4), "ttft_s": _ms(self.ttft_s), "e2e_s": _ms(self.e2e_s),
                 "total_s": _ms(time.perf_counter() - self.t0)}
@@ -285,6 +286,8 @@ class Exchange:
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
                 error = f"backend {w.label} failed before its first byte ({type(err).__name__})"
                 continue
+            state.answered(t)
+            relay.admission.kick()  # its engine's queue got younger
             if resp.status_code in RETRY_STATUSES and len(tried) < 2:
                 await resp.aclose()
                 state.end(t)
@@ -323,6 +326,8 @@ class Exchange:
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         # usage: from the last events of a stream, or from the whole body of a JSON answer
         tail, body = first[-TAIL_BYTES:], [first]
+        if t.path == "/v1/responses" and t.session_id is not None and resp.status_code == 200 and (rid := response_id(first)):
+            relay.state.chains.record(rid, t.tenant, t.session_id)  # a request continuing this answer is its session
         await send({"type": "http.response.body", "body": first, "more_body": True})
         if sse:
             relay.state.streamed(t, first.count(b"data:"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coda.gateway.config import BackendConfig, GatewayConfig
+from coda.gateway.identity import ResponseChains
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
 from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
@@ -59,6 +60,10 @@ class Worker:
     kv_capacity_tokens: int = 0  # from its /metrics (vllm:cache_config_info) or the config; 0 when unknown
     inflight: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens
     inflight_tokens: int = 0
+    #: what the in-flight requests newly occupy here (``WorkerLoad.inflight_tokens``): each one's ``Ticket.new_tokens``
+    inflight_new_tokens: int = 0
+    #: in-flight requests without a byte of response yet: request id -> when sent (oldest first)
+    unanswered: OrderedDict[int, float] = field(default_factory=OrderedDict)
     decoding: dict[int, Ticket] = field(default_factory=dict)  # in-flight requests whose first token has come
     streamed_tokens: int = 0  # output tokens relayed so far for the in-flight requests
     ttft_s: float | None = None
@@ -108,6 +113,8 @@ class Ticket:
     streamed: int = 0  # output tokens relayed (SSE data events: an estimate of the tokens generated)
     session_seen: bool = False  # the store says the session held a slot: an earlier round went somewhere
     plan: tuple[Worker, int | None] | None = None  # the worker (and shadow router's choice) its admission counted it on
+    new_tokens: int = 0  # what it newly occupies on the worker it was sent to (``WorkerLoad.new_tokens``), while in flight
+    session_source: str | None = None  # the rule that recognised its session (``identity.session_of``)
 
     @property
     def prefix_hit(self) -> float:
@@ -160,6 +167,7 @@ class GatewayState:
         self.router: Router = self.policies.router
         self.ledger = SessionLedger(ledger_ttl_s(self.ingress), MAX_SESSION_SLOTS)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.chains = ResponseChains()  # Responses API answers -> their session, for ``previous_response_id``
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
@@ -279,16 +287,23 @@ class GatewayState:
     def match(self, hashes: Sequence[int], candidates: Sequence[Worker]) -> dict[int, PrefixMatch]:
         return self.indexer.match(hashes, [w.tiers for w in candidates])
 
+    def new_tokens(self, t: Ticket, w: Worker) -> int:
+        """``WorkerLoad.new_tokens``: ``t``'s prompt beyond its leading run of blocks in ``w``'s HBM, by the KV index."""
+        m = t.matches.get(w.id)
+        return max(0, t.prompt_tokens - (m.hbm_blocks * self.block_tokens if m is not None else 0))
+
     # --- what replicas share ----------------------------------------------------------------
     def published(self) -> dict[str, float]:
         """This replica's count table for the store: per worker ``n|`` in-flight requests, ``tok|``
-        their prompt tokens, ``kv|`` those plus the output relayed, ``ttft|`` the TTFT estimate
-        (``ttftn|`` 1 beside it, so summing gives a mean); per tenant ``t|`` in-flight tokens; ``q``
+        their prompt tokens, ``new|`` the KV tokens they newly occupy (``WorkerLoad.inflight_tokens``),
+        ``kv|`` prompt tokens plus the output relayed, ``ttft|`` the TTFT estimate (``ttftn|`` 1
+        beside it, so summing gives a mean); per tenant ``t|`` the KV tokens it newly occupies; ``q``
         deferred requests. The request being decided is counted on the worker it would go to."""
         out: dict[str, float] = {"q": self.queued}
         for w in self.workers:
             out[f"n|{w.label}"] = len(w.inflight)
             out[f"tok|{w.label}"] = w.inflight_tokens
+            out[f"new|{w.label}"] = w.inflight_new_tokens
             out[f"kv|{w.label}"] = w.inflight_tokens + w.streamed_tokens
             if w.ttft_s is not None:
                 out[f"ttft|{w.label}"], out[f"ttftn|{w.label}"] = w.ttft_s, 1
@@ -296,7 +311,9 @@ class GatewayState:
             out[f"t|{tenant}"] = n
         if self.pending is not None:
             t, w = self.pending
-            for key, n in ((f"n|{w.label}", 1), (f"tok|{w.label}", t.prompt_tokens), (f"kv|{w.label}", t.prompt_tokens), (f"t|{t.tenant}", t.prompt_tokens)):
+            new = self.new_tokens(t, w)
+            for key, n in ((f"n|{w.label}", 1), (f"tok|{w.label}", t.prompt_tokens), (f"new|{w.label}", new), (f"kv|{w.label}", t.prompt_tokens),
+                           (f"t|{t.tenant}", new)):
                 out[key] = out.get(key, 0) + n
         return out
 
@@ -320,7 +337,7 @@ class GatewayState:
         return total / n if n else None
 
     def tenants_inflight(self) -> dict[str, int]:
-        """In-flight tokens per tenant over every replica."""
+        """In-flight KV tokens per tenant (as ``WorkerLoad.inflight_tokens`` counts them) over every replica."""
         out = dict(self.tenant_inflight)
         for key, v in self.others.items():
             if key.startswith("t|") and round(v) > 0:
@@ -328,12 +345,18 @@ class GatewayState:
         return out
 
     # --- ingress ---------------------------------------------------------------------------
+    def queue_age_s(self, w: Worker, now: float) -> float:
+        """``WorkerLoad.queue_age_s`` of this replica's requests (its first byte counts as output)."""
+        return now - next(iter(w.unanswered.values())) if w.unanswered else 0.0
+
     def ingress_snapshot(self, t: Ticket, sessions: Sessions | None = None) -> IngressSnapshot:
         """``sessions``: the slots as the store found them (absent: this replica's own ledger)."""
         now = self.clock()
+        ages = "queue_age" in self.needed_signals
         loads = tuple(
-            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, w.kv_usage, self.inflight_of(w),
-                       w.inflight_tokens + self.other("tok", w.label), w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
+            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, self.queue_age_s(w, now) if ages else 0.0, w.kv_usage,
+                       self.inflight_of(w), w.inflight_new_tokens + self.other("new", w.label), self.new_tokens(t, w),
+                       w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
             for w in t.candidates
         )
         hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0
@@ -350,6 +373,7 @@ class GatewayState:
             session_id=t.session_id,
             session_active=sessions.active,
             active_sessions=sessions.count,
+            session_deferred_s=self.ledger.deferred_for_s(t.session_id, now),
             prefix_hit=hit,
             tenant_inflight_tokens=tenants.get(t.tenant, 0),
             tenant_weight=self.config.tenant(t.tenant).weight,
@@ -362,6 +386,8 @@ class GatewayState:
         """The enforced decision, its snapshot, and the shadow policy's decision on it (if any)."""
         snap = self.ingress_snapshot(t, sessions)
         d = self.ingress.decide(snap)
+        if d.action == "defer":
+            self.ledger.defer(t.session_id, snap.now_s)
         return d, snap, self.ingress.last_shadow if isinstance(self.ingress, Shadowed) else None
 
     # --- routing ---------------------------------------------------------------------------
@@ -411,6 +437,11 @@ class GatewayState:
         wid = self.router.route(snap)
         return self.workers[wid], self.router.last_shadow if isinstance(self.router, Shadowed) else None
 
+    def answered(self, t: Ticket) -> None:
+        """The first byte of ``t``'s response came: it no longer waits in its engine's queue."""
+        if t.worker is not None:
+            t.worker.unanswered.pop(t.rid, None)
+
     def streamed(self, t: Ticket, tokens: int) -> None:
         """``tokens`` more output tokens relayed for ``t``; the first makes it a decoding request."""
         w = t.worker
@@ -428,10 +459,12 @@ class GatewayState:
         self.last_active_s = self.clock()
         if w.first_sent_s is None:
             w.first_sent_s = self.last_active_s
-        n = t.prompt_tokens
-        w.inflight[t.rid] = n
-        w.inflight_tokens += n
-        self.tenant_inflight[t.tenant] = self.tenant_inflight.get(t.tenant, 0) + n
+        w.inflight[t.rid] = t.prompt_tokens
+        w.unanswered[t.rid] = self.last_active_s
+        w.inflight_tokens += t.prompt_tokens
+        t.new_tokens = new = self.new_tokens(t, w)
+        w.inflight_new_tokens += new
+        self.tenant_inflight[t.tenant] = self.tenant_inflight.get(t.tenant, 0) + new
         if t.session_id is not None:
             self.ledger.touch(t.session_id, self.clock())
             s = self.sessions.get(t.session_id)
@@ -450,12 +483,14 @@ class GatewayState:
         self.last_active_s = self.clock()
         if completed and t.session_id is not None and (s := self.sessions.get(t.session_id)) is not None:
             s.completed_rounds += 1
-        n = w.inflight.pop(t.rid, 0)
-        w.inflight_tokens -= n
+        w.inflight_tokens -= w.inflight.pop(t.rid, 0)
+        w.unanswered.pop(t.rid, None)
+        w.inflight_new_tokens -= t.new_tokens
         if w.decoding.pop(t.rid, None) is not None:
             w.streamed_tokens -= t.streamed
         t.streamed = 0
-        left = self.tenant_inflight.get(t.tenant, 0) - n
+        left = self.tenant_inflight.get(t.tenant, 0) - t.new_tokens
+        t.new_tokens = 0
         if left > 0:
             self.tenant_inflight[t.tenant] = left
         else:

@@ -22,7 +22,8 @@ set so it can label metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coda.policy.contracts import SEVERITY, Decision, IngressPolicy
@@ -32,6 +33,18 @@ from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 def room(snap: IngressSnapshot, has_room: Callable[[WorkerLoad], bool]) -> bool:
     """Whether some healthy worker with fresh telemetry passes ``has_room`` (stale ones are full)."""
     return any(w.healthy and not w.stale and has_room(w) for w in snap.workers)
+
+
+def binding(snap: IngressSnapshot, pressed: Mapping[str, Callable[[WorkerLoad], bool]]) -> str:
+    """The signals that left no worker room: the names of ``pressed`` that hold on some usable
+    worker, and ``telemetry`` when a worker is stale or unhealthy, joined by ``+``."""
+    names = set()
+    for w in snap.workers:
+        if not w.healthy or w.stale:
+            names.add("telemetry")
+        else:
+            names.update(name for name, check in pressed.items() if check(w))
+    return "+".join(sorted(names))
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -60,8 +73,8 @@ class AdmitAll(IngressPolicy):
 @dataclass(frozen=True, slots=True)
 class QueueLimit(IngressPolicy):
     """Defer what the engine would only queue: while every worker has ``max_waiting`` requests in
-    its engine queue, or could not start the request at once (every seat taken, or its prompt
-    does not fit in the KV cache beside the prompts in flight: ``WorkerLoad.can_start``)."""
+    its engine queue, or could not start the request at once (every seat taken, or what it would
+    newly occupy does not fit in the KV cache beside what is in flight: ``WorkerLoad.can_start``)."""
 
     max_waiting: int = 4
     retry_after_s: float = 1.0
@@ -73,9 +86,11 @@ class QueueLimit(IngressPolicy):
         _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start(snap.prompt_tokens)):
+        if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start()):
             return Decision("admit", self.name)
-        return Decision("defer", self.name, "queue_full", 503, self.retry_after_s)
+        signal = binding(snap, {"queue_depth": lambda w: w.queue_depth >= self.max_waiting, "inflight_requests": lambda w: not w.has_seat(),
+                                "inflight_tokens": lambda w: not w.fits()})
+        return Decision("defer", self.name, "queue_full", 503, self.retry_after_s, signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +109,41 @@ class KVHeadroom(IngressPolicy):
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.kv_usage < self.max_kv_usage):
             return Decision("admit", self.name)
-        return Decision("defer", self.name, "kv_full", 503, self.retry_after_s)
+        return Decision("defer", self.name, "kv_full", 503, self.retry_after_s, binding(snap, {"kv_usage": lambda w: True}))
 
 
-def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int) -> bool:
-    """No worker has room: each is at ``kv_high`` KV use, has ``queue_high`` requests waiting, or
-    could not start the request at once (``WorkerLoad.can_start``)."""
-    return not room(snap, lambda w: w.kv_usage < kv_high and w.queue_depth < queue_high and w.can_start(snap.prompt_tokens))
+def saturated(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_s: float) -> bool:
+    """A dual gate over signals that move within seconds: no worker has room, a worker having none
+    when its KV is pressed (``kv_high`` KV use, or the request does not fit beside what is in flight:
+    ``WorkerLoad.fits``) AND its queue is (``queue_high`` requests waiting, the oldest unanswered one
+    waiting ``queue_age_s``, or every seat taken). Either alone is a busy engine that still serves
+    what it is sent at its pace: a full cache with nothing waiting, or a queue that drains."""
+
+    def has_room(w: WorkerLoad) -> bool:
+        kv_pressed = w.kv_usage >= kv_high or not w.fits()
+        queue_pressed = w.queue_depth >= queue_high or w.queue_age_s >= queue_age_s or not w.has_seat()
+        return not (kv_pressed and queue_pressed)
+
+    return not room(snap, has_room)
+
+
+def saturation_signal(snap: IngressSnapshot, kv_high: float, queue_high: int, queue_age_s: float) -> str:
+    """The signals of ``saturated``'s gate that are pressed (``binding``)."""
+    return binding(snap, {"kv_usage": lambda w: w.kv_usage >= kv_high, "inflight_tokens": lambda w: not w.fits(),
+                          "queue_depth": lambda w: w.queue_depth >= queue_high, "queue_age": lambda w: w.queue_age_s >= queue_age_s,
+                          "inflight_requests": lambda w: not w.has_seat()})
+
+
+#: the oldest unanswered request's wait at which a queue counts as pressed (assumed: a few times the
+#: unloaded time to first token of a long agent prompt, about 0.35 s on the load benchmark's engines)
+QUEUE_AGE_S = 2.0
+
+
+def jittered(base_s: float, jitter: float, key: str) -> float:
+    """``base_s`` stretched by up to ``jitter`` of itself, by a hash of ``key`` (a pure function, so
+    every shell answers alike, while clients deferred together come back spread out)."""
+    u = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+    return base_s * (1.0 + jitter * u)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,20 +155,21 @@ class TenantShare(IngressPolicy):
     slack: float = 0.1
     kv_high: float = 0.85
     queue_high: int = 2
+    max_queue_age_s: float = QUEUE_AGE_S
     retry_after_s: float = 2.0
     name: str = "tenant_share"
-    signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
-        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s)
+        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s, max_queue_age_s=self.max_queue_age_s)
         _check_at_least(1, queue_high=self.queue_high)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
-        if not saturated(snap, self.kv_high, self.queue_high):
+        if not saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
             return Decision("admit", self.name)
         if snap.tenant_share > snap.entitlement * (1.0 + self.slack):
-            return Decision("reject", self.name, "tenant_over_share", 429, self.retry_after_s)
+            return Decision("reject", self.name, "tenant_over_share", 429, self.retry_after_s, "tenant_share")
         return Decision("admit", self.name)
 
 
@@ -164,29 +208,40 @@ class Overload(IngressPolicy):
 
         if room(snap, has_room):
             return Decision("admit", self.name)
-        return Decision("reject", self.name, "overloaded", 529, self.retry_after_s)
+        signal = binding(snap, {"inflight_requests": lambda w: w.inflight_requests >= self.limits(w)[0], "kv_usage": lambda w: w.kv_usage >= self.kv_reject,
+                                "queue_depth": lambda w: w.queue_depth >= self.limits(w)[1]})
+        return Decision("reject", self.name, "overloaded", 529, self.retry_after_s, signal)
 
 
 @dataclass(frozen=True, slots=True)
 class SessionAdmission(IngressPolicy):
-    """Admit whole agent sessions: a request of a session that holds a slot always passes; under
-    saturation (or with ``max_sessions`` slots taken) a new session is deferred, so the sessions
-    already running keep their KV and finish. A session idle for ``idle_ttl_s`` loses its slot
-    (the shell's ``SessionLedger`` applies the TTL)."""
+    """Admit whole agent sessions: admitting half of two sessions can finish neither. A request of
+    a session that holds a slot always passes, so the sessions running keep their KV and finish. A
+    new session waits while the cluster is saturated (the dual gate of ``saturated``) or
+    ``max_sessions`` slots are taken: deferred (503, a ``Retry-After`` of ``retry_after_s``
+    stretched by up to ``retry_jitter`` so deferred clients do not return together) until it has
+    been deferred for ``defer_budget_s``, then rejected (529), so a client stops waiting on a
+    door that will not open soon. A session idle for ``idle_ttl_s`` loses its slot (the shell's
+    ``SessionLedger`` applies the TTL and keeps when each waiting session was first deferred)."""
 
     max_sessions: int = 0  # 0: no cap, only saturation defers
     kv_high: float = 0.85
     queue_high: int = 2
+    max_queue_age_s: float = QUEUE_AGE_S
     idle_ttl_s: float = 300.0
     retry_after_s: float = 2.0
+    retry_jitter: float = 0.5
+    #: assumed: about six of an agent client's retries at the default Retry-After
+    defer_budget_s: float = 15.0
     name: str = "session"
-    signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "inflight_requests", "inflight_tokens"})
+    signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
     def __post_init__(self) -> None:
         _check_fraction("kv_high", self.kv_high)
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
-        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s)
+        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s, retry_jitter=self.retry_jitter,
+                        defer_budget_s=self.defer_budget_s, max_queue_age_s=self.max_queue_age_s)
         _check_at_least(1, queue_high=self.queue_high)
 
     @property
@@ -197,10 +252,15 @@ class SessionAdmission(IngressPolicy):
         if snap.session_active:
             return Decision("admit", self.name, "session_continues")
         if self.max_sessions and snap.active_sessions >= self.max_sessions:
-            return Decision("defer", self.name, "session_slots_full", 503, self.retry_after_s)
-        if saturated(snap, self.kv_high, self.queue_high):
-            return Decision("defer", self.name, "new_session_deferred", 503, self.retry_after_s)
-        return Decision("admit", self.name)
+            reason, signal = "session_slots_full", "session_slots"
+        elif saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
+            reason, signal = "new_session_deferred", saturation_signal(snap, self.kv_high, self.queue_high, self.max_queue_age_s)
+        else:
+            return Decision("admit", self.name)
+        if snap.session_deferred_s >= self.defer_budget_s:
+            return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, signal)
+        retry = jittered(self.retry_after_s, self.retry_jitter, f"{snap.session_id}|{snap.now_s!r}")
+        return Decision("defer", self.name, reason, 503, retry, signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +279,7 @@ class Deadline(IngressPolicy):
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.deadline_slack_s + self.grace_s >= 0:
             return Decision("admit", self.name)
-        return Decision("reject", self.name, "deadline_unmeetable", 529, self.retry_after_s)
+        return Decision("reject", self.name, "deadline_unmeetable", 529, self.retry_after_s, "deadline_slack")
 
 
 @dataclass(frozen=True, slots=True)

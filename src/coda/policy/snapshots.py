@@ -176,25 +176,44 @@ class WorkerLoad:
     stale: bool = False
     #: requests in the engine's waiting queue (vLLM's ``vllm:num_requests_waiting``)
     queue_depth: int = 0
+    #: seconds the oldest request the shell sent here and has seen no output of yet has waited
+    #: (queued or prefilling; a response that is not streamed shows no output until its end); 0
+    #: when there is none, and 0 where the policy does not read ``queue_age``
+    queue_age_s: float = 0.0
     #: share of the engine's KV blocks held by its running requests (``vllm:kv_cache_usage_perc``)
     kv_usage: float = 0.0
     #: requests sent to the engine and not yet finished (running, restoring or waiting there)
     inflight_requests: int = 0
-    #: prompt tokens of those requests
+    #: KV tokens those requests newly occupy here: the sum of each one's ``new_tokens`` on this
+    #: worker when it was sent. A prefix already resident (shared by agent prompts, or a session's
+    #: earlier rounds) is not counted again: it was counted by the request that brought it, or it
+    #: is idle cache the engine reuses (once that request ends, a prefix its successors still hold
+    #: goes uncounted here; ``kv_usage`` observes it)
     inflight_tokens: int = 0
+    #: the arriving request's prompt tokens beyond the leading run of its blocks that the shell's KV
+    #: index shows resident in this worker's HBM (KV events, or else the blocks the shell itself sent
+    #: there): what it would newly occupy if it went here (the whole prompt where the index shows none
+    #: of it; 0 in a load that describes no request)
+    new_tokens: int = 0
     #: requests the engine runs at once (vLLM's ``--max-num-seqs``); 0 when unknown
     max_num_seqs: int = 0
     #: tokens the engine's KV cache holds (vLLM: ``num_gpu_blocks`` x ``block_size`` of its
     #: ``vllm:cache_config_info``); 0 when unknown
     kv_capacity_tokens: int = 0
 
-    def can_start(self, prompt_tokens: int) -> bool:
-        """A request sent now would start at once: a seat is free and its prompt fits in the KV cache
-        beside the prompts in flight (by the shell's own count, which has no scrape lag). A limit
-        that is unknown does not bind; the first request always fits an idle engine."""
-        seats = self.max_num_seqs <= 0 or self.inflight_requests < self.max_num_seqs
-        kv = self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + prompt_tokens <= self.kv_capacity_tokens
-        return seats and kv
+    def has_seat(self) -> bool:
+        """A seat is free for one more request (an unknown seat count does not bind)."""
+        return self.max_num_seqs <= 0 or self.inflight_requests < self.max_num_seqs
+
+    def fits(self) -> bool:
+        """What the arriving request newly occupies (``new_tokens``) fits in the KV cache beside what
+        the requests in flight newly occupy (by the shell's own count, which has no scrape lag). An
+        unknown capacity does not bind; the first request always fits an idle engine."""
+        return self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + self.new_tokens <= self.kv_capacity_tokens
+
+    def can_start(self) -> bool:
+        """The arriving request sent here now would start at once: a seat is free and it fits."""
+        return self.has_seat() and self.fits()
 
 
 @dataclass(slots=True, frozen=True)
@@ -210,10 +229,14 @@ class IngressSnapshot:
     session_active: bool = False
     #: how many sessions hold a slot
     active_sessions: int = 0
+    #: seconds since a request of this session was first deferred, while none of its requests has
+    #: been admitted since (0 when none was deferred; the ledger forgets a deferral after the
+    #: session TTL without a request)
+    session_deferred_s: float = 0.0
     #: share of the prompt's blocks resident, in any tier, on the worker that holds most of them
     #: (0 when the policy does not read it)
     prefix_hit: float = 0.0
-    #: prompt tokens in flight for this request's tenant
+    #: KV tokens this request's tenant has in flight, counted as ``WorkerLoad.inflight_tokens`` counts them
     tenant_inflight_tokens: int = 0
     #: the tenant's weight, and the sum of the weights of the tenants with work in flight (this one
     #: included): its entitlement is their ratio
@@ -234,10 +257,16 @@ class IngressSnapshot:
         return sum(w.inflight_requests for w in self.workers)
 
     @property
+    def new_tokens(self) -> int:
+        """The least this request would newly occupy on a healthy worker (``WorkerLoad.new_tokens``;
+        the whole prompt when none is healthy)."""
+        return min((w.new_tokens for w in self.workers if w.healthy), default=self.prompt_tokens)
+
+    @property
     def tenant_share(self) -> float:
-        """The tenant's share of in-flight tokens if this request were admitted."""
-        total = self.inflight_tokens + self.prompt_tokens
-        return (self.tenant_inflight_tokens + self.prompt_tokens) / total if total else 0.0
+        """The tenant's share of in-flight KV tokens if this request were admitted."""
+        total = self.inflight_tokens + self.new_tokens
+        return (self.tenant_inflight_tokens + self.new_tokens) / total if total else 0.0
 
     @property
     def entitlement(self) -> float:
@@ -258,6 +287,7 @@ class IngressSnapshot:
             "deadline_slack_s": self.deadline_slack_s,
             "stale_workers": sum(w.stale for w in live),
             "healthy_workers": len(live),
+            "queue_age_s": max((w.queue_age_s for w in live), default=0.0),
             "active_sessions": self.active_sessions,
             "queued": self.queued,
         }

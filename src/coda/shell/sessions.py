@@ -19,19 +19,24 @@ def ledger_ttl_s(policy: IngressPolicy) -> float:
 
 
 class SessionLedger:
-    """Sessions that hold an admission slot, released after ``ttl_s`` without a request.
+    """Sessions that hold an admission slot, released after ``ttl_s`` without a request; and
+    sessions waiting for one, with when a request of theirs was first deferred (the deferral
+    budget of ``coda.policy.ingress.SessionAdmission``), forgotten once admitted or after ``ttl_s``
+    without a deferral.
 
     Time is passed in (the gateway's monotonic clock, the simulator's virtual time). Sessions
     are kept in last-seen order, so expiring them is amortized O(1) per call. With a ``limit``,
-    the least recently seen slot is released when one more would pass it (a shell that takes
-    slots from clients bounds its memory so)."""
+    the least recently seen slot (or deferral) is dropped when one more would pass it (a shell
+    that takes slots from clients bounds its memory so)."""
 
-    __slots__ = ("ttl_s", "limit", "_seen")
+    __slots__ = ("ttl_s", "limit", "_seen", "_deferred")
 
     def __init__(self, ttl_s: float, limit: int | None = None) -> None:
         self.ttl_s = ttl_s
         self.limit = limit
         self._seen: OrderedDict[str, float] = OrderedDict()
+        #: session -> (first deferred, last deferred), in last-deferred order
+        self._deferred: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def _expire(self, now_s: float) -> None:
         seen = self._seen
@@ -40,6 +45,9 @@ class SessionLedger:
             if now_s - t <= self.ttl_s:
                 break
             seen.popitem(last=False)
+        deferred = self._deferred
+        while deferred and now_s - next(iter(deferred.values()))[1] > self.ttl_s:
+            deferred.popitem(last=False)
 
     def active(self, session_id: str | None, now_s: float) -> bool:
         self._expire(now_s)
@@ -53,10 +61,26 @@ class SessionLedger:
         """An admitted request of ``session_id``: it holds (or takes) a slot until idle for the TTL."""
         if session_id is None:
             return
+        self._deferred.pop(session_id, None)
         self._seen[session_id] = now_s
         self._seen.move_to_end(session_id)
         if self.limit is not None and len(self._seen) > self.limit:
             self._seen.popitem(last=False)
+
+    def defer(self, session_id: str | None, now_s: float) -> None:
+        """A request of ``session_id``, which holds no slot, was deferred at ``now_s``."""
+        if session_id is None or self.active(session_id, now_s):
+            return
+        first = self._deferred.pop(session_id, (now_s, now_s))[0]
+        self._deferred[session_id] = (first, now_s)
+        if self.limit is not None and len(self._deferred) > self.limit:
+            self._deferred.popitem(last=False)
+
+    def deferred_for_s(self, session_id: str | None, now_s: float) -> float:
+        """Seconds since the session was first deferred while waiting for a slot (0 when it is not waiting)."""
+        self._expire(now_s)
+        entry = self._deferred.get(session_id) if session_id is not None else None
+        return now_s - entry[0] if entry is not None else 0.0
 
     def last_seen(self, session_id: str) -> float:
         """When the session last took its slot (``-inf`` when it holds none)."""

@@ -10,6 +10,7 @@ the workers themselves (``coda.sim.worker``) and the report (``coda.sim.results`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from coda.cost.profile import load_profile
 from coda.errors import CodaError
 from coda.metrics.requests import Window
 from coda.policy.presets import system_preset
-from coda.policy.snapshots import IngressSnapshot, RouteRequest, RoutingSnapshot
+from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot
 from coda.shell.build import PolicySet, build_policies
 from coda.shell.estimates import ttft_estimate
 from coda.shell.kvindex import KVIndexer, WorkerTiers
@@ -227,11 +228,19 @@ class Simulation:
         """What the ingress policy sees of an arriving (or held) request and the workers."""
         ing = self.ingress
         assert ing is not None
+        matches = self.views.matches(req.chain)
         hit = 0.0
         if "prefix_hit" in ing.policy.signals:
-            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in self.views.matches(req.chain).values()), default=0)
+            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in matches.values()), default=0)
             hit = best / max(len(req.chain), 1)
-        return ing.snapshot(self.loop.now, req, self._tenant(req), self.views.loads(), hit, self.ttft_estimates)
+        now, ages = self.loop.now, "queue_age" in ing.policy.signals
+        loads = tuple(dataclasses.replace(w, new_tokens=self._new_tokens(req, matches.get(w.worker_id)),
+                                          queue_age_s=ing.queue_age_s(w.worker_id, now) if ages else 0.0) for w in self.views.loads())
+        return ing.snapshot(now, req, self._tenant(req), loads, hit, self.ttft_estimates)
+
+    def _new_tokens(self, req: SimRequest, match: PrefixMatch | None) -> int:
+        """``WorkerLoad.new_tokens``: the prompt beyond its leading run resident in the worker's HBM."""
+        return req.orig_prompt_tokens - (match.hbm_blocks * self.C if match is not None else 0)
 
     @staticmethod
     def _tenant(req: SimRequest) -> str:
@@ -241,11 +250,13 @@ class Simulation:
         """Decide on a request at its arrival, and again each time a held one is retried."""
         ing = self.ingress
         assert ing is not None
-        d = ing.decide(self.ingress_snapshot(req))
+        snap = self.ingress_snapshot(req)
+        d = ing.decide(snap, req.rid)
         if d.action == "admit":
             ing.release(req)
             wid = self._route(req, req.sess)
-            ing.admitted(wid, self._tenant(req), req.orig_prompt_tokens)
+            req.ingress_tokens = snap.workers[wid].new_tokens
+            ing.admitted(req, wid, self._tenant(req), self.loop.now)
             self.views.touched.add(wid)
             self.workers[wid].enqueue(req)
         elif d.action == "defer":
@@ -253,6 +264,7 @@ class Simulation:
                 return  # held already: its deadline event stands
             req.deferred_since = self.loop.now
             if not ing.hold(req):
+                ing.liveness.done(req.rid)
                 self._reject(req, "gateway_queue_full")
                 return
             self.loop.at(self.loop.now + ing.defer.max_wait_s, self._defer_timeout, req)
@@ -264,6 +276,7 @@ class Simulation:
         """A held request that found no room within max_wait_s: answered 503 with Retry-After."""
         assert self.ingress is not None
         if self.ingress.release(req):
+            self.ingress.liveness.done(req.rid)
             self._reject(req, "defer_timeout")
 
     def _room_may_have_freed(self) -> None:
@@ -276,7 +289,7 @@ class Simulation:
     def _retry_deferred(self, _: object) -> None:
         self._retry_pending = False
         assert self.ingress is not None
-        self.ingress.retry_all(self._admit_or_not)
+        self.ingress.retry_all(self.loop.now, self._admit_or_not)
 
     def _engine_admitted(self, req: SimRequest) -> None:
         self._room_may_have_freed()
@@ -284,6 +297,9 @@ class Simulation:
     def _first_token(self, req: SimRequest) -> None:
         """A worker's TTFT estimate (the ``deadline`` policy's prediction) learns from each first token."""
         self.ttft_estimates[req.worker] = ttft_estimate(self.ttft_estimates[req.worker], req.first_token_s - req.arrived_s)
+        if self.ingress is not None:
+            self.ingress.answered(req)
+            self._room_may_have_freed()  # its queue got younger
 
     def _reject(self, req: SimRequest, reason: str) -> None:
         """A rejected request ends its session: the client gives up, and its unsent rounds count as
@@ -326,7 +342,7 @@ class Simulation:
     def _finished(self, req: SimRequest) -> None:
         sess = req.sess
         if self.ingress is not None:
-            self.ingress.finished(req.worker, self._tenant(req), req.orig_prompt_tokens)
+            self.ingress.finished(req, self._tenant(req))
             self.views.touched.add(req.worker)
             self._room_may_have_freed()
         sess.context_tokens = req.orig_prompt_tokens + req.output_tokens

@@ -21,16 +21,18 @@ from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
 from coda.shell.estimates import deadline_slack_s
+from coda.shell.liveness import Liveness, gate_decisions
 from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
 
-SIM_SIGNALS = frozenset({"queue_depth", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack"})
+SIM_SIGNALS = frozenset({"queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack"})
 
 
 class SimIngress:
-    """The simulated gateway's admission state: in-flight tokens per worker and tenant, session
-    slots, TTFT estimates per worker, and the queue of deferred requests (oldest first)."""
+    """The simulated gateway's admission state: in-flight tokens per worker and tenant, the
+    requests sent to each worker without output yet (oldest first), session slots, TTFT estimates
+    per worker, and the queue of deferred requests (oldest first)."""
 
     def __init__(self, policy: IngressPolicy, defer: DeferSpec, tenants: dict[str, TenantSpec]) -> None:
         self.policy = policy
@@ -38,8 +40,10 @@ class SimIngress:
         self.tenants = tenants
         self.ledger = SessionLedger(ledger_ttl_s(policy))
         self.inflight_tokens: dict[int, int] = {}
+        self.unanswered: dict[int, OrderedDict[int, float]] = {}
         self.tenant_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
+        self.liveness = Liveness.of(policy)
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
 
     def tenant(self, name: str) -> TenantSpec:
@@ -58,6 +62,7 @@ class SimIngress:
             session_id=sid,
             session_active=self.ledger.active(sid, now),
             active_sessions=self.ledger.count(now),
+            session_deferred_s=self.ledger.deferred_for_s(sid, now),
             prefix_hit=prefix_hit,
             tenant_inflight_tokens=self.tenant_tokens.get(tenant, 0),
             tenant_weight=self.tenant(tenant).weight,
@@ -78,13 +83,24 @@ class SimIngress:
             kv_capacity_tokens=w.hbm.capacity * w.C,
         )
 
-    def decide(self, snap: IngressSnapshot) -> Decision:
+    def decide(self, snap: IngressSnapshot, rid: int) -> Decision:
+        """The decision on request ``rid`` (counted per gate; a request deferred for good is ``done`` by the caller)."""
         d = self.policy.decide(snap)
         key = f"{d.action}:{d.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.liveness.observe(rid, gate_decisions(self.policy, snap))
+        if d.action != "defer":
+            self.liveness.done(rid)
         if d.action == "admit":
             self.ledger.touch(snap.session_id, snap.now_s)
+        elif d.action == "defer":
+            self.ledger.defer(snap.session_id, snap.now_s)
         return d
+
+    def queue_age_s(self, worker: int, now: float) -> float:
+        """``WorkerLoad.queue_age_s``: how long the oldest request sent to ``worker`` has gone without output."""
+        waiting = self.unanswered.get(worker)
+        return now - next(iter(waiting.values())) if waiting else 0.0
 
     def hold(self, req: SimRequest) -> bool:
         """Queue a deferred request; ``False`` when the queue is full (it is answered 503 at once)."""
@@ -99,16 +115,26 @@ class SimIngress:
         """Take a request out of the queue; ``False`` when it was not (or no longer) there."""
         return self.deferred.pop(req.rid, None) is not None
 
-    def retry_all(self, decide_again: Callable[[SimRequest], Any]) -> None:
-        """Something that may free room happened: every held request decides again, oldest first."""
-        for req in list(self.deferred.values()):
+    def retry_all(self, now: float, decide_again: Callable[[SimRequest], Any]) -> None:
+        """Something that may free room happened: every held request decides again, the
+        continuations of sessions holding a slot first, each group oldest first."""
+        held = sorted(self.deferred.values(), key=lambda r: not self.ledger.active(r.sess.session.session_id, now))
+        for req in held:
             if req.rid in self.deferred:
                 decide_again(req)
 
-    def admitted(self, worker: int, tenant: str, tokens: int) -> None:
+    def admitted(self, req: SimRequest, worker: int, tenant: str, now: float) -> None:
+        """``req`` was sent to ``worker`` at ``now``, counted as newly occupying ``req.ingress_tokens``."""
+        tokens = req.ingress_tokens
         self.inflight_tokens[worker] = self.inflight_tokens.get(worker, 0) + tokens
         self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + tokens
+        self.unanswered.setdefault(worker, OrderedDict())[req.rid] = now
 
-    def finished(self, worker: int, tenant: str, tokens: int) -> None:
-        self.inflight_tokens[worker] -= tokens
-        self.tenant_tokens[tenant] -= tokens
+    def answered(self, req: SimRequest) -> None:
+        """Its first output came."""
+        self.unanswered.get(req.worker, {}).pop(req.rid, None)  # type: ignore[call-overload]
+
+    def finished(self, req: SimRequest, tenant: str) -> None:
+        self.answered(req)
+        self.inflight_tokens[req.worker] -= req.ingress_tokens
+        self.tenant_tokens[tenant] -= req.ingress_tokens

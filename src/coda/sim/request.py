@@ -48,7 +48,7 @@ class SimRequest:
         "computed", "emitted", "held", "private", "admit_seq",
         "admitted_s", "state_ready_s", "first_token_s", "finish_s", "last_token_s",
         "hbm_hit", "dram_hit", "ssd_hit", "path", "preemptions", "tbt_max", "cohort_steps",
-        "match_key", "match", "tools", "deferred_since", "reason",
+        "match_key", "match", "tools", "deferred_since", "reason", "ingress_tokens",
     )
 
     def __init__(self, rid: int, sess: SessionState, round_idx: int, kind: str, ready_s: float) -> None:
@@ -88,6 +88,7 @@ class SimRequest:
         self.tools: tuple[str, ...] = ()
         self.deferred_since = -1.0  # first time ingress admission deferred it
         self.reason = ""  # why it was rejected
+        self.ingress_tokens = 0  # what ingress counted it to newly occupy on its worker (``WorkerLoad.new_tokens``)
 
     def record(self) -> dict[str, Any]:
         """The per-request record written with ``--out``."""

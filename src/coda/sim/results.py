@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from coda.metrics.requests import summarize
 from coda.metrics.tasks import alone_times_s
+from coda.shell.liveness import verdict
 
 if TYPE_CHECKING:
     from coda.sim.cluster import Simulation
@@ -51,7 +52,8 @@ class SimResult:
                 "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
                 "shadow": self.shadow_block(),
                 "ingress": ({"policy": sim.policies.spec.ingress.name, "decisions": dict(sorted(sim.ingress.decisions.items())),
-                             "deferred": sum(r["deferred"] for r in self.records if r["measured"])} if sim.ingress else None),
+                             "deferred": sum(r["deferred"] for r in self.records if r["measured"]),
+                             "liveness": (live := sim.ingress.liveness.report()), "verdict": verdict(live)} if sim.ingress else None),
                 "window_s": [sim.window.start_s, sim.window.end_s],
                 "config": self.config_block(),
             }
