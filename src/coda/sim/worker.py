@@ -266,6 +266,8 @@ class Worker:
             else:
                 req.path = "hbm"
         ready = now
+        if d and self.dram is not None:  # before the SSD part joins DRAM, whose LRU chunks that may evict
+            self.dram.touch(chain[h : h + d])
         if s and self.ssd is not None:
             ssd_part = chain[h + d : h + d + s]
             done = max(now, self.links.ssd_busy) + self.cost.ssd_read_s(s * self.chunk_bytes)
@@ -274,17 +276,10 @@ class Worker:
             if self.dram is not None:
                 self.dram.put(ssd_part)
         if d or s:
-            if self.dram is not None:
-                self.dram.touch(chain[h : h + d])
             start = max(ready, self.h2d_busy)
             self.h2d_busy = start + self.cost.h2d_s((d + s) * self.chunk_bytes)
             ready = self.h2d_busy
-        if evicted and not self.cpu_shadow and self.dram is not None:
-            # No shadow copy: evicted chunks are copied out before their HBM is reused.
-            start = max(now, self.d2h_busy)
-            self.d2h_busy = start + self.cost.d2h_s(len(evicted) * self.chunk_bytes)
-            self.dram.put(evicted)
-            ready = max(ready, self.d2h_busy)
+        ready = max(ready, self._copy_out(evicted))
         req.state_ready_s = ready
         if ready > now:
             req.state = RESTORING
@@ -310,10 +305,21 @@ class Worker:
             return True
         if need > self.hbm.reclaimable:
             return False
-        self.hbm.make_room(need)
+        self._copy_out(self.hbm.make_room(need))
         req.private += need
         self.hbm.private += need
         return True
+
+    def _copy_out(self, evicted: list[int]) -> float:
+        """Without the CPU shadow, evicted chunks are copied to DRAM before their HBM is reused (on
+        the D2H link, behind earlier copies); returns when the copy ends (now if nothing to copy).
+        An admission waits for it; a decode step's growth does not (its new block is written last)."""
+        now = self.loop.now
+        if not evicted or self.cpu_shadow or self.dram is None:
+            return now
+        self.d2h_busy = max(now, self.d2h_busy) + self.cost.d2h_s(len(evicted) * self.chunk_bytes)
+        self.dram.put(evicted)
+        return self.d2h_busy
 
     def _release(self, req: SimRequest) -> None:
         """Free a request's chunks: computed ones stay cached, uncomputed ones are dropped."""
