@@ -5,7 +5,9 @@ LRU reclaim, the CPU shadow, the SSD tier on) of the synthetic agent workload on
 A100 profile. Each row changes one thing: the load (arrival rate), routing (session affinity, the
 ``smetric`` router, instead of round robin), shadow eagerness (no CPU shadow: blocks are copied
 out when evicted), session interleaving (tool pauses scaled, so more or fewer other admissions
-run between a session's rounds), and the number of workers. Shares are of resumed requests
+run between a session's rounds), and the number of workers; then lower loads, with and without
+affinity, to find where the paper's shares (about three in four resumed requests HBM-ready)
+could hold. Shares are of resumed requests
 ready in the measurement window (``coda.eval.characterize``'s F2).
 
     nice -n 19 python benchmarks/residency_factors.py [--duration 9000 --warmup 1800] [--json out.json]
@@ -38,6 +40,14 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("interleaving", "tool pauses x0.25", {"tools": 0.25}),
     ("interleaving", "tool pauses x4", {"tools": 4.0}),
     ("workers", "1 worker at rate 1.25 (the same load per worker)", {"workers": 1, "rate": 1.25}),
+    # the load at which the paper's shares could hold, with and without session affinity
+    ("low load", "rate 0.5", {"rate": 0.5}),
+    ("low load", "rate 0.25", {"rate": 0.25}),
+    ("low load", "rate 1, session affinity", {"rate": 1.0, "router": "smetric"}),
+    ("low load", "rate 0.5, session affinity", {"rate": 0.5, "router": "smetric"}),
+    ("low load", "rate 0.25, session affinity", {"rate": 0.25, "router": "smetric"}),
+    ("low load", "1 worker at rate 0.5", {"workers": 1, "rate": 0.5}),
+    ("low load", "1 worker at rate 0.25", {"workers": 1, "rate": 0.25}),
 ]
 
 
