@@ -48,6 +48,12 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("low load", "rate 0.25, session affinity", {"rate": 0.25, "router": "smetric"}),
     ("low load", "1 worker at rate 0.5", {"workers": 1, "rate": 0.5}),
     ("low load", "1 worker at rate 0.25", {"workers": 1, "rate": 0.25}),
+    # between rate 1 and rate 5 with affinity: where the HBM-ready share crosses three in four
+    ("affinity load", "rate 2, session affinity", {"rate": 2.0, "router": "smetric"}),
+    ("affinity load", "rate 3, session affinity", {"rate": 3.0, "router": "smetric"}),
+    ("affinity load", "rate 4, session affinity", {"rate": 4.0, "router": "smetric"}),
+    ("affinity load", "1 worker at rate 0.75", {"workers": 1, "rate": 0.75}),
+    ("affinity load", "1 worker at rate 1", {"workers": 1, "rate": 1.0}),
 ]
 
 
