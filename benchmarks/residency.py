@@ -14,6 +14,7 @@ definitions are ``coda.eval.residency``'s.
 
     python benchmarks/residency.py [--duration 45] [--json]      # starts vLLM-CPU (about 5 minutes)
     python benchmarks/residency.py --profile measured.json        # skip measuring the profile
+    python benchmarks/residency.py --tight --profile measured.json   # more sessions: more eviction between rounds
     python benchmarks/residency.py --endpoint URL --profile P --sim-config engine.yaml   # an engine already running
 
 A replay on a loaded machine measures the machine: run it alone (it pins the engine to core 0).
@@ -41,6 +42,8 @@ from tests.integration.vllm.support import build_tiny_model, vllm_python_path, v
 # fidelity.py's validation sessions (3% of the tokens, tool pauses x0.1) on a seed of their own:
 # ~30 sessions share a KV of ~8,000 tokens, so a session's prefix survives its tool pause only sometimes.
 WORKLOAD = "synth:rate=40,duration={d},seed=5,tokens=0.03,tools=0.1"
+# five times the sessions: about one resumed request in five finds part of its prefix evicted
+TIGHT = "synth:rate=200,duration={d},seed=5,tokens=0.03,tools=0.1"
 TOLERANCE = 0.05
 AGREEMENT = 0.95
 READY_POINTS = 0.05
@@ -59,7 +62,7 @@ def report(engine_dir: Path, sim_dir: Path, block_tokens: int) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    spec = WORKLOAD.format(d=args.duration)
+    spec = (TIGHT if args.tight else WORKLOAD).format(d=args.duration)
     if args.endpoint:
         profile, real = args.profile, bench(args.endpoint, spec, args.tokenizer, work / "engine", args.duration)
         simulated = coda("sim", "--workload", spec, "--system", "vllm", "--profile", str(profile), "--config", str(args.sim_config),
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         engine = {"engine_flags": list(ENGINE_ARGS)}
     p = json.loads(Path(profile).read_text())
     out = report(work / "engine", work / "sim", args.block)
-    out.update(workload=spec, seed=5, duration_s=args.duration, block_tokens=args.block, **engine,
+    out.update(workload=spec, duration_s=args.duration, block_tokens=args.block, **engine,
                profile={"name": p["name"], "description": p["description"], "path": str(profile), "measured_here": not args.profile},
                runs={k: {"sim": simulated.get(k), "real": real.get(k)} for k in ("completed", "reuse_rate", "ttft_p50_s", "ttft_p95_s")})
     return out
@@ -107,6 +110,7 @@ def main() -> int:
     ap.add_argument("--endpoint", help="replay against this running engine instead of starting vLLM-CPU (needs --profile and --sim-config)")
     ap.add_argument("--sim-config", type=Path, help="with --endpoint: coda sim's config with that engine's block size, block count, seats and budget")
     ap.add_argument("--tokenizer", type=Path, help="with --endpoint: the engine's tokenizer (default: Coda's word tokenizer)")
+    ap.add_argument("--tight", action="store_true", help="replay TIGHT (more sessions, more eviction between rounds) instead of WORKLOAD")
     ap.add_argument("--block", type=int, default=BLOCK, help=f"the engine's KV block size in tokens (default {BLOCK})")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     ap.add_argument("--keep", type=Path, help="keep the profile, replays and logs in this folder")
