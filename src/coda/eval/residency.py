@@ -30,7 +30,7 @@ LOG_FIELDS = "session_id, round, prompt_tokens, output_tokens and cached_tokens 
 NAMES: dict[str, tuple[str, ...]] = {
     "session": ("session_id", "session"),
     "round": ("round",),
-    "prompt": ("prompt_tokens",),
+    "prompt": ("server_prompt_tokens", "prompt_tokens"),  # coda bench: the engine's count first
     "output": ("output_tokens", "completion_tokens"),
     "cached": ("cached_tokens", "hbm_hit_tokens"),
     "dram": ("dram_hit_tokens",),
