@@ -40,6 +40,7 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("interleaving", "tool pauses x0.25", {"tools": 0.25}),
     ("interleaving", "tool pauses x4", {"tools": 4.0}),
     ("workers", "1 worker at rate 1.25 (the same load per worker)", {"workers": 1, "rate": 1.25}),
+    ("workers", "1 worker at rate 1.75 (the single-GPU comparisons' load)", {"workers": 1, "rate": 1.75}),
     # the load at which the paper's shares could hold, with and without session affinity
     ("low load", "rate 0.5", {"rate": 0.5}),
     ("low load", "rate 0.25", {"rate": 0.25}),
