@@ -266,7 +266,7 @@ class Worker:
             else:
                 req.path = "hbm"
         ready = now
-        if d and self.dram is not None:  # before the SSD part joins DRAM, whose LRU chunks that may evict
+        if d and self.dram is not None:  # before the SSD part joins DRAM, which evicts its least recently used chunks
             self.dram.touch(chain[h : h + d])
         if s and self.ssd is not None:
             ssd_part = chain[h + d : h + d + s]
