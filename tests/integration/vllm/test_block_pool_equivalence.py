@@ -7,12 +7,10 @@ simulated worker (its admission, growth, finish and preemption paths on one HBM 
 operation both report the prefix hit, whether the allocation fit, which cached blocks were evicted
 and the order in which the idle cached blocks would be evicted; the two must agree.
 
-Where Coda differs on purpose (none of which this script exercises):
-- Coda reserves the slot of a request's first output token at admission; vLLM allocates it at the
-  first decode step. The two differ only for a prompt that fills its last block exactly, by one block.
-- Coda's CPU shadow (DRAM and SSD) is off here: it copies blocks out as they complete and never
-  changes what HBM evicts. The tool-aware reclaim of the ``cachewise`` and ``coda`` systems is an
-  eviction policy of its own; the ``vllm`` system's LRU is the one compared.
+Where Coda differs on purpose: its CPU shadow (DRAM and SSD) is off here, since it copies blocks
+out as they complete and never changes what HBM evicts; the tool-aware reclaim of the
+``cachewise`` and ``coda`` systems is an eviction policy of its own, so the ``vllm`` system's LRU
+is the one compared. Both sides count vLLM's null block among the configured blocks.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ BLOCK = 16
 NUM_BLOCKS = 17  # as vLLM counts them: 16 usable, one is its null block
 
 # Sessions 0 and 1 come back for a second round; session 2 is a long request that grows until it
-# must preempt. Prompts avoid exact block multiples (see the module docstring).
+# must preempt. Request e's prompt fills its last block exactly (admission needs no slot beyond it).
 SCRIPT: list[dict[str, Any]] = [
     {"op": "admit", "req": "a", "session": 0, "prompt": 40},
     {"op": "decode", "req": "a", "steps": 9},
