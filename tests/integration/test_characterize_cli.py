@@ -85,3 +85,32 @@ def test_wrong_format_names_the_line(tmp_path):
     proc = coda("characterize", str(path), "--format", "mooncake", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2
     assert f"{path}:1: row: object missing required field `timestamp` (read with the mooncake reader" in proc.stderr
+
+
+def test_an_engine_log_gives_the_paths_of_its_resumed_requests(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    rows = [{"session_id": "a", "round": 0, "prompt_tokens": 100, "output_tokens": 20, "cached_tokens": 0},
+            {"session_id": "a", "round": 1, "prompt_tokens": 150, "output_tokens": 5, "cached_tokens": 112},
+            {"session_id": "a", "round": 2, "prompt_tokens": 160, "output_tokens": 5, "cached_tokens": 96}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ch"
+    proc = coda("characterize", "--engine-log", str(log), "--block-tokens", "16", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)
+    assert json.loads((out / "findings.json").read_text()) == f
+    assert f["f2_paths"]["counts"] == {"hbm": 1, "dram": 0, "ssd": 0, "recompute": 1} and f["f2_paths"]["share"]["hbm"] == 0.5
+    assert f["f1_tiers"]["tokens"]["not_resident"] == 48 and f["engine_log"]["requests"] == 3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--engine-log", "LOG", "--block-tokens", "16"], "LOG:2: cached_tokens: 'x' is not a token count"),
+    (["synth:rate=1,duration=60", "--engine-log", "LOG"], "pass a workload or --engine-log FILE (one of them)"),
+    (["synth:rate=1,duration=60", "--block-tokens", "16"], "--block-tokens goes with --engine-log"),
+])
+def test_engine_log_mistakes_are_one_line(tmp_path, args, message):
+    log = tmp_path / "bad.jsonl"
+    log.write_text(json.dumps({"session_id": "a", "round": 0, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": 0}) + "\n"
+                   + json.dumps({"session_id": "a", "round": 1, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": "x"}) + "\n")
+    proc = coda("characterize", *[str(log) if a == "LOG" else a for a in args], "--out", str(tmp_path / "ch"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert message.replace("LOG", str(log)) in " ".join(proc.stderr.split())

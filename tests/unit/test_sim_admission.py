@@ -83,3 +83,19 @@ def test_shadow_policy_counts_decisions_that_differ():
     # the same system with FIFO in shadow of FIFO never differs
     same = Simulation(wl, cfg.with_overrides(system="vllm")).run().summary()["shadow"]["state"]
     assert same["differs"] == 0 and same["decisions"] > 0
+
+
+def test_a_prefix_split_between_dram_and_ssd_is_restored_when_dram_is_full():
+    """Without the CPU shadow, evicted chunks are copied to DRAM and DRAM's oldest spill to SSD. B's
+    admission and then its decode growth evict 7 of A's 10 chunks, tail first, into a 6-chunk DRAM:
+    3 stay in HBM, 6 in DRAM, A's last chunk on SSD. A's next round loads the SSD chunk into DRAM,
+    which evicts DRAM's oldest: the DRAM part is taken first, so it stays."""
+    a = make_session("a", 0.0, [(640, 5, 10.0), (64, 5, 0.0)])
+    b = make_session("b", 1.0, [(1280, 10, 0.0)])
+    cfg = SimConfig(system="vllm", workers=1, chunk_tokens=64, hbm_kv_gib=24.5 * CHUNK_GIB, dram_kv_gib=6.5 * CHUNK_GIB, ssd=True,
+                    cpu_shadow=False, warmup_s=0)
+    sim = Simulation(Workload(sessions=[a, b], meta={"duration_s": 20.0}), cfg)
+    sim.run()
+    resumed = next(r.record() for r in sim.requests if r.sess.session.session_id == "a" and r.round_idx == 1)
+    assert resumed["state"] == "completed" and resumed["path"] == "ssd"
+    assert (resumed["hbm_hit_tokens"], resumed["dram_hit_tokens"], resumed["ssd_hit_tokens"]) == (3 * 64, 6 * 64, 64)

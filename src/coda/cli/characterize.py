@@ -12,6 +12,7 @@ from rich.table import Table
 
 from coda.cli import FormatOpt, JsonOpt, app, err_console, fmt_value, load_workload_arg, out_console, out_dir, print_json, progress_bar
 from coda.cli.sim import ConfigOpt, HbmOpt, ProfileOpt, SeedOpt, WarmupOpt, WorkersOpt, _settings
+from coda.errors import CodaError
 from coda.shell import strict_json
 
 DEFAULT_WORKERS = 4  # the Coda paper's node: 4 GPUs sharing a DRAM/SSD KV store
@@ -19,8 +20,13 @@ DEFAULT_WORKERS = 4  # the Coda paper's node: 4 GPUs sharing a DRAM/SSD KV store
 
 @app.command()
 def characterize(
-    workload: Annotated[str, typer.Argument(help="workload file or spec, e.g. synth:rate=3,duration=1800,seed=0")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="directory for findings.json and the PNG figures")],
+    workload: Annotated[str | None, typer.Argument(help="workload file or spec, e.g. synth:rate=3,duration=1800,seed=0")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="directory for findings.json and the PNG figures")] = None,
+    engine_log: Annotated[Path | None, typer.Option("--engine-log", help="instead of a workload: a real engine's per-request JSONL "
+                                                    "(session_id, round, prompt_tokens, output_tokens, cached_tokens), whose "
+                                                    "resumed requests' paths (F1, F2) are measured")] = None,
+    block_tokens: Annotated[int | None, typer.Option("--block-tokens", help="with --engine-log: the engine's KV block size in tokens "
+                                                     "(vLLM's --block-size; default 16, vLLM's)")] = None,
     fmt: FormatOpt = None,
     workers: WorkersOpt = None,
     config: ConfigOpt = None,
@@ -31,7 +37,18 @@ def characterize(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure Findings 1-8 on a workload: KV tiers, paths and startup cost (F1-F3), growth and tool
-    time (F4), decode-batch composition (F5-F7) and routing opportunity (F8)."""
+    time (F4), decode-batch composition (F5-F7) and routing opportunity (F8). With --engine-log,
+    measure where a real engine's resumed requests found their KV (F1, F2) from its per-request log."""
+    if out is None:
+        raise CodaError("--out is required (a directory for findings.json)")
+    if (workload is None) == (engine_log is None):
+        raise CodaError("pass a workload or --engine-log FILE (one of them): a workload is replayed in the simulator, a log is read as it is")
+    if engine_log is not None:
+        _engine_log(engine_log, out, block_tokens if block_tokens is not None else 16, as_json)
+        return
+    if block_tokens is not None:
+        raise CodaError("--block-tokens goes with --engine-log; a workload's replay takes the block size from chunk_tokens (--config)")
+    assert workload is not None
     from coda.eval.characterize import characterize as run
     from coda.eval.characterize_plots import write_figures
     from coda.sim.run import seeded_workload, versions
@@ -66,6 +83,34 @@ def characterize(
         print_json(findings)
     else:
         _print_table(findings)
+
+
+def _engine_log(path: Path, out: Path, block_tokens: int, as_json: bool) -> None:
+    """F1 and F2 of a real engine's per-request log (``coda.eval.residency``)."""
+    from coda.eval.residency import path_shares, read_engine_log
+
+    if block_tokens < 1:
+        raise CodaError(f"--block-tokens must be at least 1, got {block_tokens}")
+    out_dir(out)
+    records = read_engine_log(path)
+    paths = path_shares(records, block_tokens)
+    findings = {"engine_log": {"path": str(path), "requests": len(records), "sessions": len({r.session for r in records})},
+                "f1_tiers": {k: paths[k] for k in ("requests", "tokens", "token_share", "block_tokens", "definition")},
+                "f2_paths": {k: paths[k] for k in ("requests", "counts", "share")}}
+    (out / "findings.json").write_text(strict_json.dumps(findings, indent=2) + "\n")
+    err_console.print(f"wrote {out / 'findings.json'}")
+    if as_json:
+        print_json(findings)
+        return
+    out_console.print(f"[bold]coda characterize[/bold] engine log {path}: {len(records)} completed requests, "
+                      f"{paths['requests']} resumed, blocks of {block_tokens} tokens", highlight=False)
+    table = Table(show_header=True)
+    table.add_column("finding")
+    table.add_column("value", justify="right")
+    for k, v in [*((f"F1 reusable KV in {k}", v) for k, v in paths["token_share"].items()),
+                 *((f"F2 resumed via {k}", v) for k, v in paths["share"].items())]:
+        table.add_row(k, fmt_value(v))
+    out_console.print(table)
 
 
 def _headline(f: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -40,8 +40,8 @@ def engine_kv_bytes(config: SimConfig, profile: Profile, chunk_bytes: int) -> fl
     given = [k for k in ("num_gpu_blocks", "gpu_memory_utilization", "hbm_kv_gib") if getattr(config, k) is not None]
     if len(given) > 1:
         raise CodaError(f"{' and '.join(given)} both size the HBM KV; give one of them")
-    if config.num_gpu_blocks is not None:
-        return float(config.num_gpu_blocks * chunk_bytes)
+    if config.num_gpu_blocks is not None:  # vLLM counts its null block (block 0, never allocated) among them
+        return float((config.num_gpu_blocks - 1) * chunk_bytes)
     if config.gpu_memory_utilization is not None:
         memory, weights = profile.device_memory_bytes(), profile.weight_bytes_per_rank()
         if memory is None or weights is None:

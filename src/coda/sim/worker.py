@@ -208,7 +208,7 @@ class Worker:
             if h > cap:
                 idle = min(idle, cap)
                 h = cap
-        total = -(-(req.prompt_tokens + 1) // self.C)
+        total = -(-req.prompt_tokens // self.C)  # the prompt's blocks: the first output token's slot comes with the first decode step, as in vLLM
         return h, idle, d, s, total - h
 
     def _row(self, req: SimRequest) -> tuple[int, float, int, int, int, int, int, bool]:
@@ -266,6 +266,8 @@ class Worker:
             else:
                 req.path = "hbm"
         ready = now
+        if d and self.dram is not None:  # before the SSD part joins DRAM, which evicts its least recently used chunks
+            self.dram.touch(chain[h : h + d])
         if s and self.ssd is not None:
             ssd_part = chain[h + d : h + d + s]
             done = max(now, self.links.ssd_busy) + self.cost.ssd_read_s(s * self.chunk_bytes)
@@ -274,17 +276,10 @@ class Worker:
             if self.dram is not None:
                 self.dram.put(ssd_part)
         if d or s:
-            if self.dram is not None:
-                self.dram.touch(chain[h : h + d])
             start = max(ready, self.h2d_busy)
             self.h2d_busy = start + self.cost.h2d_s((d + s) * self.chunk_bytes)
             ready = self.h2d_busy
-        if evicted and not self.cpu_shadow and self.dram is not None:
-            # No shadow copy: evicted chunks are copied out before their HBM is reused.
-            start = max(now, self.d2h_busy)
-            self.d2h_busy = start + self.cost.d2h_s(len(evicted) * self.chunk_bytes)
-            self.dram.put(evicted)
-            ready = max(ready, self.d2h_busy)
+        ready = max(ready, self._copy_out(evicted))
         req.state_ready_s = ready
         if ready > now:
             req.state = RESTORING
@@ -310,10 +305,21 @@ class Worker:
             return True
         if need > self.hbm.reclaimable:
             return False
-        self.hbm.make_room(need)
+        self._copy_out(self.hbm.make_room(need))
         req.private += need
         self.hbm.private += need
         return True
+
+    def _copy_out(self, evicted: list[int]) -> float:
+        """Without the CPU shadow, evicted chunks are copied to DRAM before their HBM is reused (on
+        the D2H link, behind earlier copies); returns when the copy ends (now if nothing to copy).
+        An admission waits for it; a decode step's growth does not (its new block is written last)."""
+        now = self.loop.now
+        if not evicted or self.cpu_shadow or self.dram is None:
+            return now
+        self.d2h_busy = max(now, self.d2h_busy) + self.cost.d2h_s(len(evicted) * self.chunk_bytes)
+        self.dram.put(evicted)
+        return self.d2h_busy
 
     def _release(self, req: SimRequest) -> None:
         """Free a request's chunks: computed ones stay cached, uncomputed ones are dropped."""
@@ -327,6 +333,7 @@ class Worker:
     def _preempt(self, victim: SimRequest) -> None:
         """Recompute preemption: the request returns to the front of the queue with its output so far."""
         self.running.remove(victim)
+        self._seal_output(victim)
         self._release(victim)
         if victim.emitted:
             # Its generated tokens become part of the prompt to recompute.
@@ -451,7 +458,6 @@ class Worker:
         k = self._k
         ends = self._ends[:k]
         durs = np.diff(ends, prepend=self._start)
-        C = self.C
         for ob in self.observers:
             ob.on_step(self.id, self._start, durs, [(n, r.computed) for r, n in self._prefills], self._ctx, self._plan)
         finished: list[SimRequest] = []
@@ -492,28 +498,33 @@ class Worker:
             self.recorder.steps(decoders, self._start, durs)
         self.steps += k
         for r in finished:
-            self._finish(r, C)
+            self._finish(r)
         self._k = 0
         self._schedule()
 
-    def _finish(self, req: SimRequest, C: int) -> None:
+    def _finish(self, req: SimRequest) -> None:
         now = self.loop.now
         self.running.remove(req)
         self.active_tokens -= req.orig_prompt_tokens + req.emitted
         req.finish_s = now
-        # The KV of prompt + output (all but the last sampled token) becomes cached content.
-        full = req.computed // C
-        sess = req.sess
-        out_ids = sess.fresh_ids(full - len(req.chain)) if full > len(req.chain) else []
-        take = min(len(out_ids), req.private)
-        if take:
-            self.hbm.private -= take
-            req.private -= take
-            self.hbm.insert(out_ids[:take])
-            req.chain = req.chain + out_ids[:take]
-            req.held += take
-        if self.cpu_shadow and self.dram is not None and take:
-            self.dram.put(out_ids[:take])
-        sess.chain = req.chain
+        self._seal_output(req)
+        req.sess.chain = req.chain
         self._release(req)
         self.on_finish(req)
+
+    def _seal_output(self, req: SimRequest) -> None:
+        """Full chunks of generated tokens (all but the last sampled token) become content-addressed
+        cached chunks, as vLLM hashes a block once it is full: a finished or preempted request leaves
+        them cached behind its prompt's."""
+        full = req.computed // self.C
+        out_ids = req.sess.fresh_ids(full - len(req.chain)) if full > len(req.chain) else []
+        take = min(len(out_ids), req.private)
+        if not take:
+            return
+        self.hbm.private -= take
+        req.private -= take
+        self.hbm.insert(out_ids[:take])
+        req.chain = req.chain + out_ids[:take]
+        req.held += take
+        if self.cpu_shadow and self.dram is not None:
+            self.dram.put(out_ids[:take])

@@ -96,9 +96,11 @@ def measure_profile(url: str, out: Path, *, repeats: int = 3, output_tokens: int
     return out
 
 
-def bench(url: str, spec: str, model: Path, out: Path, duration_s: float) -> dict:
-    """``coda bench`` of a workload against the engine (completions API, prompts sized by its tokenizer)."""
-    return coda("bench", "--endpoint", url, "--workload", spec, "--out", str(out), "--api", "completions", "--tokenizer", str(model),
+def bench(url: str, spec: str, model: Path | None, out: Path, duration_s: float) -> dict:
+    """``coda bench`` of a workload against the engine (completions API, prompts sized by the model's
+    tokenizer; without a model, by Coda's word tokenizer, which ``coda fake-engine`` counts with)."""
+    tokenizer = ("--tokenizer", str(model)) if model is not None else ()
+    return coda("bench", "--endpoint", url, "--workload", spec, "--out", str(out), "--api", "completions", *tokenizer,
                 "--warmup-s", str(duration_s / 3), "--drain-s", "30")
 
 
