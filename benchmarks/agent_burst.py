@@ -106,7 +106,7 @@ CONFIGS: dict[str, Setup] = {
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
 #: the row keys a configuration and load report (medians; ``_ci95`` siblings hold the intervals)
-METRICS = ("goodput", "offered_rps", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
+METRICS = ("goodput", "offered_rps", "ttft_p50_s", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
            "max_wait_s", "session_p50_s", "session_p99_s", "prefix_hit_rate", "preemptions", "shed", "deferred", "failed",
            "door_cpu_pct")
 #: the metrics compared with each baseline as ratios of medians
@@ -120,7 +120,7 @@ class Scenario:
     """What the sessions look like (independent of load)."""
 
     token_scale: float = 0.05
-    tool_scale: float = 0.25
+    tool_scale: float = 0.05
     max_rounds: int = 8
     cold_share: float = 0.05
     cold_tokens: int = 2048
@@ -182,7 +182,8 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
     assert model is not None
     ports = [(free_port(), free_port()) for _ in range(args.workers)]
     base = ["--block-size", str(REAL_BLOCK), "--num-gpu-blocks-override", str(args.kv_blocks), "--max-model-len", str(args.max_model_len),
-            "--max-num-seqs", str(args.max_num_seqs), "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+            "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--enable-prefix-caching",
+            "--enable-prompt-tokens-details"]
     if setup.scheduler is not None:
         base += ["--scheduler-cls", SCHEDULER_CLS]
     if setup.tiers:
@@ -192,19 +193,20 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
     cpus = os.cpu_count() or 1
     envs = [{"VLLM_CPU_OMP_THREADS_BIND": str(i % cpus),  # one core each
              **({"CODA_SCHEDULER_CONFIG": json.dumps(setup.scheduler)} if setup.scheduler is not None else {})} for i in range(args.workers)]
-    logs = [tmp / f"{tag}-engine{i}.log" for i in range(args.workers)]
+    logs = [args.logs / f"{tag}-engine{i}.log" for i in range(args.workers)]
     with vllm_servers(model, [[*base, *kv_events_args(pub, rep)] for pub, rep in ports], envs=envs, logs=logs) as urls:
         yield Engines(urls, ports, True)
 
 
 @contextlib.contextmanager
-def door(setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str) -> Iterator[tuple[list[str], int | None]]:
+def door(setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str,
+         logs: Path) -> Iterator[tuple[list[str], int | None]]:
     """The URLs the client sends to and the door's pid (None without one)."""
     if setup.door == "none":
         yield engines.urls, None
     elif setup.door == PEER:
         assert peer is not None
-        with vllm_router(peer, engines.urls, tmp / f"{tag}-{PEER}.log") as proxy:
+        with vllm_router(peer, engines.urls, logs / f"{tag}-{PEER}.log") as proxy:
             yield [proxy.url], proxy.pid
     else:
         (tmp / tag).mkdir(exist_ok=True)
@@ -246,8 +248,8 @@ class SpreadReplay(Replay):
 # --- one run -----------------------------------------------------------------------------------
 def bench_config(args: argparse.Namespace, targets: list[str], engine_urls: list[str], model: Path | None, seed: int,
                  max_concurrency: int | None = None) -> BenchConfig:
-    return BenchConfig(endpoint=targets[0], model=None if args.endpoints else args.model_name, duration_s=args.scenario.window_s,
-                       drain_s=args.drain_s, tokenizer=str(model) if model else args.tokenizer, scrape_metrics=True,
+    return BenchConfig(endpoint=targets[0], model=None if args.endpoints else args.model_name, api="completions",
+                       duration_s=args.scenario.window_s, drain_s=args.drain_s, tokenizer=str(model) if model else args.tokenizer, scrape_metrics=True,
                        metrics_endpoints=tuple(engine_urls), seed=seed, max_concurrency=max_concurrency,
                        slo=SloConfig(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s))
 
@@ -278,13 +280,13 @@ def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, A
     hits = sum(e.get("prefix_hits_delta") or 0.0 for e in engines)
     queries = sum(e.get("prefix_queries_delta") or 0.0 for e in engines)
     return {
-        "goodput": s["goodput"], "offered_rps": s["offered_rps"],
+        "goodput": s["goodput"], "offered_rps": s["offered"] / window.length_s, "ttft_p50_s": s["ttft_p50_s"],
         "ttft_p50_continuation_s": _pct(cont, 50), "ttft_p95_continuation_s": _pct(cont, 95),
         "ttft_p50_cold_s": _pct(cold, 50), "ttft_p95_cold_s": _pct(cold, 95),
         "max_wait_s": s["ttft_max_s"], "session_p50_s": s.get("task_time_p50_s"), "session_p99_s": s.get("task_time_p99_s"),
         "prefix_hit_rate": hits / queries if queries else None,
         "preemptions": sum(e.get("preemptions_delta") or 0.0 for e in engines),
-        "shed": s["rejected"], "deferred": s["deferred"], "failed": s["failed"], "door_cpu_pct": door_cpu,
+        "shed": s["rejected"], "deferred": s.get("deferred", 0), "failed": s["failed"], "door_cpu_pct": door_cpu,
     }
 
 
@@ -335,15 +337,91 @@ def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> l
     return rows
 
 
+# --- the simulator on the same sessions ------------------------------------------------------------
+#: the configurations the simulator replays: its system preset and policy overrides. No DRAM tier is
+#: simulated (FCFS and Tiered-Aging engines have none; coda-tail's host store is left out).
+SIM_SYSTEMS: dict[str, dict[str, Any]] = {"plain": {"system": "vllm"},
+                                          "coda": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}},
+                                          "coda-tail": {"system": "coda-tail"}}
+#: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
+SIM_ERROR_METRICS = ("goodput", "ttft_p50_s", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
+                     "max_wait_s", "session_p50_s", "session_p99_s", "prefix_hit_rate", "preemptions")
+SIM_TARGETED = ("goodput", "ttft_p50_s")
+SIM_TARGET = 0.10
+
+
+def measure_profile(url: str, out: Path, args: argparse.Namespace) -> Path:
+    """``coda profile measure --endpoint`` on one of the engines: its step costs through its API, fitted into a profile."""
+    from tests.integration.vllm.replay import KV_BYTES_PER_TOKEN, coda
+
+    coda("profile", "measure", "--endpoint", url, "--out", str(out), "--name", out.stem, "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN),
+         "--repeats", str(args.profile_repeats), "--output-tokens", "32", "--max-batch", str(min(8, args.max_num_seqs)),
+         "--note", f"vLLM-CPU tiny model, block {REAL_BLOCK}, {args.kv_blocks} KV blocks, {args.max_num_seqs} sequences, "
+                   f"{args.max_num_batched_tokens}-token budget, one core")
+    return out
+
+
+def simulate_runs(args: argparse.Namespace, profile: Path, rate: float) -> dict[str, Any]:
+    """Every (configuration the simulator models, load, repeat) of the run, replayed in ``coda sim``
+    on the identical sessions with the measured profile and the engines' settings."""
+    from coda.api import simulate
+    from coda.sim.config import SimConfig
+
+    runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for config in (c for c in args.configs if c in SIM_SYSTEMS):
+        for load in args.loads:
+            for rep in range(args.repeats):
+                cfg = SimConfig.model_validate({
+                    **SIM_SYSTEMS[config], "workers": args.workers, "profile": str(profile), "chunk_tokens": REAL_BLOCK,
+                    "num_gpu_blocks": args.kv_blocks, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                    "dram": False, "warmup_s": 0.0, "drain_s": args.drain_s, "seed": args.seed + rep,
+                    "slo": {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s}})
+                res = simulate(burst_workload(args.scenario, load * rate, load_seed(args.seed + rep, load)), cfg)
+                s = res.summary()
+                window = Window(*s["window_s"])
+                m = metrics_of(res.records, window, s, None)
+                done = [r for r in res.records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
+                prompt = sum(r["prompt_tokens"] for r in done)
+                m["prefix_hit_rate"] = sum(r["hbm_hit_tokens"] + r["dram_hit_tokens"] + r["ssd_hit_tokens"] for r in done) / prompt if prompt else None
+                m["preemptions"] = sum(r["preemptions"] for r in res.records)
+                runs.setdefault((config, load), []).append(m)
+    return {"runs": runs, "rows": rows_of(runs, args.seed)}
+
+
+def sim_errors(real_rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each simulated median against the measured one: sim / measured - 1 (None where either is missing or measured is 0)."""
+    real = {(r["config"], r["load"]): r for r in real_rows}
+    out = []
+    for row in sim_rows:
+        meas = real[(row["config"], row["load"])]
+        err: dict[str, Any] = {"config": row["config"], "load": row["load"]}
+        for key in SIM_ERROR_METRICS:
+            a, b = row[key], meas[key]
+            err[key] = a / b - 1.0 if a is not None and b else None
+        err["targets_met"] = all(err[k] is not None and abs(err[k]) <= SIM_TARGET for k in SIM_TARGETED)
+        out.append(err)
+    return out
+
+
+def load_seed(seed: int, load: float) -> int:
+    """The workload seed of a repeat's seed at a load: each load draws sessions of its own."""
+    return seed * 100 + round(load * 10)
+
+
 # --- the run -----------------------------------------------------------------------------------
-def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, tick: Any) -> dict[str, Any]:
-    """The concurrency sweep on plain engines: per level, goodput and the session arrival rate it sustained."""
+def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, tick: Any,
+                 profile: Path | None) -> dict[str, Any]:
+    """The concurrency sweep on plain engines: per level, goodput and the session arrival rate it
+    sustained; first, with ``profile``, the engine's profile measured on one of them."""
     sc = args.scenario
     # enough sessions that no slot runs dry (each level starts from the first session again)
     workload = burst_workload(sc, 2.0 * max(args.sweep), args.seed + 1000)
     levels = []
     setup = CONFIGS["plain"]
-    with start_engines(setup, args, tmp, model, "sweep") as eng, door(setup, eng, tmp, model, peer, "sweep") as (targets, pid):
+    with start_engines(setup, args, tmp, model, "sweep") as eng, door(setup, eng, tmp, model, peer, "sweep", args.logs) as (targets, pid):
+        if profile is not None:
+            tick("measuring the engine's profile (coda profile measure --endpoint)")
+            measure_profile(eng.urls[0], profile, args)
         for c in args.sweep:
             tick(f"knee sweep: {c} sessions at a time")
             cfg = bench_config(args, targets, eng.urls, model, args.seed + 1000, max_concurrency=c)
@@ -359,7 +437,9 @@ def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: 
             "at_top": k == max(args.sweep)}
 
 
-def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, profile: Path | None) -> dict[str, Any]:
+    """The knee (and the profile), then every repeat of every configuration at every load; with
+    ``profile``, the simulator's replay of the same sessions and its errors."""
     runs_per_config = len(args.loads)
     total = (1 if args.knee_sessions_per_s is None else 0) + args.repeats * len(args.configs) * runs_per_config
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -371,10 +451,14 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
             prog.update(task, description=what, advance=advance)
 
         if args.knee_sessions_per_s is None:
-            knee_result = measure_knee(args, tmp, model, peer, tick)
+            knee_result = measure_knee(args, tmp, model, peer, tick, profile)
             tick("knee measured", 1)
         else:
             knee_result = {"knee_sessions_per_s": args.knee_sessions_per_s, "rule": "given (--knee-sessions-per-s)", "levels": []}
+            if profile is not None:
+                with start_engines(CONFIGS["plain"], args, tmp, model, "profile") as eng:
+                    tick("measuring the engine's profile (coda profile measure --endpoint)")
+                    measure_profile(eng.urls[0], profile, args)
         rate = knee_result["knee_sessions_per_s"]
         for rep in range(args.repeats):
             seed = args.seed + rep
@@ -382,15 +466,22 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                 setup = CONFIGS[config]
                 tag = f"{config}-r{rep}"
                 tick(f"repeat {rep + 1}/{args.repeats} {config}: starting engines")
-                with start_engines(setup, args, tmp, model, tag) as eng, door(setup, eng, tmp, model, peer, tag) as (targets, pid):
+                with start_engines(setup, args, tmp, model, tag) as eng, door(setup, eng, tmp, model, peer, tag, args.logs) as (targets, pid):
                     for load in args.loads:
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x the knee")
-                        workload = burst_workload(args.scenario, load * rate, seed * 100 + int(load * 10))
+                        workload = burst_workload(args.scenario, load * rate, load_seed(seed, load))
                         run = replay_once(workload, bench_config(args, targets, eng.urls, model, seed), targets, pid)
                         run.pop("summary")
                         runs.setdefault((config, load), []).append(run)
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x done", 1)
-    return {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows_of(runs, args.seed)}
+    rows = rows_of(runs, args.seed)
+    result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows}
+    if profile is not None:
+        sim = simulate_runs(args, profile, rate)
+        result["sim"] = {"profile": json.loads(profile.read_text()), "rows": sim["rows"], "errors": sim_errors(rows, sim["rows"]),
+                         "target": f"|sim / measured - 1| <= {SIM_TARGET:g} for {', '.join(SIM_TARGETED)}",
+                         "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier"}
+    return result
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -429,6 +520,17 @@ def show(result: dict[str, Any]) -> None:
                 cells.append(fmt(row.get(name), row.get(f"{name}_ci95")))
         ratios.add_row(row["config"], f"{row['load']:g}x", *cells)
     con.print(ratios)
+    sim = result.get("sim")
+    if sim:
+        fit = sim["profile"]["step_model"]["fit"]
+        con.print(f"simulator: coda sim on the same sessions, profile measured through the API in this run ({sim['profile']['description']}; "
+                  f"fit error: prefill median {fit['prefill_median_err']:.3f}, decode median {fit['decode_median_err']:.3f}); settings: "
+                  f"{sim['settings']}; error = sim / measured - 1; target {sim['target']}", highlight=False, soft_wrap=True)
+        errs = Table("config", "load", *SIM_ERROR_METRICS, "targets met")
+        for e in sim["errors"]:
+            errs.add_row(e["config"], f"{e['load']:g}x", *(f"{e[k]:+.2f}" if e[k] is not None else "-" for k in SIM_ERROR_METRICS),
+                         "yes" if e["targets_met"] else "no")
+        con.print(errs)
     con.print(f"wrote {result['out']}", highlight=False)
 
 
@@ -466,17 +568,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--configs", help=f"comma-separated, of {', '.join(CONFIGS)} (default: all; --quick: {', '.join(QUICK_CONFIGS)})")
     ap.add_argument("--loads", help="multiples of the knee (default 0.5,1,2,4; --quick: 1,4)")
     ap.add_argument("--repeats", type=int, help="repeats per configuration and load (default 3; --quick: 1)")
-    ap.add_argument("--sweep", help="sessions at a time of the knee sweep (default 1,2,4,8)")
+    ap.add_argument("--sweep", help="sessions at a time of the knee sweep (default 1,2,4,8; --quick: 2,4,8)")
     ap.add_argument("--knee-sessions-per-s", type=float, help="skip the sweep: the knee's session arrival rate")
     ap.add_argument("--workers", type=int, default=2, help="vLLM-CPU workers started per configuration, one core each")
     ap.add_argument("--endpoints", help="comma-separated base URLs of running OpenAI-compatible engines instead (not restarted)")
     ap.add_argument("--fake", action="store_true", help="coda fake-engine workers instead of vLLM (checks the harness, not engines)")
     ap.add_argument("--fake-speedup", type=float, default=20.0, help="--fake: virtual seconds per wall second")
     ap.add_argument("--kv-blocks", type=int, default=128, help="KV blocks per engine (32 tokens each): small, so sessions compete")
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-model-len", type=int, default=4000, help="within the KV blocks (vLLM holds one block back)")
     ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the engines' token budget per step")
     ap.add_argument("--window-s", type=float, help="arrival window of each run, seconds (default 30; --quick: 20)")
-    ap.add_argument("--drain-s", type=float, default=30.0, help="time after the window for its requests to finish")
+    ap.add_argument("--drain-s", type=float, help="time after the window for its requests to finish (default 30; --quick: 15)")
     ap.add_argument("--token-scale", type=float, default=Scenario.token_scale)
     ap.add_argument("--tool-scale", type=float, default=Scenario.tool_scale)
     ap.add_argument("--max-rounds", type=int, default=Scenario.max_rounds)
@@ -484,10 +587,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cold-tokens", type=int, default=Scenario.cold_tokens)
     ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT SLO (assumed: an agent step's interactive bound on this engine)")
     ap.add_argument("--slo-tbt-s", type=float, default=0.2, help="mean inter-token gap SLO")
+    ap.add_argument("--tokenizer", help="--endpoints: the engines' tokenizer.json (or its directory), to size prompts in their tokens")
+    ap.add_argument("--no-sim", dest="sim", action="store_false", help="skip the simulator's replay of the same sessions")
+    ap.add_argument("--profile-repeats", type=int, help="measurements per shape of the engine's profile (default 3; --quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
     ap.add_argument("--out", type=Path, help="output folder (default runs/agent-burst/<time>)")
-    ap.add_argument("--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, 20 s windows")
+    ap.add_argument("--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, a 3-level sweep, 20 s windows, 15 s drains")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (and the rest of result.json) on stdout')
     args = ap.parse_args(argv)
     q = args.quick
@@ -497,18 +603,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--configs: unknown {', '.join(bad)}; valid: {', '.join(CONFIGS)}")
     try:
         args.loads = [float(x) for x in (args.loads or ("1,4" if q else "0.5,1,2,4")).split(",")]
-        args.sweep = [int(x) for x in (args.sweep or "1,2,4,8").split(",")]
+        args.sweep = [int(x) for x in (args.sweep or ("2,4,8" if q else "1,2,4,8")).split(",")]
     except ValueError:
         ap.error("--loads takes numbers (multiples of the knee) and --sweep integers, comma-separated, e.g. --loads 0.5,1,2,4 --sweep 1,2,4,8")
     args.repeats = args.repeats or (1 if q else 3)
+    args.profile_repeats = args.profile_repeats or (1 if q else 3)
     args.endpoints = args.endpoints.split(",") if args.endpoints else None
     if (args.endpoints or args.fake) and any(CONFIGS[c].scheduler is not None for c in args.configs):
         ap.error("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and coda-gateway run; pass --configs")
     window = args.window_s or (20.0 if q else Scenario.window_s)
+    args.drain_s = args.drain_s if args.drain_s is not None else (15.0 if q else 30.0)
     args.scenario = Scenario(token_scale=args.token_scale, tool_scale=args.tool_scale, max_rounds=args.max_rounds, cold_share=args.cold_share,
                              cold_tokens=args.cold_tokens, window_s=window)
     args.model_name = "coda-fake" if args.fake else "tiny"
-    args.tokenizer = None
     return args
 
 
@@ -516,17 +623,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     out = args.out or ROOT / "runs" / "agent-burst" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    args.logs = out / "logs"
+    args.logs.mkdir(exist_ok=True)
     peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.configs else None
     with tempfile.TemporaryDirectory(prefix="agent-burst-") as d:
         tmp = Path(d)
         real = not (args.fake or args.endpoints)
         model = None
         if real:
+            from tests.integration.vllm.replay import word_tokenizer
             from tests.integration.vllm.support import build_tiny_model
 
-            model = build_tiny_model(tmp / "model")
+            model = word_tokenizer(build_tiny_model(tmp / "model"))
         t0 = time.perf_counter()
-        result = run_all(args, tmp, model, peer)
+        profile = out / "vllm-cpu-burst.json" if real and args.sim and any(c in SIM_SYSTEMS for c in args.configs) else None
+        result = run_all(args, tmp, model, peer, profile)
         result["wall_s"] = time.perf_counter() - t0
     engines = ("the given --endpoints" if args.endpoints else f"{args.workers} coda fake-engine workers" if args.fake else
                f"{args.workers} vLLM-CPU workers (tiny random Llama built here, one core each, {args.kv_blocks} KV blocks of {REAL_BLOCK} "
