@@ -23,7 +23,7 @@ ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("burst")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--fake", "--configs", "plain,coda-gateway", "--loads", "1",
-           "--repeats", "2", "--knee-sessions-per-s", "1.5", "--window-s", "5", "--drain-s", "10", "--cold-share", "0.2", "--tool-scale", "0.01",
+           "--repeats", "2", "--knee-sessions-per-s", "1.5", "--window-s", "3", "--drain-s", "5", "--cold-share", "0.2", "--tool-scale", "0.01",
            "--out", str(out), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
