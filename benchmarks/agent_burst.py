@@ -338,11 +338,17 @@ def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> l
 
 
 # --- the simulator on the same sessions ------------------------------------------------------------
-#: the configurations the simulator replays: its system preset and policy overrides. No DRAM tier is
-#: simulated (FCFS and Tiered-Aging engines have none; coda-tail's host store is left out).
-SIM_SYSTEMS: dict[str, dict[str, Any]] = {"plain": {"system": "vllm"},
-                                          "coda": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}},
-                                          "coda-tail": {"system": "coda-tail"}}
+#: the configurations the simulator replays, as its settings: a system preset and policy overrides,
+#: and a DRAM tier where the engine has a host store. The simulator has no model of vllm-router.
+SIM_SYSTEMS: dict[str, dict[str, Any]] = {
+    "plain": {"system": "vllm", "dram": False},
+    "coda-gateway": {"system": "coda-route-only", "dram": False},
+    "coda": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}, "dram": False},
+    "coda+tiers": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}, "dram": True},
+    "coda+retention": {"system": "coda", "policies": {"execution": "full", "eviction": "tool_aware"}, "dram": False},
+    "coda+cohorts": {"system": "coda", "policies": {"execution": "cohort", "eviction": "lru"}, "dram": False},
+    "coda-tail": {"system": "coda-tail", "dram": True},
+}
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
 SIM_ERROR_METRICS = ("goodput", "ttft_p50_s", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
                      "max_wait_s", "session_p50_s", "session_p99_s", "prefix_hit_rate", "preemptions")
@@ -361,31 +367,56 @@ def measure_profile(url: str, out: Path, args: argparse.Namespace) -> Path:
     return out
 
 
-def simulate_runs(args: argparse.Namespace, profile: Path, rate: float) -> dict[str, Any]:
-    """Every (configuration the simulator models, load, repeat) of the run, replayed in ``coda sim``
-    on the identical sessions with the measured profile and the engines' settings."""
+def simulate_one(args: argparse.Namespace, config: str, profile: str, workload: Workload, seed: int) -> dict[str, Any]:
+    """One configuration on one workload in ``coda sim``, with the engines' settings; this benchmark's metrics."""
     from coda.api import simulate
     from coda.sim.config import SimConfig
 
+    cfg = SimConfig.model_validate({
+        **SIM_SYSTEMS[config], "workers": args.workers, "profile": profile, "chunk_tokens": REAL_BLOCK, "num_gpu_blocks": args.kv_blocks,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens, "warmup_s": 0.0, "drain_s": args.drain_s,
+        "seed": seed, "slo": {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s}})
+    res = simulate(workload, cfg)
+    s = res.summary()
+    window = Window(*s["window_s"])
+    m = metrics_of(res.records, window, s, None)
+    done = [r for r in res.records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
+    prompt = sum(r["prompt_tokens"] for r in done)
+    m["prefix_hit_rate"] = sum(r["hbm_hit_tokens"] + r["dram_hit_tokens"] + r["ssd_hit_tokens"] for r in done) / prompt if prompt else None
+    m["preemptions"] = sum(r["preemptions"] for r in res.records)
+    return m
+
+
+def simulate_runs(args: argparse.Namespace, profile: str, rate: float) -> dict[str, Any]:
+    """Every (configuration the simulator models, load, repeat) of the run, replayed in ``coda sim``
+    on the identical sessions."""
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for config in (c for c in args.configs if c in SIM_SYSTEMS):
         for load in args.loads:
             for rep in range(args.repeats):
-                cfg = SimConfig.model_validate({
-                    **SIM_SYSTEMS[config], "workers": args.workers, "profile": str(profile), "chunk_tokens": REAL_BLOCK,
-                    "num_gpu_blocks": args.kv_blocks, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                    "dram": False, "warmup_s": 0.0, "drain_s": args.drain_s, "seed": args.seed + rep,
-                    "slo": {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s}})
-                res = simulate(burst_workload(args.scenario, load * rate, load_seed(args.seed + rep, load)), cfg)
-                s = res.summary()
-                window = Window(*s["window_s"])
-                m = metrics_of(res.records, window, s, None)
-                done = [r for r in res.records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
-                prompt = sum(r["prompt_tokens"] for r in done)
-                m["prefix_hit_rate"] = sum(r["hbm_hit_tokens"] + r["dram_hit_tokens"] + r["ssd_hit_tokens"] for r in done) / prompt if prompt else None
-                m["preemptions"] = sum(r["preemptions"] for r in res.records)
-                runs.setdefault((config, load), []).append(m)
+                wl = burst_workload(args.scenario, load * rate, load_seed(args.seed + rep, load))
+                runs.setdefault((config, load), []).append(simulate_one(args, config, profile, wl, args.seed + rep))
     return {"runs": runs, "rows": rows_of(runs, args.seed)}
+
+
+def simulated_knee(args: argparse.Namespace, profile: str) -> dict[str, Any]:
+    """The knee in the simulator: plain at each of ``--sim-sweep`` session arrival rates, open loop."""
+    levels = []
+    for rate in args.sim_sweep:
+        m = simulate_one(args, "plain", profile, burst_workload(args.scenario, rate, args.seed + 1000), args.seed + 1000)
+        levels.append({"sessions_per_s": rate, "goodput": m["goodput"], "offered_rps": m["offered_rps"]})
+    k = knee([{"rate": lv["sessions_per_s"], "goodput": lv["goodput"]} for lv in levels], "rate")
+    return {"levels": levels, "knee_sessions_per_s": k, "at_top": k == max(args.sim_sweep),
+            "rule": "highest session arrival rate whose goodput (plain, simulated) is within 5% of the best"}
+
+
+def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
+    """The agent burst in the simulator alone: the knee, then every configuration it models at every load."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
+        prog.add_task("simulating the knee sweep, then every configuration at every load", total=None)
+        knee_result = simulated_knee(args, args.simulate)
+        sim = simulate_runs(args, args.simulate, knee_result["knee_sessions_per_s"])
+    return {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in sim["runs"].items()}, "rows": sim["rows"]}
 
 
 def sim_errors(real_rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -477,7 +508,7 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
     rows = rows_of(runs, args.seed)
     result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows}
     if profile is not None:
-        sim = simulate_runs(args, profile, rate)
+        sim = simulate_runs(args, str(profile), rate)
         result["sim"] = {"profile": json.loads(profile.read_text()), "rows": sim["rows"], "errors": sim_errors(rows, sim["rows"]),
                          "target": f"|sim / measured - 1| <= {SIM_TARGET:g} for {', '.join(SIM_TARGETED)}",
                          "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier"}
@@ -498,19 +529,29 @@ TABLE = (("goodput", "goodput"), ("ttft_p50_continuation_s", "cont TTFT p50 s"),
          ("preemptions", "preempt"), ("shed", "shed"), ("deferred", "deferred"), ("door_cpu_pct", "door CPU %"))
 
 
-def show(result: dict[str, Any]) -> None:
+COMPACT = (("goodput", "goodput"), ("ttft_p95_continuation_s", "cont TTFT p95 s"), ("goodput_vs_plain", "goodput vs plain"),
+           ("ttft_p95_continuation_s_vs_plain", "cont TTFT p95 vs plain"), ("max_wait_s", "max wait s"))
+
+
+def show(result: dict[str, Any], compact: bool = False) -> None:
+    """The table (``compact``: goodput and continuation TTFT p95 with their ratios to plain), the ratios and the simulator's errors."""
     con = Console(width=None if sys.stdout.isatty() else 240)
     con.print(result["provenance"], highlight=False, soft_wrap=True)
     k = result["knee"]
     if k.get("levels"):
-        con.print("knee sweep (plain): " + "; ".join(f"{lv['concurrency']} at a time: goodput {fmt(lv['goodput'])}, "
-                                                      f"{fmt(lv['sessions_per_s'])} sessions/s" for lv in k["levels"]), highlight=False)
+        con.print("knee sweep (plain): " + "; ".join((f"{lv['concurrency']} at a time: " if "concurrency" in lv else "")
+                                                      + f"{fmt(lv['sessions_per_s'])} sessions/s: goodput {fmt(lv['goodput'])}"
+                                                      for lv in k["levels"]), highlight=False)
     con.print(f"knee: {fmt(k['knee_sessions_per_s'])} sessions/s ({k['rule']})" + (
         "; the knee is the sweep's top level: raise --sweep" if k.get("at_top") else ""), highlight=False)
-    table = Table("config", "load", *(label for _, label in TABLE))
+    cols = COMPACT if compact else TABLE
+    table = Table("config", "load", *(label for _, label in cols))
     for row in result["rows"]:
-        table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row[key], row.get(f"{key}_ci95")) for key, _ in TABLE))
+        table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row.get(key), row.get(f"{key}_ci95")) for key, _ in cols))
     con.print(table)
+    if compact:
+        con.print(f"every column of every row: {result['out']}/rows.csv", highlight=False)
+        return
     ratios = Table("config", "load", *(f"{m} vs {b}" for b in BASELINES for m in ("goodput", "ttft_p95_continuation_s")))
     for row in result["rows"]:
         cells = []
@@ -588,6 +629,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT SLO (assumed: an agent step's interactive bound on this engine)")
     ap.add_argument("--slo-tbt-s", type=float, default=0.2, help="mean inter-token gap SLO")
     ap.add_argument("--tokenizer", help="--endpoints: the engines' tokenizer.json (or its directory), to size prompts in their tokens")
+    ap.add_argument("--simulate", metavar="PROFILE", help="no engines: the same scenario in the simulator alone, on this cost profile "
+                    "(e.g. vllm-cpu-tiny, or a profile this benchmark measured); default loads 0.5,2")
+    ap.add_argument("--sim-sweep", help="--simulate: session arrival rates of the simulated knee sweep (default 1,2,4,8,16,32,64)")
     ap.add_argument("--no-sim", dest="sim", action="store_false", help="skip the simulator's replay of the same sessions")
     ap.add_argument("--profile-repeats", type=int, help="measurements per shape of the engine's profile (default 3; --quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -596,6 +640,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, a 3-level sweep, 20 s windows, 15 s drains")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (and the rest of result.json) on stdout')
     args = ap.parse_args(argv)
+    args.loads_arg = args.loads
     q = args.quick
     args.configs = (args.configs.split(",") if args.configs else list(QUICK_CONFIGS if q else CONFIGS))
     bad = [c for c in args.configs if c not in CONFIGS]
@@ -606,6 +651,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep = [int(x) for x in (args.sweep or ("2,4,8" if q else "1,2,4,8")).split(",")]
     except ValueError:
         ap.error("--loads takes numbers (multiples of the knee) and --sweep integers, comma-separated, e.g. --loads 0.5,1,2,4 --sweep 1,2,4,8")
+    if args.simulate:
+        args.configs = [c for c in args.configs if c in SIM_SYSTEMS]
+        args.loads = [float(x) for x in args.loads_arg.split(",")] if args.loads_arg else [0.5, 2.0]
+        args.sim_sweep = [float(x) for x in (args.sim_sweep or "1,2,4,8,16,32,64").split(",")]
     args.repeats = args.repeats or (1 if q else 3)
     args.profile_repeats = args.profile_repeats or (1 if q else 3)
     args.endpoints = args.endpoints.split(",") if args.endpoints else None
@@ -625,6 +674,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     args.logs = out / "logs"
     args.logs.mkdir(exist_ok=True)
+    if args.simulate:
+        t0 = time.perf_counter()
+        result = run_simulated(args)
+        result["wall_s"] = time.perf_counter() - t0
+        finish(args, out, result, f"the simulator alone ({args.workers} workers, profile {args.simulate}, the engines' settings below)")
+        return
     peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.configs else None
     with tempfile.TemporaryDirectory(prefix="agent-burst-") as d:
         tmp = Path(d)
@@ -642,11 +697,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     engines = ("the given --endpoints" if args.endpoints else f"{args.workers} coda fake-engine workers" if args.fake else
                f"{args.workers} vLLM-CPU workers (tiny random Llama built here, one core each, {args.kv_blocks} KV blocks of {REAL_BLOCK} "
                f"tokens, max {args.max_num_seqs} sequences, prefix caching, KV events)")
+    finish(args, out, result, engines)
+
+
+def finish(args: argparse.Namespace, out: Path, result: dict[str, Any], engines: str) -> None:
+    """Provenance, result.json, rows.csv, burst.png, and the table (or the JSON) on stdout."""
     result["provenance"] = (f"agent burst on {engines}; configs {','.join(args.configs)}; loads {args.loads} x the knee; {args.repeats} "
                             f"repeats (seeds {args.seed}..{args.seed + args.repeats - 1}; knee sweep seed {args.seed + 1000}); scenario "
                             f"{vars(args.scenario)}; SLO TTFT <= {args.slo_ttft_s} s, mean TBT <= {args.slo_tbt_s} s (assumed); coda "
-                            f"{__version__}, {PEER} {PEER_VERSION}; {os.cpu_count()} CPUs {platform.machine()}; wall "
-                            f"{result['wall_s']:.0f} s")
+                            f"{__version__}{'' if args.simulate else f', {PEER} {PEER_VERSION}'}; engine settings: {args.kv_blocks} KV blocks "
+                            f"of {REAL_BLOCK} tokens, {args.max_num_seqs} sequences, {args.max_num_batched_tokens}-token budget; {os.cpu_count()} "
+                            f"CPUs {platform.machine()}; wall {result['wall_s']:.0f} s")
     result["config"] = {k: (str(v) if isinstance(v, Path) else vars(v) if isinstance(v, Scenario) else v) for k, v in vars(args).items()}
     result["out"] = str(out)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -655,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        show(result)
+        show(result, compact=bool(args.simulate))
 
 
 if __name__ == "__main__":
