@@ -465,7 +465,7 @@ def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: 
         raise SystemExit(f"knee sweep: no level completed a request within the SLO ({levels}); check the engines' logs or the SLO")
     return {"levels": levels, "knee_concurrency": k, "knee_sessions_per_s": at["sessions_per_s"], "knee_rps": at["offered_rps"],
             "rule": "highest concurrency whose goodput is within 5% of the best; its load: the sessions it started per second",
-            "at_top": k == max(args.sweep)}
+            "at_top": k == max(args.sweep), "at_bottom": k == min(args.sweep)}
 
 
 def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, profile: Path | None) -> dict[str, Any]:
@@ -543,7 +543,9 @@ def show(result: dict[str, Any], compact: bool = False) -> None:
                                                       + f"{fmt(lv['sessions_per_s'])} sessions/s: goodput {fmt(lv['goodput'])}"
                                                       for lv in k["levels"]), highlight=False)
     con.print(f"knee: {fmt(k['knee_sessions_per_s'])} sessions/s ({k['rule']})" + (
-        "; the knee is the sweep's top level: raise --sweep" if k.get("at_top") else ""), highlight=False)
+        "; the knee is the sweep's top level: raise --sweep" if k.get("at_top") else
+        "; the knee is the sweep's lowest level: the engines miss the SLO at the lightest load tried (lower --sweep or loosen the SLO)"
+        if k.get("at_bottom") else ""), highlight=False)
     cols = COMPACT if compact else TABLE
     table = Table("config", "load", *(label for _, label in cols))
     for row in result["rows"]:
