@@ -31,9 +31,15 @@ and preemptions, requests shed (rejected) and deferred, the door's CPU; ratios o
 ``vllm-router`` and ``plain`` with bootstrap intervals. Writes a table, ``rows.csv``,
 ``result.json`` and ``burst.png`` (goodput and continuation TTFT p95 against load).
 
+Simulator: on real engines, ``coda profile measure --endpoint`` measures one plain engine before the
+sweep, and ``coda sim`` replays the identical sessions and loads with that profile for every
+configuration it models (``SIM_SYSTEMS``), with each statistic's error. ``--simulate PROFILE`` runs
+the scenario in the simulator alone (``make run``).
+
     python benchmarks/agent_burst.py                      # 2 vLLM-CPU workers, every configuration
     python benchmarks/agent_burst.py --quick              # 3 configurations, 2 loads, 1 repeat
     python benchmarks/agent_burst.py --endpoints http://gpu0:8000,http://gpu1:8000 --configs plain,vllm-router,coda-gateway
+    python benchmarks/agent_burst.py --simulate vllm-cpu-tiny   # no engines
 """
 
 from __future__ import annotations
@@ -129,6 +135,15 @@ class Scenario:
     burst_duty: float = 0.3
     window_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        checks = ((0 < self.token_scale <= 1, "--token-scale must be in (0, 1]"), (self.tool_scale > 0, "--tool-scale must be > 0"),
+                  (self.max_rounds >= 1, "--max-rounds must be >= 1"), (0 <= self.cold_share < 1, "--cold-share must be in [0, 1)"),
+                  (self.cold_tokens >= 1, "--cold-tokens must be >= 1"), (self.burst_period_s > 0, "--burst-period-s must be > 0"),
+                  (0 < self.burst_duty <= 1, "--burst-duty must be in (0, 1]"), (self.window_s > 0, "--window-s must be > 0"))
+        bad = [msg for ok, msg in checks if not ok]
+        if bad:
+            raise ValueError("; ".join(bad))
+
 
 def burst_workload(sc: Scenario, sessions_per_s: float, seed: int) -> Workload:
     """Agent sessions arriving at ``sessions_per_s`` on average over the window, in bursts, plus cold sessions."""
@@ -137,7 +152,7 @@ def burst_workload(sc: Scenario, sessions_per_s: float, seed: int) -> Workload:
     agents = [Session(session_id=s.session_id, start_s=burst_time(sc, s.start_s), rounds=s.rounds[: sc.max_rounds],
                       prefix_group=s.prefix_group) for s in synth.sessions]
     requests = sum(len(s.rounds) for s in agents)
-    n_cold = round(sc.cold_share * requests / (1 - sc.cold_share)) if sc.cold_share < 1 else len(agents)
+    n_cold = round(sc.cold_share * requests / (1 - sc.cold_share))
     rng = np.random.default_rng([seed, 1])
     cold = [Session(session_id=f"cold{seed}-{i:04d}", start_s=burst_time(sc, float(t)), prefix_group=f"cold{seed}-{i:04d}",
                     rounds=[Round(new_input_tokens=sc.cold_tokens, output_tokens=sc.cold_output, kind="user")])
@@ -628,6 +643,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rounds", type=int, default=Scenario.max_rounds)
     ap.add_argument("--cold-share", type=float, default=Scenario.cold_share, help="share of requests that are cold long prompts")
     ap.add_argument("--cold-tokens", type=int, default=Scenario.cold_tokens)
+    ap.add_argument("--burst-period-s", type=float, default=Scenario.burst_period_s, help="arrivals come in bursts once per this period")
+    ap.add_argument("--burst-duty", type=float, default=Scenario.burst_duty, help="share of each period the burst's arrivals span")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT SLO (assumed: an agent step's interactive bound on this engine)")
     ap.add_argument("--slo-tbt-s", type=float, default=0.2, help="mean inter-token gap SLO")
     ap.add_argument("--tokenizer", help="--endpoints: the engines' tokenizer.json (or its directory), to size prompts in their tokens")
@@ -654,6 +671,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except ValueError:
         ap.error("--loads takes numbers (multiples of the knee) and --sweep integers, comma-separated, e.g. --loads 0.5,1,2,4 --sweep 1,2,4,8")
     if args.simulate:
+        from coda.cost.profile import load_profile
+        from coda.errors import CodaError
+
+        try:
+            load_profile(args.simulate)
+        except CodaError as err:
+            ap.error(f"--simulate: {err}")
         args.configs = [c for c in args.configs if c in SIM_SYSTEMS]
         args.loads = [float(x) for x in args.loads_arg.split(",")] if args.loads_arg else [0.5, 2.0]
         args.sim_sweep = [float(x) for x in (args.sim_sweep or "1,2,4,8,16,32,64").split(",")]
@@ -664,8 +688,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and coda-gateway run; pass --configs")
     window = args.window_s or (20.0 if q else Scenario.window_s)
     args.drain_s = args.drain_s if args.drain_s is not None else (15.0 if q else 30.0)
-    args.scenario = Scenario(token_scale=args.token_scale, tool_scale=args.tool_scale, max_rounds=args.max_rounds, cold_share=args.cold_share,
-                             cold_tokens=args.cold_tokens, window_s=window)
+    try:
+        args.scenario = Scenario(token_scale=args.token_scale, tool_scale=args.tool_scale, max_rounds=args.max_rounds, cold_share=args.cold_share,
+                                 cold_tokens=args.cold_tokens, burst_period_s=args.burst_period_s, burst_duty=args.burst_duty, window_s=window)
+    except ValueError as err:
+        ap.error(str(err))
     args.model_name = "coda-fake" if args.fake else "tiny"
     return args
 
