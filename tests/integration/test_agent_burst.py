@@ -80,3 +80,17 @@ def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
     assert all(s.start_s % 10.0 <= 3.0 + 1e-6 for s in wl.sessions)  # arrivals only in the first 30% of each 10 s
     again = burst_workload(sc, 2.0, seed=3)
     assert [s.session_id for s in again.sessions] == [s.session_id for s in wl.sessions]
+
+
+def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--simulate", "vllm-cpu-tiny", "--configs", "plain,vllm-router,coda",
+           "--repeats", "2", "--sim-sweep", "1,2", "--window-s", "5", "--out", str(tmp_path), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert [lv["sessions_per_s"] for lv in res["knee"]["levels"]] == [1.0, 2.0]
+    assert res["knee"]["knee_sessions_per_s"] in (1.0, 2.0)
+    # vllm-router has no model in the simulator: left out, not faked
+    assert [(r["config"], r["load"]) for r in res["rows"]] == [("plain", 0.5), ("plain", 2.0), ("coda", 0.5), ("coda", 2.0)]
+    coda = res["rows"][3]
+    assert coda["goodput_vs_plain"] == pytest.approx(coda["goodput"] / res["rows"][1]["goodput"], rel=1e-9)
