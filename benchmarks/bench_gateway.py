@@ -35,7 +35,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,25 +49,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
+from benchmarks.proxies import PEER, REAL_BLOCK, coda_serve, cpu_s, kv_events_args, peer_python, vllm_router  # noqa: E402
 from coda import __version__  # noqa: E402
 from coda.bench.client import Endpoint  # noqa: E402
 from coda.engines import tokenizer as tok  # noqa: E402
 from coda.engines.launch import FakeEngineProcess  # noqa: E402
-from coda.serving.procs import running  # noqa: E402
 from tests.integration.vllm.support import build_tiny_model, free_port, metric_sum, vllm_servers  # noqa: E402
 
-PEER = "vllm-router"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
 MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model
-
-
-@dataclass
-class Proxy:
-    """A process between the client and the engines (None for direct)."""
-
-    url: str
-    pid: int
 
 
 @dataclass
@@ -83,12 +71,6 @@ class ModeResult:
     failed: int = 0
     hit_rate: float = 0.0
     requests_per_s: float = 0.0
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def status_mib(pid: int, key: str) -> float:
@@ -165,60 +147,6 @@ def prefix_counters(urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
-# --- the proxies -------------------------------------------------------------------------------
-def peer_python(version: str, venv: Path) -> Path:
-    """vllm-router ``version`` in a virtual environment of its own (created on first use)."""
-    exe = venv / "bin" / "python"
-    probe = [str(exe), "-c", "import importlib.metadata as m; print(m.version('vllm-router'))"]
-    if exe.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == version:
-        return exe
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(exe), "-m", "pip", "install", "-q", f"vllm-router=={version}"], check=True)
-    return exe
-
-
-@contextlib.contextmanager
-def vllm_router(python: Path, engines: list[str], log: Path) -> Iterator[Proxy]:
-    port = free_port()
-    cmd = [str(python.parent / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
-           "--prometheus-port", str(free_port()), "--log-level", "warning", "--worker-urls", *engines]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router did not answer within 120 s:\n{log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield Proxy(url, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None) -> Iterator[Proxy]:
-    cfg: dict = {"backends": [{"url": u} for u in engines]}
-    if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
-        cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
-                           for u, (pub, rep) in zip(engines, events)]
-        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
-    path = tmp / "coda.json"
-    path.write_text(json.dumps(cfg))
-    with running("serve", "--config", str(path), "--port", "0") as gw:
-        yield Proxy(gw.url, gw.pid)
-
-
 @contextlib.contextmanager
 def engines(real: bool, speedup: float, tmp: Path, model: Path | None) -> Iterator[tuple[list[str], list[tuple[int, int]] | None]]:
     if not real:
@@ -227,9 +155,7 @@ def engines(real: bool, speedup: float, tmp: Path, model: Path | None) -> Iterat
         return
     assert model is not None
     ports = [(free_port(), free_port()) for _ in range(2)]
-    args = [["--block-size", str(REAL_BLOCK), "--max-model-len", "8192", "--kv-events-config",
-             json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{rep}"})]
-            for pub, rep in ports]
+    args = [["--block-size", str(REAL_BLOCK), "--max-model-len", "8192", *kv_events_args(pub, rep)] for pub, rep in ports]
     with vllm_servers(model, args, logs=[tmp / "vllm0.log", tmp / "vllm1.log"]) as urls:
         yield urls, ports
 

@@ -1,0 +1,100 @@
+"""The processes benchmarks put between a client and the engines: ``coda serve`` and the peer router
+``vllm-router`` (a Rust router on PyPI, installed into a virtual environment of its own on first
+use), with the CPU time of a process read from /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from coda.serving.procs import running
+from tests.integration.vllm.support import free_port
+
+PEER = "vllm-router"
+PEER_VERSION = "0.1.17"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
+
+
+@dataclass
+class Proxy:
+    """A process between the client and the engines (None for direct)."""
+
+    url: str
+    pid: int
+
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+
+def peer_python(version: str, venv: Path) -> Path:
+    """vllm-router ``version`` in a virtual environment of its own (created on first use)."""
+    exe = venv / "bin" / "python"
+    probe = [str(exe), "-c", "import importlib.metadata as m; print(m.version('vllm-router'))"]
+    if exe.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == version:
+        return exe
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", f"vllm-router=={version}"], check=True)
+    return exe
+
+
+@contextlib.contextmanager
+def vllm_router(python: Path, engines: list[str], log: Path) -> Iterator[Proxy]:
+    port = free_port()
+    cmd = [str(python.parent / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
+           "--prometheus-port", str(free_port()), "--log-level", "warning", "--worker-urls", *engines]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm-router exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-router did not answer within 120 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield Proxy(url, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def kv_events_args(pub: int, rep: int) -> list[str]:
+    """vLLM's flags to publish KV events on loopback ports ``pub`` (events) and ``rep`` (replay), as the gateway reads them."""
+    return ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+                                               "replay_endpoint": f"tcp://*:{rep}"})]
+
+
+@contextlib.contextmanager
+def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None) -> Iterator[Proxy]:
+    cfg: dict = {"backends": [{"url": u} for u in engines]}
+    if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
+        cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
+                           for u, (pub, rep) in zip(engines, events)]
+        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
+    path = tmp / "coda.json"
+    path.write_text(json.dumps(cfg))
+    with running("serve", "--config", str(path), "--port", "0") as gw:
+        yield Proxy(gw.url, gw.pid)

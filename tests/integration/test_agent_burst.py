@@ -1,0 +1,96 @@
+"""The agent-burst benchmark's harness (benchmarks/agent_burst.py), not its numbers: two fake engines,
+two configurations at one load, every column present and the ratios computed from the rows; and
+the scenario's sessions shaped as documented (cold share, bursts, round cap)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.agent_burst import METRICS, RATIO_METRICS, Scenario, burst_workload, is_cold, ratio_ci
+
+ROOT = Path(__file__).resolve().parents[2]
+ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("burst")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--fake", "--configs", "plain,coda-gateway", "--loads", "1",
+           "--repeats", "2", "--knee-sessions-per-s", "1.5", "--window-s", "3", "--drain-s", "5", "--cold-share", "0.2", "--tool-scale", "0.01",
+           "--out", str(out), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), out
+
+
+def test_every_column_is_present_in_the_json_and_the_csv(result):
+    res, out = result
+    rows = res["rows"]
+    assert [(r["config"], r["load"]) for r in rows] == [("plain", 1.0), ("coda-gateway", 1.0)]
+    for row in rows:
+        for key in (*ISSUE_KEYS, *METRICS, *(f"{m}_ci95" for m in METRICS)):
+            assert key in row, key
+        assert row["repeats"] == 2
+        assert 0.0 <= row["goodput"] <= 1.0
+        assert row["ttft_p95_continuation_s"] is not None and row["ttft_p95_cold_s"] is not None
+    gateway = rows[1]
+    for m in RATIO_METRICS:
+        assert f"{m}_vs_plain" in gateway and f"{m}_vs_plain_ci95" in gateway
+    assert rows[1]["door_cpu_pct"] is not None and rows[0]["door_cpu_pct"] is None  # plain has no door
+    with (out / "rows.csv").open() as fh:
+        header = next(csv.reader(fh))
+    assert set(ISSUE_KEYS) <= set(header)
+    assert (out / "burst.png").stat().st_size > 0
+
+
+def test_ratios_are_computed_from_the_rows_and_the_runs(result):
+    res, _ = result
+    plain, gateway = res["rows"]
+    for m in RATIO_METRICS:
+        if plain[m]:
+            assert gateway[f"{m}_vs_plain"] == pytest.approx(gateway[m] / plain[m], rel=1e-9)
+    # each row's median is the median of its runs
+    runs = res["runs"]["coda-gateway@1"]
+    assert gateway["goodput"] == pytest.approx(float(np.median([r["goodput"] for r in runs])))
+
+
+def test_ratio_interval_brackets_the_ratio_of_medians():
+    rng = np.random.default_rng(0)
+    point, ci = ratio_ci([2.0, 2.2, 1.8], [1.0, 1.1, 0.9], rng)
+    assert point == pytest.approx(2.0)
+    assert ci[0] <= point <= ci[1]
+    assert ratio_ci([1.0], [0.0], rng) == (None, None)
+
+
+def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
+    sc = Scenario(cold_share=0.1, max_rounds=5, burst_period_s=10.0, burst_duty=0.3, window_s=60.0)
+    wl = burst_workload(sc, 2.0, seed=3)
+    requests = sum(len(s.rounds) for s in wl.sessions)
+    cold = [s for s in wl.sessions if is_cold(s.session_id)]
+    assert len(cold) / requests == pytest.approx(0.1, abs=0.01)
+    assert all(len(s.rounds) == 1 and s.rounds[0].new_input_tokens == sc.cold_tokens for s in cold)
+    assert all(len(s.rounds) <= 5 for s in wl.sessions)
+    assert all(s.start_s % 10.0 <= 3.0 + 1e-6 for s in wl.sessions)  # arrivals only in the first 30% of each 10 s
+    again = burst_workload(sc, 2.0, seed=3)
+    assert [s.session_id for s in again.sessions] == [s.session_id for s in wl.sessions]
+
+
+def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--simulate", "vllm-cpu-tiny", "--configs", "plain,vllm-router,coda",
+           "--repeats", "2", "--sim-sweep", "1,2", "--window-s", "5", "--out", str(tmp_path), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert [lv["sessions_per_s"] for lv in res["knee"]["levels"]] == [1.0, 2.0]
+    assert res["knee"]["knee_sessions_per_s"] in (1.0, 2.0)
+    # vllm-router has no model in the simulator: left out, not faked
+    assert [(r["config"], r["load"]) for r in res["rows"]] == [("plain", 0.5), ("plain", 2.0), ("coda", 0.5), ("coda", 2.0)]
+    coda = res["rows"][3]
+    assert coda["goodput_vs_plain"] == pytest.approx(coda["goodput"] / res["rows"][1]["goodput"], rel=1e-9)
