@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 from coda import __version__
 from coda.errors import CodaError, missing_dependency
 from coda.shell import strict_json
+from coda.sweep.arguments import LOCAL_RAY
 
 try:
     import typer
@@ -69,7 +70,7 @@ def sweep_options(jobs: int | None, ray: str | None, resume: bool, out: Path | N
         raise CodaError("--jobs and --ray: give one (Ray runs one cell per CPU of its cluster)")
     if ray is not None:
         require("ray")
-    return SweepOptions(jobs=jobs, ray=None if ray is None else "" if ray == OPTIONAL_VALUES["--ray"] else ray, store=out / "cells" if out is not None else None, resume=resume)
+    return SweepOptions(jobs=jobs, ray=None if ray is None else "" if ray == LOCAL_RAY else ray, store=out / "cells" if out is not None else None, resume=resume)
 
 
 def require(module: str) -> None:
@@ -147,7 +148,7 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 #: options whose value may be left out (typer has no optional values), with the value that stands for none
-OPTIONAL_VALUES = {"--ray": "local"}
+OPTIONAL_VALUES = {"--ray": LOCAL_RAY}
 
 
 def with_optional_values(argv: list[str]) -> list[str]:

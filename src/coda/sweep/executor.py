@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,6 +238,8 @@ def run_cells(cells: Sequence[Cell], options: SweepOptions = SERIAL, *, title: s
                     store.put(cell.key, cell.label, cell.config, value)
             where = f" on {out.where}" if options.ray is not None and out.where else ""
             prog.update(task, advance=cell.weight, done=tally.done, running=tally.running, last=f"last: {cell.label}{where}")
+            if options.progress and prog.disable:  # off a terminal (a log file): one line per cell instead of the bar
+                print(f"[{tally.done}/{tally.total}] {cell.label}{where}: {'failed' if out.error else 'done'}", file=sys.stderr, flush=True)
     if failures:
         raise SweepFailed(failures, len(cells), store is not None)
     return results
