@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import inspect
 import json
 import math
@@ -41,7 +40,7 @@ from coda.shell.build import build_policies
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.observe import SimObserver
-from coda.sweep import Cell, SweepOptions, profile_digest, run_cells
+from coda.sweep import Cell, SweepOptions, file_digest, profile_digest, run_cells
 from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.stats import workload_duration_s
@@ -556,7 +555,7 @@ def run_grid(rows: Mapping[str, GridRow], name: str, seeds: Sequence[int] = SEED
     kept and resumed); ``build(label, seed)`` makes a row's workload. A cell's key holds its row,
     seed, workload (label, builder and transform), overrides, cost profile's content and this
     harness's source."""
-    harness = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    harness = file_digest(__file__)
     cells = []
     for row, (label, system, over, transform) in rows.items():
         profile = profile_digest(over.get("profile") or SimConfig.model_fields["profile"].default)

@@ -41,7 +41,7 @@ from coda.shell.shadow import Shadowed
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.run import versions
-from coda.sweep import Cell, SweepOptions, profile_digest, run_cells
+from coda.sweep import Cell, SweepOptions, file_digest, profile_digest, run_cells
 from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from coda.sweep.executor import SERIAL
 from coda.workload.schema import Workload
@@ -234,12 +234,13 @@ def preset_cells(preset: PaperPreset, seeds: list[int], base: SimConfig) -> list
     """Every system on every workload and seed of ``preset``, workload-major; each keyed by its
     simulator config, its workload's definition and its cost profile's content."""
     profile = profile_digest(base.profile)
+    harness = file_digest(__file__)
     out = []
     for wl_def in preset.workloads:
         for seed in seeds:
             for system in preset.systems:
                 cfg = base.with_overrides(system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s, policies=preset.shadows())
-                config = {"cell": "paper", "sim": cfg.model_dump(mode="json"), "profile": profile, "record_fields": list(RECORD_FIELDS),
+                config = {"cell": "paper", "sim": cfg.model_dump(mode="json"), "profile": profile, "harness": harness,
                           "workload": {**asdict(wl_def), "duration_s": preset.duration_s, "seed": seed},
                           "route_distance": bool(preset.shadow_router and system == "coda")}
                 out.append(Cell(f"{wl_def.label} {system} seed {seed}", config, partial(paper_cell, preset, wl_def, cfg), weight=preset.duration_s))

@@ -44,7 +44,7 @@ from coda.eval.pareto import plot_pareto
 from coda.metrics.requests import mean_ci, ratio_ci
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
-from coda.sweep import Cell, CellStore, profile_digest, run_cells, workload_identity
+from coda.sweep import Cell, CellStore, file_digest, profile_digest, run_cells, workload_identity
 from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from coda.workload.spec import load_workload
 from experiments.common import fmt_ci
@@ -111,7 +111,7 @@ def cells(workloads: list[str], seeds: list[int], candidates: list[str], data_di
                 system, policies = CANDIDATES[c]
                 cfg = SimConfig(system="vllm").with_overrides(system=system, seed=seed, policies=policies or None, **settings)
                 config = {"cell": "tail_policies", "candidate": c, "sim": cfg.model_dump(mode="json"), "workload": key_wl,
-                          "profile": profile_digest(cfg.profile), "metrics": list(METRICS)}
+                          "profile": profile_digest(cfg.profile), "harness": file_digest(__file__)}
                 out.append(Cell(f"{label} seed {seed} {c}", config, partial(run_one, identity, cfg, label, c),
                                 weight=identity.get("duration_s", 1.0)))
     return out

@@ -110,3 +110,13 @@ def test_a_key_does_not_depend_on_key_order_and_json_nulls_are_one_value():
 def test_jobs_must_be_positive():
     with pytest.raises(Exception, match="--jobs must be at least 1"):
         SweepOptions(jobs=0)
+
+
+def test_coda_s_version_and_source_are_in_the_key(monkeypatch):
+    import coda.sweep.store as store
+
+    before = cell_key({"a": 1})
+    monkeypatch.setattr(store, "code_digest", lambda: "edited")
+    edited = cell_key({"a": 1})
+    monkeypatch.setattr(store, "__version__", "9.9.9")
+    assert len({before, edited, cell_key({"a": 1})}) == 3

@@ -1,12 +1,14 @@
 """Finished cells on disk, each under a key of everything that determines its result.
 
 A cell's key hashes its configuration (which the caller makes complete: the simulator config with
-its seed, the workload's identity, the cost profile's content) together with Coda's version, so a
-rerun finds exactly the cells whose inputs are unchanged and recomputes every other one.
+its seed, the workload's identity, the cost profile's content) together with Coda's version and a
+hash of its source files, so a rerun finds exactly the cells whose inputs are unchanged and
+recomputes every other one.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import os
@@ -30,9 +32,25 @@ def canonical(config: Mapping[str, Any]) -> bytes:
     return msgspec.json.encode(msgspec.json.decode(strict_json.dumps(config)), order="sorted")
 
 
+@functools.cache
+def code_digest() -> str:
+    """A hash of Coda's own source files: a development checkout edited without a version bump
+    still gets new keys, so a rerun never reads back what older code computed."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def file_digest(path: str | Path) -> str:
+    """A hash of one source file (an evaluation script's, for the keys of the cells it computes)."""
+    return _digest(Path(path).read_bytes())[:16]
+
+
 def cell_key(config: Mapping[str, Any]) -> str:
-    """The store key of a cell: a hash of its configuration and Coda's version."""
-    return _digest(canonical({"coda_version": __version__, "config": config}))[:32]
+    """The store key of a cell: a hash of its configuration, Coda's version and its source."""
+    return _digest(canonical({"coda_version": __version__, "coda_code": code_digest(), "config": config}))[:32]
 
 
 def profile_digest(name_or_path: str | Path) -> str:
