@@ -70,7 +70,8 @@ def sweep_options(jobs: int | None, ray: str | None, resume: bool, out: Path | N
         raise CodaError("--jobs and --ray: give one (Ray runs one cell per CPU of its cluster)")
     if ray is not None:
         require("ray")
-    return SweepOptions(jobs=jobs, ray=None if ray is None else "" if ray == LOCAL_RAY else ray, store=out / "cells" if out is not None else None, resume=resume)
+    address = None if ray is None else "" if ray == LOCAL_RAY else ray
+    return SweepOptions(jobs=jobs, ray=address, store=out / "cells" if out is not None else None, resume=resume)
 
 
 def require(module: str) -> None:

@@ -104,8 +104,10 @@ class ClusterViews:
                 if last is not None and last[1] is v and last[2] is m:
                     placed[wid] = last[0]
                 else:
-                    placed[wid] = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m, v.healthy)
-                    memo[wid] = (placed[wid], v, m)
+                    view = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m,
+                                      v.healthy)
+                    placed[wid] = view
+                    memo[wid] = (view, v, m)
         return RoutingSnapshot(now_s, request, tuple(placed))
 
     def matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:

@@ -16,7 +16,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--jobs", "-j", type=int, default=None, help="local worker processes running cells at once (default: one per core)")
     where.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
-                       help="run the cells on the Ray cluster at ADDRESS; with none, on a Ray instance started here (pip install 'coda[ray]')")
+                       help="run the cells on the Ray cluster at ADDRESS; with none, on a Ray instance started here "
+                            "(pip install 'coda[ray]')")
     parser.add_argument("--no-resume", dest="resume", action="store_false",
                         help="run every cell again instead of reading back the finished ones kept under the output folder")
 

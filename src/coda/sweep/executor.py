@@ -161,7 +161,8 @@ def _ray(cells: Sequence[Cell], todo: list[int], address: str, tally: _Tally) ->
         try:
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as err:
-            raise CodaError(f"--ray {address}: cannot connect ({err}); pass a running cluster's address, or no address for a local one") from None
+            raise CodaError(f"--ray {address}: cannot connect ({err}); pass a running cluster's address, "
+                            "or no address for a local one") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_cell)
     pending = {remote.remote(cells[i], i): i for i in todo}
     while pending:
