@@ -85,3 +85,9 @@ def test_a_real_ray_cluster_runs_the_cells_to_the_serial_result(serial, tmp_path
         ray.shutdown()
     assert without_wall_clock(json.loads(got)) == without_wall_clock(json.loads(text))
     assert run_files(tmp_path) == run_files(out)
+
+
+@pytest.mark.parametrize(("flags", "says"), [(("--jobs", "0"), "--jobs must be at least 1"), (("--jobs", "2", "--ray"), "--jobs and --ray: give one")])
+def test_bad_sweep_options_are_one_line_exit_2(flags, says):
+    proc = subprocess.run([sys.executable, "-m", "coda.cli", "compare", "--workload", SMALL, *flags], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
