@@ -183,6 +183,7 @@ def compare(
     chosen = variants(systems)
     if baseline is not None and baseline not in {v.name for v in chosen}:
         raise CodaError(f"--baseline {baseline}: not one of the systems compared ({', '.join(v.name for v in chosen)})")
+    seeded_workload(workload_spec, seeds[0], fmt)  # a workload the cells cannot read fails here, as one line, before any runs
     cells = compare_cells(workload_spec, chosen, seeds, base, fmt=fmt, with_files=out is not None)
 
     def written(cell: Cell, value: dict[str, Any]) -> dict[str, Any]:
