@@ -10,7 +10,7 @@ sharing a DRAM store each), over the same simulated window at every size, with t
 4-worker cost measured in the same run. Goal: at most 1.5x from 4 to 256 workers.
 
 Run: make bench   (or: python benchmarks/sim_speed.py [--systems vllm,...] [--repeats 3])
-     python benchmarks/sim_speed.py --scale [--systems coda] [--workers 4,16,64,256] [--duration-s 300]
+     python benchmarks/sim_speed.py --scale [--systems coda,vllm] [--workers 4,16,64,256] [--duration-s 300] [--json]
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from coda.shell import strict_json
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.loop import EventLoop
@@ -74,38 +76,65 @@ def per_request_ms(system: str, workers: int, duration_s: float, seed: int) -> t
     return 1e3 * sim.wall_s / n, 1e3 * cpu / n, n
 
 
-def scale_table(systems: list[str], sizes: list[int], duration_s: float, repeats: int) -> Table:
-    table = Table(title=f"wall time per simulated request: synth at {RATE_PER_WORKER:g} req/s per worker, {duration_s:g} s window, "
-                        f"median of {repeats}")
-    first = sizes[0]
-    for col in ("system", "workers", "offered req/s", "requests", "wall ms / request", f"vs {first} workers",
-                "CPU ms / request", f"vs {first} workers "):
-        table.add_column(col, justify="right")
+def scale_rows(systems: list[str], sizes: list[int], duration_s: float, repeats: int) -> list[dict[str, Any]]:
+    """One row per system and size: medians of wall and CPU ms per simulated request, and their
+    ratios to the first size's, measured in this run."""
+    rows = []
     for system in systems:
-        per_request_ms(system, first, 60.0, seed=1)  # warm-up: imports and compiled kernels stay out of the first row
+        per_request_ms(system, sizes[0], 60.0, seed=1)  # warm-up: imports and compiled kernels stay out of the first row
         base: tuple[float, float] | None = None
         for n in sizes:
             runs = [per_request_ms(system, n, duration_s, seed=0) for _ in range(repeats)]
             wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
             base = base or (wall, cpu)
-            table.add_row(system, str(n), f"{RATE_PER_WORKER * n:g}", f"{runs[0][2]:,}", f"{wall:.2f}", f"{wall / base[0]:.2f}x",
-                          f"{cpu:.2f}", f"{cpu / base[1]:.2f}x")
+            rows.append({"system": system, "workers": n, "offered_rps": RATE_PER_WORKER * n, "requests": runs[0][2], "wall_ms": wall,
+                         "wall_ratio": wall / base[0], "cpu_ms": cpu, "cpu_ratio": cpu / base[1]})
+    return rows
+
+
+def scale_table(rows: list[dict[str, Any]], duration_s: float, repeats: int) -> Table:
+    table = Table(title=f"wall time per simulated request: synth at {RATE_PER_WORKER:g} req/s per worker, {duration_s:g} s window, "
+                        f"median of {repeats}")
+    first = rows[0]["workers"]
+    for col in ("system", "workers", "offered req/s", "requests", "wall ms / request", f"vs {first} workers",
+                "CPU ms / request", f"vs {first} workers "):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["system"], str(r["workers"]), f"{r['offered_rps']:g}", f"{r['requests']:,}", f"{r['wall_ms']:.2f}", f"{r['wall_ratio']:.2f}x",
+                      f"{r['cpu_ms']:.2f}", f"{r['cpu_ratio']:.2f}x")
     return table
+
+
+def cost_ratios(rows: list[dict[str, Any]], small: int, large: int) -> dict[str, float]:
+    """Per system: CPU time per simulated request at ``large`` workers over that at ``small``
+    (CPU rather than wall time: on a shared machine it moves less with other jobs)."""
+    cpu = {(r["system"], r["workers"]): r["cpu_ms"] for r in rows}
+    return {system: cpu[(system, large)] / cpu[(system, small)] for system in dict.fromkeys(r["system"] for r in rows)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--systems", default=None, help="comma-separated presets (default: vllm; coda with --scale)")
+    ap.add_argument("--systems", default=None, help="comma-separated presets (default: vllm; coda,vllm with --scale)")
     ap.add_argument("--workers", default=None, help="workers (default 4); with --scale a comma-separated list (default 4,16,64,256)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per row, the median reported (default 3; 1 with --scale)")
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--scale", action="store_true", help="the per-request cost table over cluster sizes")
     ap.add_argument("--duration-s", type=float, default=300.0, help="arrival window of each --scale run")
+    ap.add_argument("--json", action="store_true", help="with --scale: one JSON object, cost_ratio_<largest>_vs_<smallest> per system and the rows")
     args = ap.parse_args()
     console = Console()
     if args.scale:
         sizes = [int(x) for x in (args.workers or "4,16,64,256").split(",")]
-        console.print(scale_table((args.systems or "coda").split(","), sizes, args.duration_s, args.repeats or 1))
+        repeats = args.repeats or 1
+        rows = scale_rows((args.systems or "coda,vllm").split(","), sizes, args.duration_s, repeats)
+        ratios = cost_ratios(rows, sizes[0], sizes[-1])
+        if args.json:
+            print(strict_json.dumps({f"cost_ratio_{sizes[-1]}_vs_{sizes[0]}": ratios, "rows": rows, "duration_s": args.duration_s,
+                                     "rate_per_worker": RATE_PER_WORKER, "repeats": repeats, "profile": SimConfig().profile, "seed": 0}))
+            return
+        console.print(scale_table(rows, args.duration_s, repeats))
+        console.print(f"CPU cost per request at {sizes[-1]} workers over {sizes[0]}: "
+                      + ", ".join(f"{system} {r:.2f}x" for system, r in ratios.items()) + " (goal: at most 1.5x)")
         console.print("ratios are against the first size, measured in this run; requests counts every round offered "
                       "(the window's arrivals, then the drain that lets them finish).")
         return

@@ -35,18 +35,15 @@ from typing import Any
 from experiments.common import (
     ROOT,
     SEEDS,
-    cached,
     col,
     constant_tools,
     describe_workload,
     fmt_ci,
     fmt_gain,
-    log,
     md_table,
     mean_of,
-    paper_workload,
-    run_cell,
     run_experiments,
+    run_grid,
     save,
     scale_tokens,
     scale_tools,
@@ -67,19 +64,6 @@ def calibrated_slo() -> tuple[float, float]:
     return 0.0507, 0.1  # value printed by that command on this revision
 
 
-def _wl_cache() -> Any:
-    cache: dict[tuple[str, int], Any] = {}
-
-    def get(label: str, seed: int) -> Any:
-        key = (label, seed)
-        if key not in cache:
-            cache[key] = paper_workload(label, seed)
-        return cache[key]
-
-    return get
-
-
-WL = _wl_cache()
 CA = "cachewise"
 TA = "cachewise+ta"
 
@@ -102,29 +86,6 @@ def summary_table(res: dict[str, list[dict[str, Any]]], ref: dict[str, str], ext
     return md_table(head, rows)
 
 
-def run_grid(cells: dict[str, tuple[str, str, dict[str, Any], Any]], seeds: list[int] = SEEDS, name: str = "") -> dict[str, list[dict[str, Any]]]:
-    """cells: name -> (workload label, system, overrides, workload transform or None); with
-    REUSE=1 the results saved under ``name`` are reused."""
-    import time
-
-    prev = cached(name, cells) if name else None
-    if prev is not None:
-        return prev
-
-    out = {}
-    for cell, (label, system, over, transform) in cells.items():
-        t0 = time.perf_counter()
-        rows = []
-        for s in seeds:
-            wl = WL(label, s)
-            if transform is not None:
-                wl = transform(wl)
-            rows.append(run_cell(wl, system, s, **dict(over)))
-        out[cell] = rows
-        log(f"  {cell}: {time.perf_counter() - t0:.1f} s")
-    return out
-
-
 def header(title: str, workloads: list[str], note: str = "") -> str:
     lines = [f"## {title}", "", "Seeds " + ", ".join(map(str, SEEDS)) + "; one worker; warm-up 1,200 s; " + note, ""]
     lines += [f"- {describe_workload(w)}" for w in workloads]
@@ -136,7 +97,7 @@ def exp_paper() -> str:
     cal = calibrated_slo()
     systems = ["vllm", CA, TA, "coda"]
     cells = {f"{w}/{s}": (w, s, {"policies": {"state": {"shadow": "fewest_blocks"}}, "slo_pairs": [cal, *SLO_SWEEP]}, None) for w in ("M1", "M2", "M3") for s in systems}
-    res = run_grid(cells, name="paper_single")
+    res = run_grid(cells, "paper_single")
     save("paper_single", res)
     key_cal = f"slo_tps@{cal[0]:g}/{cal[1]:g}"
     out = [header("Table 1 / Table 3 shape (paper-single)", ["M1", "M2", "M3"],
@@ -197,7 +158,7 @@ def _pair_experiment(name: str, title: str, variants: dict[str, tuple[dict[str, 
         for v, (over, tr) in variants.items():
             for s in systems:
                 cells[f"{w}/{v}/{s}"] = (w, s, over, tr)
-    res = run_grid(cells, name=name)
+    res = run_grid(cells, name)
     save(name, res)
     ref = {}
     for w in workloads:
@@ -287,7 +248,7 @@ def exp_ta() -> str:
         cells[f"{w}/cachewise"] = (w, CA, {}, None)
         for v, over in variants.items():
             cells[f"{w}/TA {v}"] = (w, TA, over, None)
-    res = run_grid(cells, name="ta_params")
+    res = run_grid(cells, "ta_params")
     save("ta_params", res)
     ref = {k: k.split("/")[0] + "/cachewise" for k in res}
     out = [header("Tiered-Aging parameters (reference: cachewise on the same workload)", ["M2", "M3"], f"profile {DEFAULT_PROFILE}; default SLO."),
@@ -304,7 +265,7 @@ def exp_eviction() -> str:
             cells[f"{w}/{s}"] = (w, s, {}, None)
         cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"policies": {"eviction": "oracle_tool_aware"}}, None)
         cells[f"{w}/cachewise, median residual"] = (w, CA, {"policies": {"eviction": {"params": {"statistic": "median"}}}}, None)
-    res = run_grid(cells, name="eviction")
+    res = run_grid(cells, "eviction")
     save("eviction", res)
     pairs = {"cachewise": "cachewise-lru", "cachewise-lru": "cachewise-lru", TA: "ta-lru", "ta-lru": "ta-lru", "vllm": "vllm", "fifo-ta-evict": "vllm",
              "cachewise, oracle tool times": "cachewise-lru", "cachewise, median residual": "cachewise-lru"}
@@ -351,7 +312,7 @@ def exp_kernel() -> str:
     for label, w, prof, tr, over in setups:
         for s in (TA, "coda"):
             cells[f"{label}/{s}"] = (w, s, {"profile": prof, **over}, tr)
-    res = run_grid(cells, name="kernel")
+    res = run_grid(cells, "kernel")
     save("kernel", res)
     ref = {k: k.rsplit("/", 1)[0] + f"/{TA}" for k in res}
     notes = "; ".join(f"{lab}: workload {w}{' with every token count x1/13' if tr else ''}, profile {p}{' ' + json.dumps(o) if o else ''}"
@@ -383,7 +344,7 @@ def exp_mechanism() -> str:
     for w in ("M2", "M3"):
         for v, (system, over) in variants.items():
             cells[f"{w}/{v}"] = (w, system, over, None)
-    res = run_grid(cells, name="mechanism")
+    res = run_grid(cells, "mechanism")
     save("mechanism", res)
     ref = {k: k.split("/")[0] + "/cachewise (fewest blocks, no aging, no guard)" for k in res}
     return "\n".join([header("What in Tiered-Aging loses to fewest-blocks: the cost unit or the guard (reference: cachewise)", ["M2", "M3"],
@@ -403,7 +364,7 @@ def exp_eviction_slow() -> str:
         cells[f"{w}/cachewise-lru"] = (w, "cachewise-lru", {"profile": prof}, None)
         cells[f"{w}/cachewise"] = (w, CA, {"profile": prof}, None)
         cells[f"{w}/cachewise, oracle tool times"] = (w, CA, {"profile": prof, "policies": {"eviction": "oracle_tool_aware"}}, None)
-    res = run_grid(cells, name="eviction_slow")
+    res = run_grid(cells, "eviction_slow")
     save("eviction_slow", res)
     ref = {k: k.split("/")[0] + "/cachewise-lru" for k in res}
     return "\n".join([header("Tool-aware reclaim vs LRU with a 16x slower DRAM->HBM link (reference: cachewise-lru)", ["M2", "M3"],
@@ -431,7 +392,7 @@ def exp_kernel_ceiling() -> str:
         cells[f"{w}/coda, FA2 stretched, no bounds, Gamma 0"] = (w, "coda", {"profile": nob, **g0}, None)
         cells[f"{w}/vllm, FA2"] = (w, "vllm", {"profile": "a100-qwen3coder30b-fp8-fa2"}, None)
         cells[f"{w}/fifo-cohort, FA2 stretched, no bounds, Gamma 0"] = (w, "fifo-cohort", {"profile": nob, **g0}, None)
-    res = run_grid(cells, name="kernel_ceiling")
+    res = run_grid(cells, "kernel_ceiling")
     save("kernel_ceiling", res)
     ref = {}
     for k in res:

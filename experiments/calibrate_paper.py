@@ -17,11 +17,14 @@ import json
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from coda.cost.profile import BUILTIN_DEFAULT, load_profile
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sweep import Cell, SweepOptions, profile_digest, run_cells
+from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from experiments.paper import PRESETS
 from experiments.paper_reference import CACHEWISE
 
@@ -46,13 +49,16 @@ def variant(base: str, terms: str, folder: Path) -> str:
     return str(path)
 
 
-def report(profile: str, label: str, seeds: list[int]) -> None:
+def report(profile: str, label: str, seeds: list[int], sweep: SweepOptions) -> None:
     print(f"CacheWise, profile {label}, seeds {seeds}, window {PRESET.warmup_s:g}-{PRESET.duration_s:g} s")
     print(f"{'':4} {'output tok/s':>24} {'useful/output':>22} {'mean TBT ms':>22} {'decoders':>9}")
-    for wl in PRESET.workloads:
+    cells = [Cell(f"{wl.label} seed {s}", {"profile": profile_digest(profile), "workload": wl.label, "seed": s}, partial(run, profile, wl.label, s),
+                  weight=PRESET.duration_s) for wl in PRESET.workloads for s in seeds]
+    results = run_cells(cells, sweep, title=f"calibrate {label}")
+    for i, wl in enumerate(PRESET.workloads):
         paper = CACHEWISE[wl.label]
-        rows = [run(profile, wl.label, s) for s in seeds]
-        m = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+        rows = results[i * len(seeds):(i + 1) * len(seeds)]
+        m = {k: statistics.mean(float("nan") if r[k] is None else r[k] for r in rows) for k in rows[0]}
         tbt_p = (paper.tbt_mean_s or float("nan")) * 1e3
         ratio_p = paper.useful_per_output or float("nan")
         print(f"{wl.label:4} {m['output_tps']:8.1f} vs {paper.output_tps:6.1f} ({m['output_tps'] / paper.output_tps - 1:+6.1%}) "
@@ -65,14 +71,16 @@ def main() -> int:
     ap.add_argument("--profile", default=BUILTIN_DEFAULT)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--grid", nargs="*", default=[], help="variants 'weight_eff,kv_eff,step_s' of --profile")
+    add_sweep_arguments(ap)
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    sweep = sweep_options(args, None)
     if not args.grid:
-        report(args.profile, args.profile, seeds)
+        report(args.profile, args.profile, seeds, sweep)
         return 0
     with tempfile.TemporaryDirectory() as folder:
         for terms in args.grid:
-            report(variant(args.profile, terms, Path(folder)), f"{args.profile} with (weight, KV, step) = ({terms})", seeds)
+            report(variant(args.profile, terms, Path(folder)), f"{args.profile} with (weight, KV, step) = ({terms})", seeds, sweep)
     return 0
 
 

@@ -12,12 +12,14 @@ Run from the repository root with the project's venv:  python experiments/<scrip
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
+from coda.errors import CodaError
 from coda.metrics.requests import mean_ci, ratio_ci, summarize
 from coda.policy.contracts import StatePolicy
 from coda.policy.eviction import ToolAware
@@ -37,6 +40,8 @@ from coda.shell.build import build_policies
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.observe import SimObserver
+from coda.sweep import Cell, SweepOptions, file_digest, profile_digest, run_cells
+from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from coda.workload.schema import Round, Session, ToolCall, Workload
 from coda.workload.stats import workload_duration_s
 from experiments.paper import PaperWorkload
@@ -44,6 +49,8 @@ from experiments.paper import PaperWorkload
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "runs" / "experiments"
 SEEDS = [0, 1, 2, 3, 4]
+#: how the experiments' sweeps run; ``run_experiments`` sets it from the command line
+SWEEP = SweepOptions(store=OUT / "cells")
 
 # Experiment-only variants (never shipped): a shipped preset with a policies block over it, one
 # factor at a time. A cell names a variant (or a preset) as its system.
@@ -481,37 +488,35 @@ def save(name: str, payload: Any) -> Path:
     return p
 
 
-def cached(name: str, cells: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
-    """Results saved by an earlier run of the same experiment (same cell names), when REUSE=1."""
-    import os
-
-    p = OUT / f"{name}.json"
-    if os.environ.get("REUSE") == "1" and p.exists():
-        data = json.loads(p.read_text())
-        if set(data) == set(cells):
-            log(f"  reusing {p}")
-            return data
-    return None
-
-
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
 def run_experiments(experiments: dict[str, Callable[[], str]], argv: Sequence[str], prefix: str = "") -> None:
-    """Run the named experiments (all when none is named), print each report and keep it as
-    ``runs/experiments/<prefix><name>.md``."""
-    names = list(argv) or list(experiments)
+    """Run the named experiments (all when none is named) with the sweep options of ``argv``
+    (``--jobs N``, ``--ray [ADDRESS]``, ``--no-resume``), print each report and keep it as
+    ``runs/experiments/<prefix><name>.md``. Finished cells are kept in ``runs/experiments/cells``."""
+    import argparse
+
+    global SWEEP
+    ap = argparse.ArgumentParser(description="experiments: " + ", ".join(experiments))
+    ap.add_argument("names", nargs="*", metavar="EXPERIMENT", help="default: all")
+    add_sweep_arguments(ap)
+    args = ap.parse_args(list(argv))
+    names = args.names or list(experiments)
     for n in names:
         if n not in experiments:
             raise SystemExit(f"unknown experiment {n!r}; valid: {', '.join(experiments)}")
-    out = ROOT / "runs" / "experiments"
+    SWEEP = sweep_options(args, OUT / "cells")
     for n in names:
         log(f"== {n}")
-        text = experiments[n]()
+        try:
+            text = experiments[n]()
+        except CodaError as err:
+            raise SystemExit(f"error: {err}") from None
         print(text + "\n", flush=True)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{prefix}{n}.md").write_text(text + "\n")
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{prefix}{n}.md").write_text(text + "\n")
 
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -520,11 +525,44 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def grid(cells: dict[str, Callable[[int], dict[str, Any]]], seeds: Sequence[int] = SEEDS, tag: str = "") -> dict[str, list[dict[str, Any]]]:
-    """Run each named cell for every seed (sequentially: one simulation at a time)."""
-    res: dict[str, list[dict[str, Any]]] = {}
-    for name, fn in cells.items():
-        t0 = time.perf_counter()
-        res[name] = [fn(s) for s in seeds]
-        log(f"{tag}{name}: {time.perf_counter() - t0:.1f} s")
-    return res
+#: a row of an experiment's table: (workload label, system, ``run_cell`` keywords, workload transform or None)
+GridRow = tuple[str, str, Mapping[str, Any], Callable[[Workload], Workload] | None]
+
+
+def _identity(fn: Callable[..., Any] | None) -> str | None:
+    """What a workload builder or transform computes, for cell keys: its source and bound values."""
+    if fn is None:
+        return None
+    if isinstance(fn, functools.partial):
+        return f"{_identity(fn.func)}(*{fn.args!r}, **{fn.keywords!r})"
+    try:
+        source = inspect.getsource(fn).strip()
+    except (OSError, TypeError):
+        source = ""
+    bound = [c.cell_contents for c in fn.__closure__ or ()] + list(fn.__defaults__ or ())
+    return f"{fn.__module__}.{fn.__qualname__}: {source} {bound!r}"
+
+
+def _grid_cell(build: Callable[[str, int], Workload], label: str, transform: Callable[[Workload], Workload] | None, system: str, seed: int,
+               over: dict[str, Any]) -> dict[str, Any]:
+    wl = build(label, seed)
+    return run_cell(transform(wl) if transform is not None else wl, system, seed, **over)
+
+
+def run_grid(rows: Mapping[str, GridRow], name: str, seeds: Sequence[int] = SEEDS,
+             build: Callable[[str, int], Workload] = paper_workload) -> dict[str, list[dict[str, Any]]]:
+    """Every row on every seed as one sweep (``SWEEP``: local processes or Ray, finished cells
+    kept and resumed); ``build(label, seed)`` makes a row's workload. A cell's key holds its row,
+    seed, workload (label, builder and transform), overrides, cost profile's content and this
+    harness's source."""
+    harness = file_digest(__file__)
+    cells = []
+    for row, (label, system, over, transform) in rows.items():
+        profile = profile_digest(over.get("profile") or SimConfig.model_fields["profile"].default)
+        for seed in seeds:
+            config = {"cell": "experiment", "experiment": name, "row": row, "workload": label, "build": _identity(build),
+                      "transform": _identity(transform), "system": system, "variant": VARIANTS.get(system), "overrides": dict(over),
+                      "seed": seed, "profile": profile, "harness": harness}
+            cells.append(Cell(f"{row} seed {seed}", config, functools.partial(_grid_cell, build, label, transform, system, seed, dict(over))))
+    flat = iter(run_cells(cells, SWEEP, title=name))
+    return {row: [next(flat) for _ in seeds] for row in rows}

@@ -10,7 +10,7 @@ variant reverts one change and reruns ``cachewise`` and ``cachewise+ta`` on the 
   copilot      the copilot-shaped workload (mean output 527) instead of tracelab's
   roofline     the analytic roofline profile instead of the calibrated one
 
-    python -m experiments.faithful_factors [--workloads M2,M3] [--seeds 0,1,2]
+    python -m experiments.faithful_factors [--workloads M2,M3] [--seeds 0,1,2] [--jobs N | --ray [ADDRESS]]
 
 Prints, per workload and variant, Tiered-Aging's output and SLO-throughput ratios over CacheWise
 (ratios of sums over seeds) at the default SLO and at the SLO pair given by ``--slo TTFT,TBT``
@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from typing import Any
 
 from coda.metrics.requests import summarize
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sweep import Cell, run_cells
+from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from experiments.paper import PRESETS
 
 PRESET = PRESETS["paper-single"]
@@ -61,22 +64,26 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--slo", required=True, help="calibrated TTFT,TBT in seconds, from the paper-single report")
+    add_sweep_arguments(ap)
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     slo = tuple(float(x) for x in args.slo.split(","))
     print(f"paper-single workloads, seeds {seeds}, window {PRESET.warmup_s:g}-{PRESET.duration_s:g} s, calibrated SLO TTFT <= {slo[0]:g} s, "
           f"TBT <= {slo[1] * 1e3:g} ms; Tiered-Aging (cachewise+ta) over CacheWise, ratios of sums over seeds\n")
     print("| workload | variant | output | SLO (default) | SLO (calibrated) |\n|---|---|---|---|---|")
+    systems = ("cachewise", "cachewise+ta")
+    grid = [(label, variant, seed, system) for label in args.workloads.split(",") for variant in args.variants.split(",") for seed in seeds
+            for system in systems]
+    cells = [Cell(f"{label} {variant} {system} seed {seed}", {"workload": label, "variant": variant, "seed": seed, "system": system, "slo": slo},
+                  partial(run, label, seed, system, variant, slo), weight=PRESET.duration_s) for label, variant, seed, system in grid]
+    by = dict(zip(grid, run_cells(cells, sweep_options(args, None), title="faithful factors")))
     for label in args.workloads.split(","):
         for variant in args.variants.split(","):
-            sums = {sys_: {"output_tps": 0.0, "slo_tps": 0.0, "slo_tps_calibrated": 0.0} for sys_ in ("cachewise", "cachewise+ta")}
-            for seed in seeds:
-                for system in sums:
-                    for k, v in run(label, seed, system, variant, slo).items():
-                        sums[system][k] += v
+            sums = {system: {k: sum(by[(label, variant, seed, system)][k] for seed in seeds) for k in ("output_tps", "slo_tps", "slo_tps_calibrated")}
+                    for system in systems}
             ta, cw = sums["cachewise+ta"], sums["cachewise"]
-            cells = [f"{ta[k] / cw[k] - 1:+.1%}" if cw[k] else "-" for k in ("output_tps", "slo_tps", "slo_tps_calibrated")]
-            print(f"| {label} | {variant} | " + " | ".join(cells) + " |", flush=True)
+            cols = [f"{ta[k] / cw[k] - 1:+.1%}" if cw[k] else "-" for k in ("output_tps", "slo_tps", "slo_tps_calibrated")]
+            print(f"| {label} | {variant} | " + " | ".join(cols) + " |", flush=True)
     return 0
 
 

@@ -26,7 +26,8 @@ first 10 minutes, from the same runs. Gains are ratios of sums over seeds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,10 @@ from coda.shell import strict_json
 from coda.shell.shadow import Shadowed
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
-from coda.sim.results import SimResult
 from coda.sim.run import versions
+from coda.sweep import Cell, SweepOptions, file_digest, profile_digest, run_cells
+from coda.sweep.arguments import add_sweep_arguments, sweep_options
+from coda.sweep.executor import SERIAL
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 from coda.workload.subsample import subsample
@@ -151,19 +154,56 @@ class RouteDistance:
             self.shadow_d.append(context_distance(b, L))
 
 
+#: what the report and figures read of each request record (the rest stay in the simulation's process)
+RECORD_FIELDS = ("ready_s", "first_token_s", "finish_s", "ttft_s", "e2e_s", "tbt_mean_s", "output_tokens", "prompt_tokens",
+                 "new_input_tokens", "round", "state", "hbm_hit_tokens", "dram_hit_tokens", "ssd_hit_tokens")
+
+
 @dataclass
 class Run:
+    """One system on one workload and seed, as the report reads it: the summary, the request
+    records (``RECORD_FIELDS``), the measurement window, the pooled inter-token gaps and the
+    routing distances (coda runs of a preset with a shadow router)."""
+
     system: str
     workload: str
     seed: int
-    result: SimResult
     summary: dict[str, Any]
-    routes: RouteDistance | None
+    records: list[dict[str, Any]]
+    window: Window
+    gaps: tuple[np.ndarray, np.ndarray]
+    routes: dict[str, Any] | None
+    profile: dict[str, str]
+
+    @classmethod
+    def of(cls, cell: dict[str, Any]) -> Run:
+        """A run from its cell's JSON value (``paper_cell``)."""
+        return cls(cell["system"], cell["workload"], cell["seed"], cell["summary"], cell["records"], Window(*cell["window"]),
+                   (np.array(cell["gaps"][0], dtype=float), np.array(cell["gaps"][1], dtype=float)), cell["routes"], cell["profile"])
+
+
+def paper_cell(preset: PaperPreset, wl_def: PaperWorkload, cfg: SimConfig) -> dict[str, Any]:
+    """One simulation of a preset as a JSON value (what ``Run.of`` reads)."""
+    sim = Simulation(wl_def.build(cfg.seed, preset.duration_s), cfg)
+    obs = RouteDistance() if preset.shadow_router and cfg.system == "coda" else None
+    if obs is not None:
+        obs.attach(sim)
+    result = sim.run()
+    vals, weights = result.sim.recorder.gaps()
+    w = result.sim.window
+    profile = result.sim.profile
+    return {
+        "system": cfg.system, "workload": wl_def.label, "seed": cfg.seed, "summary": result.summary(),
+        "records": [{k: r.get(k) for k in RECORD_FIELDS} for r in result.records],
+        "window": [w.start_s, w.end_s], "gaps": [vals, weights],
+        "routes": None if obs is None else {"decisions": obs.decisions, "differs": obs.differs, "chosen_d": obs.chosen_d, "shadow_d": obs.shadow_d},
+        "profile": {"name": profile.name, "kind": profile.kind, "description": profile.description},
+    }
 
 
 def short_window(run: Run) -> Window:
     """The paper's 10-minute window: the first ``SHORT_WINDOW_S`` of the run's primary window."""
-    w = run.result.sim.window
+    w = run.window
     return Window(w.start_s, min(w.start_s + SHORT_WINDOW_S, w.end_s))
 
 
@@ -171,10 +211,9 @@ def window_metrics(run: Run, window: Window, ttft_s: float, tbt_s: float) -> dic
     """``summarize`` over ``window`` at the given SLO. Its mean TBT pools every inter-token gap of
     the requests in the window, as the simulator's recorder does: a request's mean gap is its ITL,
     so the pooled mean weights each ITL by the request's ``output_tokens - 1`` gaps."""
-    records = run.result.records
-    sim = run.result.sim
-    if window == sim.window:
-        return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=sim.recorder.gaps())
+    records = run.records
+    if window == run.window:
+        return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=run.gaps)
     inside = [r for r in records if r["tbt_mean_s"] is not None and r["output_tokens"] > 1 and window.start_s <= r["ready_s"] <= window.end_s]
     gaps = (np.array([r["tbt_mean_s"] for r in inside], dtype=float), np.array([r["output_tokens"] - 1 for r in inside], dtype=float))
     return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=gaps)
@@ -185,32 +224,31 @@ def calibrate_slo(preset: PaperPreset, runs: list[Run]) -> SloFit | None:
     within SLO on each workload (pooled over seeds), in the primary window."""
     if not preset.slo_targets:
         return None
-    samples = {label: [SloSample.of(r.result.records, r.result.sim.window) for r in runs if r.system == preset.slo_system and r.workload == label]
+    samples = {label: [SloSample.of(r.records, r.window) for r in runs if r.system == preset.slo_system and r.workload == label]
                for label, _ in preset.slo_targets}
     targets = {label: CACHEWISE[paper].slo_share for label, paper in preset.slo_targets if CACHEWISE[paper].slo_share is not None}
     return fit_slo(samples, targets)
 
 
-def run_preset(preset: PaperPreset, seeds: list[int], base: SimConfig, progress: Callable[[str, float], None] | None = None) -> list[Run]:
-    runs: list[Run] = []
-    total = len(seeds) * len(preset.workloads) * len(preset.systems)
-    done = 0
+def preset_cells(preset: PaperPreset, seeds: list[int], base: SimConfig) -> list[Cell]:
+    """Every system on every workload and seed of ``preset``, workload-major; each keyed by its
+    simulator config, its workload's definition and its cost profile's content."""
+    profile = profile_digest(base.profile)
+    harness = file_digest(__file__)
+    out = []
     for wl_def in preset.workloads:
         for seed in seeds:
-            wl = wl_def.build(seed, preset.duration_s)
             for system in preset.systems:
                 cfg = base.with_overrides(system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s, policies=preset.shadows())
-                sim = Simulation(wl, cfg)
-                obs = RouteDistance() if preset.shadow_router and system == "coda" else None
-                if obs is not None:
-                    obs.attach(sim)
-                result = sim.run()
-                summary = result.summary()
-                runs.append(Run(system, wl_def.label, seed, result, summary, obs))
-                done += 1
-                if progress:
-                    progress(f"{wl_def.label} {system} seed {seed}", done / total)
-    return runs
+                config = {"cell": "paper", "sim": cfg.model_dump(mode="json"), "profile": profile, "harness": harness,
+                          "workload": {**asdict(wl_def), "duration_s": preset.duration_s, "seed": seed},
+                          "route_distance": bool(preset.shadow_router and system == "coda")}
+                out.append(Cell(f"{wl_def.label} {system} seed {seed}", config, partial(paper_cell, preset, wl_def, cfg), weight=preset.duration_s))
+    return out
+
+
+def run_preset(preset: PaperPreset, seeds: list[int], base: SimConfig, sweep: SweepOptions = SERIAL) -> list[Run]:
+    return [Run.of(cell) for cell in run_cells(preset_cells(preset, seeds, base), sweep, title=preset.name)]
 
 
 TABLE_METRICS = ("output_tps", "useful_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s",
@@ -239,7 +277,7 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
             sums[key] = {m: [r.summary[m] for r in sel] for m in ("output_tps", "useful_tps", "slo_tps", "request_tps")}
             sums[key]["output_tps_10min"] = [x["output_tps"] for x in short]
             if cal:
-                long_cal = [window_metrics(r, r.result.sim.window, *cal) for r in sel]
+                long_cal = [window_metrics(r, r.window, *cal) for r in sel]
                 short_cal = [window_metrics(r, short_window(r), *cal) for r in sel]
                 cell["calibrated"] = {"slo_tps": mean_ci(c["slo_tps"] for c in long_cal), "goodput": mean_ci(c["goodput"] for c in long_cal)}
                 cell["window_10min"]["slo_tps_calibrated"] = mean_ci(c["slo_tps"] for c in short_cal)
@@ -260,7 +298,7 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
             gains[f"{wl.label}/{system}"] = {
                 ref: _gains(c, sums[f"{wl.label}/{ref}"]) for ref in ("vllm", "cachewise", "smetric") if ref in preset.systems and ref != system
             }
-    profile = runs[0].result.sim.profile
+    profile = runs[0].profile
     return {
         "preset": preset.name,
         "workers": preset.workers,
@@ -274,7 +312,7 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
                            "shares": fit.shares, "source": SOURCE} if fit else None,
         "slo_gain_grid": _gain_grid(preset, runs),
         "paper_baseline": _paper_baseline(preset, cells),
-        "profile": {"name": profile.name, "kind": profile.kind, "description": profile.description},
+        "profile": profile,
         "cells": cells,
         "gains": gains,
         "versions": versions(),
@@ -291,13 +329,13 @@ def _gains(system: dict[str, list[float]], ref: dict[str, list[float]]) -> dict[
     return out
 
 
-def _route_summary(routes: list[RouteDistance]) -> dict[str, Any]:
-    chosen = np.concatenate([np.array(r.chosen_d) for r in routes]) if any(r.chosen_d for r in routes) else np.array([])
-    shadow_d = np.concatenate([np.array(r.shadow_d) for r in routes]) if any(r.shadow_d for r in routes) else np.array([])
-    n = sum(r.decisions for r in routes)
+def _route_summary(routes: list[dict[str, Any]]) -> dict[str, Any]:
+    chosen = np.concatenate([np.array(r["chosen_d"]) for r in routes]) if any(r["chosen_d"] for r in routes) else np.array([])
+    shadow_d = np.concatenate([np.array(r["shadow_d"]) for r in routes]) if any(r["shadow_d"] for r in routes) else np.array([])
+    n = sum(r["decisions"] for r in routes)
     return {
         "decisions": n,
-        "differs_frac": sum(r.differs for r in routes) / n if n else None,
+        "differs_frac": sum(r["differs"] for r in routes) / n if n else None,
         "mean_distance_coda": float(chosen.mean()) if chosen.size else None,
         "mean_distance_smetric": float(shadow_d.mean()) if shadow_d.size else None,
         "distance_reduction": float(1 - chosen.mean() / shadow_d.mean()) if chosen.size and shadow_d.mean() > 0 else None,
@@ -312,7 +350,7 @@ def _gain_grid(preset: PaperPreset, runs: list[Run]) -> dict[str, Any]:
         return {}
     samples = {(r.workload, r.system): [] for r in runs}
     for r in runs:
-        samples[(r.workload, r.system)].append(SloSample.of(r.result.records, r.result.sim.window))
+        samples[(r.workload, r.system)].append(SloSample.of(r.records, r.window))
     ratios = {f"{wl.label}/{system}": gain_grid(samples[(wl.label, system)], samples[(wl.label, ref)], GRID_TTFT_S, GRID_TBT_S)
               for wl in preset.workloads for system in preset.systems if system != ref}
     return {"vs": ref, "ttft_s": list(GRID_TTFT_S), "tbt_s": list(GRID_TBT_S), "ratios": ratios}
@@ -446,8 +484,8 @@ def plots(preset: PaperPreset, runs: list[Run], report: dict[str, Any], out: Pat
             for r in runs:
                 if r.workload != wl.label or r.seed != first_seed:
                     continue
-                w = r.result.sim.window
-                vals = np.sort([x[field] for x in r.result.records if x[field] is not None and w.start_s <= x["ready_s"] <= w.end_s])
+                w = r.window
+                vals = np.sort([x[field] for x in r.records if x[field] is not None and w.start_s <= x["ready_s"] <= w.end_s])
                 if vals.size:
                     ax.plot(vals, np.arange(1, vals.size + 1) / vals.size, label=r.system)
             ax.set_xscale("log")
@@ -499,9 +537,9 @@ def plots(preset: PaperPreset, runs: list[Run], report: dict[str, Any], out: Pat
     return written
 
 
-def run_and_report(name: str, seeds: list[int], base: SimConfig, out: Path | None, progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
+def run_and_report(name: str, seeds: list[int], base: SimConfig, out: Path | None, sweep: SweepOptions = SERIAL) -> dict[str, Any]:
     preset = PRESETS[name]
-    runs = run_preset(preset, seeds, base, progress)
+    runs = run_preset(preset, seeds, base, sweep)
     report = build_report(preset, runs, base)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -512,7 +550,7 @@ def run_and_report(name: str, seeds: list[int], base: SimConfig, out: Path | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m experiments.paper NAME [--seeds N] [--seed K] [--config FILE] [--out DIR] [--json]``."""
+    """``python -m experiments.paper NAME [--seeds N] [--seed K] [--config FILE] [--out DIR] [--json] [--jobs N | --ray [ADDRESS]]``."""
     import argparse
     import sys
 
@@ -527,17 +565,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="a simulator config file laid under the presets (a profile, an SLO, ...)")
     ap.add_argument("--out", type=Path, help="folder for report.md, report.json and the figures")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_sweep_arguments(ap)
     args = ap.parse_args(argv)
     try:
         if args.seeds < 1:
             raise CodaError(f"--seeds must be at least 1, got {args.seeds}")
         base = validated(SimConfig, read_config(args.config) if args.config else {}, args.config or "defaults", show_input=True)
-        report = run_and_report(args.name, [args.seed + i for i in range(args.seeds)], base, args.out,
-                                lambda label, f: print(f"\r{label} {f:6.1%}", end="", file=sys.stderr, flush=True))
+        sweep = sweep_options(args, args.out / "cells" if args.out is not None else None)
+        report = run_and_report(args.name, [args.seed + i for i in range(args.seeds)], base, args.out, sweep)
     except CodaError as err:
-        print(f"\nerror: {err}", file=sys.stderr)
-        return 2
-    print(file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     print(strict_json.dumps(report) if args.json else markdown(report))
     if args.out is not None:
         print(f"report, tables and figures written to {args.out}", file=sys.stderr)

@@ -21,23 +21,19 @@ Four workers sharing one DRAM store, seeds 0-4, warm-up 1,200 s of a 3,600 s arr
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 from experiments.common import (
     ROOT,
     SEEDS,
-    cached,
     col,
     describe_workload,
     fmt_ci,
     fmt_gain,
-    log,
     md_table,
     mean_of,
-    paper_workload,
-    run_cell,
     run_experiments,
+    run_grid,
     save,
 )
 
@@ -46,23 +42,10 @@ FA2 = "a100-qwen3coder30b-fp8-fa2"
 SYSTEMS = ["vllm", "smetric", "cachewise", "dynamo", "coda", "coda-route-only", "coda-admit-only"]
 
 
-def run_grid(cells: dict[str, tuple[str, str, dict[str, Any]]], name: str) -> dict[str, list[dict[str, Any]]]:
-    prev = cached(name, cells)
-    if prev is not None:
-        return prev
-    out = {}
-    wl_cache: dict[tuple[str, int], Any] = {}
-    for name, (label, system, over) in cells.items():
-        t0 = time.perf_counter()
-        rows = []
-        for s in SEEDS:
-            if (label, s) not in wl_cache:
-                wl_cache.clear()
-                wl_cache[(label, s)] = paper_workload(label, s)
-            rows.append(run_cell(wl_cache[(label, s)], system, s, workers=WORKERS, probes=("state", "step", "route"), **over))
-        out[name] = rows
-        log(f"  {name}: {time.perf_counter() - t0:.1f} s")
-    return out
+def multi_grid(cells: dict[str, tuple[str, str, dict[str, Any]]], name: str) -> dict[str, list[dict[str, Any]]]:
+    """``run_grid`` on four workers with the routing probe: cells are (workload label, system, overrides)."""
+    return run_grid({row: (label, system, {"workers": WORKERS, "probes": ("state", "step", "route"), **over}, None)
+                     for row, (label, system, over) in cells.items()}, name)
 
 
 def header(title: str, workloads: list[str], note: str = "") -> str:
@@ -99,7 +82,7 @@ def _f(x: float | None) -> str:
 def exp_paper() -> str:
     wls = ["Q1", "Q2", "Q3"]
     cells = {f"{w}/{s}": (w, s, {}) for w in wls for s in SYSTEMS}
-    res = run_grid(cells, "paper_multi")
+    res = multi_grid(cells, "paper_multi")
     save("paper_multi", res)
     out = [header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8-roofline; default SLO.")]
     rows = []
@@ -147,7 +130,7 @@ def exp_router() -> str:
         cells[f"{w}/coda-route+fb"] = (w, "coda-route+fb", {})
         cells[f"{w}/smetric, FA2 kernel model"] = (w, "smetric", {"profile": FA2})
         cells[f"{w}/coda-route-only, FA2 kernel model"] = (w, "coda-route-only", {"profile": FA2})
-    res = run_grid(cells, "router")
+    res = multi_grid(cells, "router")
     save("router", res)
 
     def reference(k: str) -> str:
@@ -180,9 +163,8 @@ AZURE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
 
 def _speedup(wl: Any, factor: float) -> Any:
     """An open-loop trace replayed ``factor`` times faster (timestamps divided)."""
-    from common import dataclasses_replace_round
-
     from coda.workload.schema import Session, Workload
+    from experiments.common import dataclasses_replace_round
 
     sessions = [Session(session_id=s.session_id, start_s=s.start_s / factor, prefix_group=s.prefix_group, tenant=s.tenant,
                         rounds=[dataclasses_replace_round(r, at_s=None if r.at_s is None else r.at_s / factor) for r in s.rounds])
@@ -190,27 +172,27 @@ def _speedup(wl: Any, factor: float) -> Any:
     return Workload(sessions=sessions, meta={**wl.meta, "speedup": factor}, block_tokens=wl.block_tokens)
 
 
+#: the Azure code trace sped up as the concentration experiment replays it, by name
+AZURE_SPEEDUPS = {"Azure code x1 (2.6 req/s)": 1.0, "Azure code x8 (20.5 req/s)": 8.0, "Azure code x16 (41 req/s)": 16.0}
+
+
+def azure_replay(name: str, seed: int) -> Any:
+    """The Azure code trace replayed ``AZURE_SPEEDUPS[name]`` times faster (the replay is deterministic: ``seed`` is unused)."""
+    from coda.workload.spec import load_workload
+
+    return _speedup(load_workload(str(AZURE)), AZURE_SPEEDUPS[name])
+
+
 def exp_concentration() -> str:
     """Does the coda router concentrate load when affinity never decides? One-round requests
     (Azure code trace, no continuations), so every decision goes to the context rule."""
-    from coda.workload.spec import load_workload
-
-    base = load_workload(str(AZURE))
-    variants = {"Azure code x1 (2.6 req/s)": 1.0, "Azure code x8 (20.5 req/s)": 8.0, "Azure code x16 (41 req/s)": 16.0}
     cells = {}
-    for v, f in variants.items():
+    for v in AZURE_SPEEDUPS:
+        wl = azure_replay(v, 0)
+        warmup = max(r.at_s for sess in wl.sessions for r in sess.rounds) / 3
         for system in ("smetric", "coda-route-only"):
-            cells[f"{v}/{system}"] = (v, system, f)
-    prev = cached("concentration", cells)
-    if prev is None:
-        prev = {}
-        for name, (_v, system, f) in cells.items():
-            wl = _speedup(base, f)
-            dur = max(r.at_s for sess in wl.sessions for r in sess.rounds)
-            t0 = time.perf_counter()
-            prev[name] = [run_cell(wl, system, 0, workers=WORKERS, probes=("route",), warmup_s=dur / 3)]
-            log(f"  {name}: {time.perf_counter() - t0:.1f} s")
-    res = prev
+            cells[f"{v}/{system}"] = (v, system, {"workers": WORKERS, "probes": ("route",), "warmup_s": warmup}, None)
+    res = run_grid(cells, "concentration", seeds=[0], build=azure_replay)
     save("concentration", res)
     out = [f"## Load concentration without affinity ({AZURE.name}, one-round requests)", "",
            f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, open-loop replay with timestamps divided by the speed-up; "

@@ -18,8 +18,9 @@ evaluation runs seeds 1-5, which the choice did not see.
     python -m experiments.tail_policies --workloads M1,M2,M3 --seeds 1,2,3,4,5 --out runs/tail
     python -m experiments.tail_policies --report-only --out runs/tail
 
-Runs are kept one per line in ``<out>/runs.jsonl`` as they finish, so an interrupted sweep
-resumes where it stopped. The report (``<out>/report.md``) gives, per workload and candidate,
+The runs are the cells of one sweep (``--jobs N`` local processes, or ``--ray [ADDRESS]``), each kept
+under ``<out>/cells`` as it finishes, keyed by its whole configuration, so an interrupted sweep
+resumes where it stopped and a changed candidate runs again. The report (``<out>/report.md``) gives, per workload and candidate,
 output, SLO tok/s, goodput, p99 task slowdown, p99 and max TTFT and starved requests (waited
 over 60 s or never finished), each as a mean with its 95% interval over the seeds the candidate
 ran, the output ratio over cachewise on the same seeds with its jackknife interval, and the
@@ -34,14 +35,17 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from coda.errors import CodaError
 from coda.eval.pareto import plot_pareto
 from coda.metrics.requests import mean_ci, ratio_ci
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
+from coda.sweep import Cell, CellStore, file_digest, profile_digest, run_cells, workload_identity
+from coda.sweep.arguments import add_sweep_arguments, sweep_options
 from coda.workload.spec import load_workload
 from experiments.common import fmt_ci
 from experiments.paper import PRESETS
@@ -70,33 +74,46 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def workload_setup(label: str, seed: int, data_dir: Path) -> tuple[Any, dict[str, Any]]:
-    """The workload and the run settings of a label: a paper preset's workload, or a public trace on four workers."""
+def workload_setup(label: str, seed: int, data_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The identity of a label's workload (what ``build_workload`` reads) and the run settings:
+    a paper preset's workload, or a public trace on four workers."""
     for preset in (PRESETS["paper-single"], PRESETS["paper-multi"]):
         for w in preset.workloads:
             if w.label == label:
-                return w.build(seed, preset.duration_s), {"workers": preset.workers, "warmup_s": preset.warmup_s}
+                return ({"paper": label, "rate": w.rate, "fraction": w.fraction, "duration_s": preset.duration_s, "seed": seed},
+                        {"workers": preset.workers, "warmup_s": preset.warmup_s})
     if label in TRACES:
-        return load_workload(str(data_dir / "traces" / TRACES[label]), fmt=label), {"workers": 4}
+        return {"trace": str(data_dir / "traces" / TRACES[label]), "format": label}, {"workers": 4}
     raise SystemExit(f"unknown workload {label!r}; valid: M1-M3, Q1-Q3, {', '.join(TRACES)}")
 
 
-def run_one(label: str, seed: int, candidate: str, data_dir: str) -> dict[str, Any]:
-    system, policies = CANDIDATES[candidate]
-    wl, settings = workload_setup(label, seed, Path(data_dir))
-    cfg = SimConfig(system="vllm").with_overrides(system=system, seed=seed, policies=policies or None, **settings)
-    s = Simulation(wl, cfg).run().summary()
-    return {"workload": label, "seed": seed, "candidate": candidate, "profile": cfg.profile, **{k: s.get(k) for k in METRICS}}
+def build_workload(identity: dict[str, Any]) -> Any:
+    if "trace" in identity:
+        return load_workload(identity["trace"], fmt=identity["format"])
+    preset = next(p for p in (PRESETS["paper-single"], PRESETS["paper-multi"]) if any(w.label == identity["paper"] for w in p.workloads))
+    return next(w for w in preset.workloads if w.label == identity["paper"]).build(identity["seed"], identity["duration_s"])
 
 
-def load_runs(path: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
-    if not path.exists():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            out[(r["workload"], r["seed"], r["candidate"])] = r
+def run_one(identity: dict[str, Any], cfg: SimConfig, label: str, candidate: str) -> dict[str, Any]:
+    s = Simulation(build_workload(identity), cfg).run().summary()
+    return {"workload": label, "seed": cfg.seed, "candidate": candidate, "profile": cfg.profile, **{k: s.get(k) for k in METRICS}}
+
+
+def cells(workloads: list[str], seeds: list[int], candidates: list[str], data_dir: Path) -> list[Cell]:
+    """One cell per workload, seed and candidate, keyed by its simulator config, its workload
+    (a paper workload's definition, a trace's bytes) and its cost profile's content."""
+    out = []
+    for label in workloads:
+        for seed in seeds:
+            identity, settings = workload_setup(label, seed, data_dir)
+            key_wl = identity if "paper" in identity else workload_identity(identity["trace"], identity["format"])
+            for c in candidates:
+                system, policies = CANDIDATES[c]
+                cfg = SimConfig(system="vllm").with_overrides(system=system, seed=seed, policies=policies or None, **settings)
+                config = {"cell": "tail_policies", "candidate": c, "sim": cfg.model_dump(mode="json"), "workload": key_wl,
+                          "profile": profile_digest(cfg.profile), "harness": file_digest(__file__)}
+                out.append(Cell(f"{label} seed {seed} {c}", config, partial(run_one, identity, cfg, label, c),
+                                weight=identity.get("duration_s", 1.0)))
     return out
 
 
@@ -151,37 +168,32 @@ def main() -> int:
     ap.add_argument("--workloads", default="M1,M2,M3")
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
-    ap.add_argument("--jobs", type=int, default=2, help="simulations run at once")
     ap.add_argument("--out", type=Path, default=Path("runs/tail"))
     ap.add_argument("--data-dir", default=os.environ.get(DATA_ENV), help=f"folder holding traces/, for {' and '.join(TRACES)} (default: ${DATA_ENV})")
-    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="report the cells already finished under --out, running none")
+    add_sweep_arguments(ap)
     args = ap.parse_args()
     unknown = [c for c in args.candidates.split(",") if c not in CANDIDATES]
     if unknown:
         print(f"error: unknown candidate(s) {', '.join(unknown)}; valid: {', '.join(CANDIDATES)}", file=sys.stderr)
         return 2
     traces = [w for w in args.workloads.split(",") if w in TRACES]
-    if traces and not args.report_only and not args.data_dir:
+    if traces and not args.data_dir:
         print(f"error: --workloads {','.join(traces)} read public traces: set {DATA_ENV} (or --data-dir) to the folder holding traces/",
               file=sys.stderr)
         return 2
-    data_dir = args.data_dir or ""
+    sweep = cells(args.workloads.split(","), [int(s) for s in args.seeds.split(",")], args.candidates.split(","), Path(args.data_dir or ""))
     args.out.mkdir(parents=True, exist_ok=True)
-    store = args.out / "runs.jsonl"
-    runs = load_runs(store)
-    if not args.report_only:
-        todo = [(w, int(s), c) for w in args.workloads.split(",") for s in args.seeds.split(",") for c in args.candidates.split(",")
-                if (w, int(s), c) not in runs]
-        print(f"{len(todo)} runs to do ({len(runs)} kept in {store})", file=sys.stderr, flush=True)
-        with ProcessPoolExecutor(args.jobs) as pool, store.open("a") as fh:
-            futures = {pool.submit(run_one, *key, data_dir): key for key in todo}
-            for n, fut in enumerate(as_completed(futures), 1):
-                r = fut.result()
-                runs[futures[fut]] = r
-                fh.write(json.dumps(r) + "\n")
-                fh.flush()
-                print(f"[{n}/{len(todo)}] {r['workload']} seed {r['seed']} {r['candidate']}: output {r['output_tps']:.1f} tok/s, "
-                      f"p99 slowdown {r['slowdown_p99']}", file=sys.stderr, flush=True)
+    if args.report_only:
+        store = CellStore(args.out / "cells")
+        results = [r for r in (store.get(c.key) for c in sweep) if r is not None]
+    else:
+        try:
+            results = run_cells(sweep, sweep_options(args, args.out / "cells"), title="tail policies")
+        except CodaError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return err.exit_code
+    runs = {(r["workload"], r["seed"], r["candidate"]): r for r in results}
     text = report(runs, args.out)
     (args.out / "report.md").write_text(text + "\n")
     print(text)

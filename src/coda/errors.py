@@ -68,6 +68,7 @@ EXTRA_OF = {
     "tokenizers": "gateway", "redis": "gateway",
     "matplotlib": "plots",
     "torch": "measure",
+    "ray": "ray",
 }
 
 

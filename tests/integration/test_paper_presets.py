@@ -39,7 +39,7 @@ def test_calibrated_slo_gives_cachewise_the_papers_share(single):
     cw = [r for r in runs if r.system == "cachewise"]
     from experiments.paper import window_metrics
 
-    share = sum(window_metrics(r, r.result.sim.window, cal["ttft_s"], cal["tbt_s"])["slo_tps"] for r in cw) / sum(r.summary["output_tps"] for r in cw)
+    share = sum(window_metrics(r, r.window, cal["ttft_s"], cal["tbt_s"])["slo_tps"] for r in cw) / sum(r.summary["output_tps"] for r in cw)
     assert share == pytest.approx(cal["shares"]["M2"], rel=1e-9)
     assert share == pytest.approx(target, abs=0.01)
 
@@ -59,11 +59,11 @@ def test_ten_minute_window_and_gain_grid(single):
     _, runs, rep = single
     assert rep["windows_s"] == {"primary": [300, 1200], "10min": [300, 900]}
     cw = [r for r in runs if r.system == "cachewise"]
-    done = [[x for x in r.result.records if x["state"] == "completed" and 300 <= x["finish_s"] <= 900] for r in cw]
+    done = [[x for x in r.records if x["state"] == "completed" and 300 <= x["finish_s"] <= 900] for r in cw]
     short = rep["cells"]["M2/cachewise"]["window_10min"]
     assert short["output_tps"]["mean"] == pytest.approx(sum(sum(x["output_tokens"] for x in d) / 600 for d in done) / 2)
     # mean TBT pools every gap of the requests that arrived in the window: sum of decode times over sum of gaps
-    ready = [[x for x in r.result.records if x["tbt_mean_s"] is not None and x["output_tokens"] > 1 and 300 <= x["ready_s"] <= 900] for r in cw]
+    ready = [[x for x in r.records if x["tbt_mean_s"] is not None and x["output_tokens"] > 1 and 300 <= x["ready_s"] <= 900] for r in cw]
     pooled = [sum(x["finish_s"] - x["first_token_s"] for x in d) / sum(x["output_tokens"] - 1 for x in d) for d in ready]
     assert short["tbt_mean_s"]["mean"] == pytest.approx(sum(pooled) / 2, rel=1e-6)
     grid = rep["slo_gain_grid"]

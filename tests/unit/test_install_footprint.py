@@ -111,7 +111,7 @@ def test_a_command_without_its_extra_prints_one_line_naming_it(argv, blocked, ex
 def test_the_base_install_leaves_the_extras_out_and_each_optional_module_names_its_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {extra: {canonicalize_name(Requirement(r).name) for r in reqs} for extra, reqs in project["optional-dependencies"].items()}
-    names["all"] = names["sim"] | names["gateway"] | names["plots"]
+    names["all"] = names["sim"] | names["gateway"] | names["plots"] | names["ray"]
     base = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
     assert not base & {canonicalize_name(n) for n in EXCLUDED} and names["scheduler"] == set()
     dist_of = packages_distributions()

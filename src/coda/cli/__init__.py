@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 from coda import __version__
 from coda.errors import CodaError, missing_dependency
 from coda.shell import strict_json
+from coda.sweep.arguments import LOCAL_RAY
 
 try:
     import typer
@@ -59,6 +60,18 @@ def progress_bar(unit: str = "of sim time") -> Progress:
         transient=True,
         disable=not err_console.is_terminal,  # off a terminal it would only leave a blank line before an error
     )
+
+
+def sweep_options(jobs: int | None, ray: str | None, resume: bool, out: Path | None) -> Any:
+    """How a sweep command's cells run: ``--jobs``, ``--ray``, and finished cells kept under ``out/cells``."""
+    from coda.sweep import SweepOptions
+
+    if ray is not None and jobs is not None:
+        raise CodaError("--jobs and --ray: give one (Ray runs one cell per CPU of its cluster)")
+    if ray is not None:
+        require("ray")
+    address = None if ray is None else "" if ray == LOCAL_RAY else ray
+    return SweepOptions(jobs=jobs, ray=address, store=out / "cells" if out is not None else None, resume=resume)
 
 
 def require(module: str) -> None:
@@ -135,13 +148,28 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+#: options whose value may be left out (typer has no optional values), with the value that stands for none
+OPTIONAL_VALUES = {"--ray": LOCAL_RAY}
+
+
+def with_optional_values(argv: list[str]) -> list[str]:
+    """``argv`` with the stand-in value after each option of ``OPTIONAL_VALUES`` given without one
+    (last, or followed by another option): ``--ray --json`` reads as ``--ray local --json``."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in OPTIONAL_VALUES and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append(OPTIONAL_VALUES[arg])
+    return out
+
+
 def main() -> None:
     """The ``coda`` entry point: usage and input errors print one ``error:`` line and exit 2."""
     from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer raises its vendored click's
 
     try:
         _register_commands()
-        code = app(standalone_mode=False)
+        code = app(args=with_optional_values(sys.argv[1:]), standalone_mode=False)
     except CodaError as err:
         fail(str(err), err.exit_code)
     except NoArgsIsHelpError as err:  # `coda` or `coda workload` alone: the help, as click shows it

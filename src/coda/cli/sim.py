@@ -20,6 +20,7 @@ from coda.cli import (
     print_json,
     progress_bar,
     require,
+    sweep_options,
 )
 from coda.errors import CodaError
 from coda.metrics.requests import OPERATOR_KEYS
@@ -45,6 +46,10 @@ IngressOpt = Annotated[str | None, typer.Option("--ingress", help="ingress admis
 RouterOpt = Annotated[str | None, typer.Option("--router", help="router over the system's (e.g. round_robin, smetric, dynamo_kv, coda)")]
 StateOpt = Annotated[str | None, typer.Option("--state", help="state admission policy over the system's (fifo, fewest_blocks, tiered_aging)")]
 POLICY_FLAGS = ("ingress", "router", "state")
+JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", help="local worker processes running cells at once (default: one per core)")]
+RayOpt = Annotated[str | None, typer.Option("--ray", metavar="[ADDRESS]",
+                                            help="run the cells on the Ray cluster at ADDRESS; with none (or `local`), on a Ray instance started here")]
+ResumeOpt = Annotated[bool, typer.Option("--resume/--no-resume", help="with --out, skip cells already finished there (their config unchanged)")]
 
 CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
@@ -159,6 +164,9 @@ def compare(
     as_json: JsonOpt = False,
     out: OutOpt = None,
     pareto: Annotated[Path | None, typer.Option("--pareto", help="write a PNG of output tokens/s against p99 slowdown and p99 TTFT here")] = None,
+    jobs: JobsOpt = None,
+    ray: RayOpt = None,
+    resume: ResumeOpt = True,
 ) -> None:
     """Run several systems on the same workload and seeds; gains are ratios of sums. A system is a
     preset name or, in a config file, a variant ``{name, system, policies}``."""
@@ -181,19 +189,9 @@ def compare(
     spec = extra.get("workload") or "synth:rate=3,duration=1800,seed=0"
     base_seed = cfg.seed if seed is not None or "seed" in (read_config(config) if config else {}) else spec_seed(spec, cfg.seed)
     seed_list = [base_seed + i for i in range(n_seeds)]
-    with progress_bar() as prog:
-        task = prog.add_task("compare", total=1.0)
-        total = len(names) * n_seeds
-        done = {"n": 0, "last": None}
-
-        def tick(label: str, f: float) -> None:
-            if done["last"] != label:
-                done["n"] += done["last"] is not None
-                done["last"] = label
-            prog.update(task, completed=(done["n"] + f) / total, description=label)
-
-        res = run_compare(spec, names, seed_list, cfg, fmt=extra.get("format"), baseline=extra.get("baseline"),
-                          progress=tick, out=Path(extra["out"]) if extra.get("out") else None)
+    out_path = Path(extra["out"]) if extra.get("out") else None
+    res = run_compare(spec, names, seed_list, cfg, fmt=extra.get("format"), baseline=extra.get("baseline"), out=out_path,
+                      sweep=sweep_options(jobs, ray, resume, out_path))
     if extra.get("out"):
         (Path(extra["out"]) / "compare.json").write_text(strict_json.dumps(res, indent=2) + "\n")
     if pareto is not None:

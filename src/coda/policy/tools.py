@@ -18,14 +18,21 @@ USER = "<user>"  # pseudo-tool: the session waits on its user (think time)
 
 
 class _Samples:
-    __slots__ = ("values", "_suffix")
+    """Observed durations, sorted, as a list (for bisection) and an array (for the suffix sums,
+    recomputed after each new sample without converting the list: a cluster's predictor holds
+    every call its workers saw)."""
+
+    __slots__ = ("values", "_array", "_suffix")
 
     def __init__(self) -> None:
         self.values: list[float] = []
+        self._array = np.empty(0)
         self._suffix: np.ndarray | None = None
 
     def add(self, d: float) -> None:
-        bisect.insort(self.values, d)
+        i = bisect.bisect_right(self.values, d)
+        self.values.insert(i, d)
+        self._array = np.insert(self._array, i, d)
         self._suffix = None
 
     def residual(self, elapsed: float, statistic: Literal["mean", "median"] = "mean") -> float | None:
@@ -36,7 +43,7 @@ class _Samples:
         if statistic == "median":
             return self.values[(i + len(self.values)) // 2] - elapsed
         if self._suffix is None:
-            self._suffix = np.concatenate([np.cumsum(self.values[::-1])[::-1], [0.0]])
+            self._suffix = np.concatenate([np.cumsum(self._array[::-1])[::-1], [0.0]])
         return float(self._suffix[i]) / n - elapsed
 
 

@@ -61,6 +61,53 @@ class Versions:
                 last = o
 
 
+class PrefixRuns:
+    """A tier's remembered prefix runs. ``epochs`` counts, per owner, the changes to which of its
+    chunks the tier holds (not to their references or order), so a run over one owner's chunks
+    stays valid while that owner's epoch does: a prefix group's shared system prompt is scanned
+    once per change on each tier, not once per routing probe."""
+
+    __slots__ = ("epochs", "runs")
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, int] = {}
+        # first chunk of a probed chain -> (its owner's epoch, held run over that owner's chunks, the run's last chunk)
+        self.runs: dict[int, tuple[int, int, int]] = {}
+
+    def moved(self, chunks: Iterable[int]) -> None:
+        """Chunks were added to or removed from the tier: their owners' epochs move on."""
+        ep = self.epochs
+        last = -1
+        for c in chunks:
+            o = c >> OWNER_SHIFT
+            if o != last:
+                ep[o] = ep.get(o, 0) + 1
+                last = o
+
+    def leading(self, held: Container[int], chain: Sequence[int]) -> int:
+        """``leading_run(held, chain)``, the part over the chain's first owner's chunks remembered.
+        A remembered run of ``n`` chunks applies to any chain whose chunk ``n - 1`` is the run's
+        last, since a chunk id is equal only when its whole prefix is."""
+        if not chain:
+            return 0
+        first = chain[0]
+        owner = first >> OWNER_SHIFT
+        epoch = self.epochs.get(owner, 0)
+        memo = self.runs.get(first)
+        if memo is not None and memo[0] == epoch and memo[1] <= len(chain) and chain[memo[1] - 1] == memo[2]:
+            run = memo[1]
+        else:
+            run = 0
+            for c in chain:
+                if c >> OWNER_SHIFT != owner or c not in held:
+                    break
+                run += 1
+            if run == 0:
+                return 0
+            self.runs[first] = (epoch, run, chain[run - 1])
+        return run + leading_run(held, chain, run)
+
+
 Evictor = Callable[[OrderedDict[int, None], int], list[int]]
 """Called as ``evictor(lru, n)``: ``n`` idle chunks to evict (``lru`` is oldest first and holds at
 least ``n``); the simulator binds its eviction policy (``coda.policy.eviction``) to its sessions."""
@@ -71,7 +118,7 @@ class HbmPool:
     order) plus private chunks (partial tails and decode growth not yet hashed). Without an
     evictor, the least recently used idle chunks go first."""
 
-    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor")
+    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor", "prefix_runs")
 
     def __init__(self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None, evictor: Evictor | None = None) -> None:
         if capacity <= 0:
@@ -84,6 +131,7 @@ class HbmPool:
         self.versions = versions
         self.listener = listener
         self.evictor = evictor
+        self.prefix_runs = PrefixRuns()
 
     @property
     def used(self) -> int:
@@ -99,7 +147,7 @@ class HbmPool:
 
     def leading(self, chain: Sequence[int]) -> int:
         """Chunks of ``chain`` resident in a row (what a router's prefix match reads)."""
-        return leading_run(self.resident, chain)
+        return self.prefix_runs.leading(self.resident, chain)
 
     def leading_hits(self, chain: Sequence[int], start: int = 0) -> tuple[int, int]:
         """(chunks of ``chain[start:]`` resident in a row, how many of those are evictable)."""
@@ -140,6 +188,7 @@ class HbmPool:
             del res[c]
         if out:
             self.versions.bump(out)
+            self.prefix_runs.moved(out)
             if self.listener:
                 self.listener("removed", self.worker, "hbm", out)
         return out
@@ -164,8 +213,10 @@ class HbmPool:
                 res[c] = r + 1
         if chunks:
             self.versions.bump(chunks)
-        if new and self.listener:
-            self.listener("stored", self.worker, "hbm", new)
+        if new:
+            self.prefix_runs.moved(new)
+            if self.listener:
+                self.listener("stored", self.worker, "hbm", new)
         assert self.used <= self.capacity, "HBM over capacity"
 
     def release(self, chunks: Sequence[int]) -> None:
@@ -194,6 +245,7 @@ class HbmPool:
                 res[c] = r
         if gone:
             self.versions.bump(gone)
+            self.prefix_runs.moved(gone)
             if self.listener:
                 self.listener("removed", self.worker, "hbm", gone)
 
@@ -201,7 +253,7 @@ class HbmPool:
 class KVStore:
     """An LRU chunk store (DRAM or SSD) with a capacity in chunks; evictions spill to ``lower``."""
 
-    __slots__ = ("name", "node", "capacity", "chunks", "lower", "versions", "listener")
+    __slots__ = ("name", "node", "capacity", "chunks", "lower", "versions", "listener", "prefix_runs")
 
     def __init__(self, name: str, node: int, capacity: int, versions: Versions, lower: KVStore | None = None, listener: KVListener | None = None) -> None:
         self.name = name
@@ -211,6 +263,7 @@ class KVStore:
         self.lower = lower
         self.versions = versions
         self.listener = listener
+        self.prefix_runs = PrefixRuns()
 
     def __contains__(self, c: int) -> bool:
         return c in self.chunks
@@ -219,7 +272,8 @@ class KVStore:
         return len(self.chunks)
 
     def leading(self, chain: Sequence[int], start: int) -> int:
-        return leading_run(self.chunks, chain, start)
+        """Chunks of ``chain[start:]`` held in a row; from the start, with its shared prefix remembered."""
+        return self.prefix_runs.leading(self.chunks, chain) if start == 0 else leading_run(self.chunks, chain, start)
 
     def touch(self, chain: Sequence[int]) -> None:
         move = self.chunks.move_to_end
@@ -241,12 +295,14 @@ class KVStore:
         if not new:
             return
         self.versions.bump(new)
+        self.prefix_runs.moved(new)
         if self.listener:
             self.listener("stored", self.node, self.name, new)
         over = len(chunks) - self.capacity
         if over > 0:
             evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
             self.versions.bump(evicted)
+            self.prefix_runs.moved(evicted)
             if self.listener:
                 self.listener("removed", self.node, self.name, evicted)
             if self.lower is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.results import SimResult
 from coda.sim.roofline import config_roofline
+from coda.sweep import Cell, SweepOptions, profile_digest, run_cells, workload_identity
+from coda.sweep.executor import SERIAL
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
 
@@ -45,14 +48,18 @@ def spec_seed(spec: str, default: int) -> int:
     return int(m.group(1)) if m else default
 
 
+def seeded_spec(spec: str, seed: int) -> str:
+    """A synth spec with ``seed`` substituted; a file's path as it is (the same for every seed)."""
+    if not spec.startswith("synth"):
+        return spec
+    if re.search(r"seed=\d+", spec):
+        return re.sub(r"seed=\d+", f"seed={seed}", spec)
+    return spec + ("," if ":" in spec else ":") + f"seed={seed}"
+
+
 def seeded_workload(spec: str, seed: int, fmt: str | None = None) -> Workload:
     """A synth spec gets ``seed`` substituted; files are the same for every seed."""
-    if spec.startswith("synth"):
-        if re.search(r"seed=\d+", spec):
-            spec = re.sub(r"seed=\d+", f"seed={seed}", spec)
-        else:
-            spec = spec + ("," if ":" in spec else ":") + f"seed={seed}"
-    return load_workload(spec, fmt)
+    return load_workload(seeded_spec(spec, seed), fmt)
 
 
 def run_one(workload: Workload, config: SimConfig, progress: Callable[[float], None] | None = None) -> SimResult:
@@ -60,12 +67,17 @@ def run_one(workload: Workload, config: SimConfig, progress: Callable[[float], N
 
 
 def write_outputs(out: Path, result: SimResult, summary: dict[str, Any]) -> None:
+    write_run_files(out, summary, result.records, result.occupancy())
+
+
+def write_run_files(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]], occupancy: dict[str, list[float]]) -> None:
+    """A run's summary.json, requests.jsonl (one record a line) and occupancy.json in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out / "requests.jsonl").open("w") as fh:
-        for rec in result.records:
+        for rec in records:
             fh.write(strict_json.dumps(rec) + "\n")
-    (out / "occupancy.json").write_text(strict_json.dumps(result.occupancy()) + "\n")
+    (out / "occupancy.json").write_text(strict_json.dumps(occupancy) + "\n")
 
 
 def sim_summary(result: SimResult, seed: int) -> dict[str, Any]:
@@ -125,6 +137,35 @@ def _fraction(runs: Sequence[dict[str, Any]], bounds: Sequence[dict[str, Any] | 
     return sum(r["output_tps"] for r in runs) / sum(b["output_tps_bound"] for b in bounds)  # type: ignore[index]
 
 
+def _compare_cell(spec: str, fmt: str | None, cfg: SimConfig, name: str, with_files: bool) -> dict[str, Any]:
+    """One system on one seed's workload: its summary, the workload's output bound and, with
+    ``with_files``, the per-request records and occupancy series ``--out`` keeps."""
+    workload = seeded_workload(spec, cfg.seed, fmt)
+    result = run_one(workload, cfg)
+    summary = sim_summary(result, cfg.seed)
+    summary["system"] = name
+    cell: dict[str, Any] = {"summary": summary, "bound": _bound(workload, cfg)}
+    if with_files:
+        cell["records"] = result.records
+        cell["occupancy"] = result.occupancy()
+    return cell
+
+
+def compare_cells(workload_spec: str, chosen: Sequence[Variant], seeds: Sequence[int], base: SimConfig, *, fmt: str | None = None,
+                  with_files: bool = False) -> list[Cell]:
+    """The cells of a comparison, seed-major (every system on seed 0, then on seed 1, ...); each
+    is keyed by its full config, its seed's workload and its cost profile's content."""
+    profile = profile_digest(base.profile)
+    cells = []
+    for seed in seeds:
+        identity = workload_identity(seeded_spec(workload_spec, seed), fmt)
+        for v in chosen:
+            cfg = base.with_overrides(system=v.preset, seed=seed, policies=v.policies)
+            config = {"cell": "compare", "name": v.name, "sim": cfg.model_dump(mode="json"), "workload": identity, "profile": profile}
+            cells.append(Cell(f"{v.name} seed {seed}", config, partial(_compare_cell, workload_spec, fmt, cfg, v.name, with_files)))
+    return cells
+
+
 def compare(
     workload_spec: str,
     systems: Sequence[str | dict[str, Any] | Variant],
@@ -133,25 +174,31 @@ def compare(
     *,
     fmt: str | None = None,
     baseline: str | None = None,
-    progress: Callable[[str, float], None] | None = None,
     out: Path | None = None,
+    sweep: SweepOptions = SERIAL,
 ) -> dict[str, Any]:
-    """Every system on the same workload per seed; rows hold means and 95% intervals over seeds."""
+    """Every system on the same workload per seed; rows hold means and 95% intervals over seeds.
+    The cells run as ``sweep`` says; with ``out``, each writes its run's files under
+    ``out/<system>/seed<seed>``."""
     chosen = variants(systems)
+    if baseline is not None and baseline not in {v.name for v in chosen}:
+        raise CodaError(f"--baseline {baseline}: not one of the systems compared ({', '.join(v.name for v in chosen)})")
+    seeded_workload(workload_spec, seeds[0], fmt)  # a workload the cells cannot read fails here, as one line, before any runs
+    cells = compare_cells(workload_spec, chosen, seeds, base, fmt=fmt, with_files=out is not None)
+
+    def written(cell: Cell, value: dict[str, Any]) -> dict[str, Any]:
+        if out is not None:
+            summary = value["summary"]
+            write_run_files(out / summary["system"] / f"seed{summary['seed']}", summary, value.pop("records"), value.pop("occupancy"))
+        return value
+
+    done = run_cells(cells, sweep, title="compare", on_result=written)
     per: dict[str, list[dict[str, Any]]] = {v.name: [] for v in chosen}
     bounds: list[dict[str, Any] | None] = []
-    for seed in seeds:
-        workload = seeded_workload(workload_spec, seed, fmt)
-        bounds.append(_bound(workload, base))
-        for v in chosen:
-            cfg = base.with_overrides(system=v.preset, seed=seed, policies=v.policies)
-            label = f"{v.name} seed {seed}"
-            result = run_one(workload, cfg, (lambda f, label=label: progress(label, f)) if progress else None)
-            summary = sim_summary(result, seed)
-            summary["system"] = v.name
-            per[v.name].append(summary)
-            if out is not None:
-                write_outputs(out / v.name / f"seed{seed}", result, summary)
+    for i, value in enumerate(done):
+        per[value["summary"]["system"]].append(value["summary"])
+        if i % len(chosen) == 0:
+            bounds.append(value["bound"])
     rows = []
     for system in per:
         runs = per[system]
@@ -168,8 +215,6 @@ def compare(
         row["roofline_fraction"] = _fraction(runs, bounds)
         rows.append(row)
     base_name = baseline or chosen[0].name
-    if base_name not in per:
-        raise CodaError(f"--baseline {base_name}: not one of the systems compared ({', '.join(per)})")
     gains = {system: {key: ratio_ci([r[key] for r in per[system]], [r[key] for r in per[base_name]]) for key in RATIO_METRICS}
              for system in per}
     ratios = {system: {key: g.ratio for key, g in by_key.items()} for system, by_key in gains.items()}

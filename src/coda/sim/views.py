@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from coda.policy.snapshots import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.ingress import SimIngress
-from coda.sim.kvcache import KVListener, KVStore
+from coda.sim.kvcache import HbmPool, KVListener
 from coda.sim.worker import Worker
 
 
@@ -37,6 +37,11 @@ class ClusterViews:
         self._tiers: list[WorkerTiers] = []
         self._views: list[WorkerView] = []
         self._loads: list[WorkerLoad] = []
+        # workers grouped by the stores they share: (a worker of the node, [(worker id, its HBM pool), ...])
+        self._nodes: list[tuple[Worker, list[tuple[int, HbmPool]]]] = []
+        # per worker: the view last placed with a match, the view it was placed from and the match
+        self._placed: list[tuple[WorkerView, WorkerView, PrefixMatch] | None] = []
+        self._match_of: dict[tuple[int, int, int], PrefixMatch] = {}  # one object per match, so a repeat is an identity test
 
     def attach(self, workers: list[Worker], tiers: list[WorkerTiers]) -> None:
         """The cluster's workers (and each one's tier locations, for the indexer), once built."""
@@ -44,6 +49,11 @@ class ClusterViews:
         self._tiers = tiers
         self._views = [self.view(w) for w in workers]
         self._loads = [self.ingress.load(w) for w in workers] if self.ingress is not None else []
+        nodes: dict[tuple[int, int], tuple[Worker, list[tuple[int, HbmPool]]]] = {}
+        for w in workers:
+            nodes.setdefault((id(w.dram), id(w.ssd)), (w, []))[1].append((w.id, w.hbm))
+        self._nodes = list(nodes.values())
+        self._placed = [None] * len(workers)
 
     def indexing(self, downstream: KVListener | None) -> KVListener:
         """A block-event listener that feeds the indexer, then ``downstream``."""
@@ -87,30 +97,41 @@ class ClusterViews:
         self.refresh()
         placed = list(self._views)
         if "match" in self.worker_fields:
+            memo = self._placed
             for wid, m in self.matches(chain).items():
                 v = placed[wid]
-                placed[wid] = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m, v.healthy)
+                last = memo[wid]
+                if last is not None and last[1] is v and last[2] is m:
+                    placed[wid] = last[0]
+                else:
+                    view = WorkerView(v.worker_id, v.active_requests, v.active_kv_blocks, v.waiting_requests, v.decode_contexts, m,
+                                      v.healthy)
+                    placed[wid] = view
+                    memo[wid] = (view, v, m)
         return RoutingSnapshot(now_s, request, tuple(placed))
 
     def matches(self, chain: Sequence[int]) -> dict[int, PrefixMatch]:
         """The prompt's resident prefix on each worker that holds some of it (a worker left out
         holds none), from the pools or through the indexer. Most workers miss on the prompt's first
-        chunk, and the workers of a node share their stores, so a worker without it in HBM costs a
-        membership test and its stores' runs are looked up once per node."""
+        chunk; a worker's run over a shared prompt is remembered by its pool (``HbmPool.leading``);
+        and the workers of a node share their stores, so the stores' runs after an HBM run of a
+        given length are looked up once per node."""
         if self.indexer is not None:
             return {w: m for w, m in self.indexer.match(chain, self._tiers).items() if m != PrefixMatch()}
         if not chain:
             return {}
         first = chain[0]
-        from_stores: dict[KVStore | None, PrefixMatch | None] = {}  # a node's match from its stores alone
         out = {}
-        for w in self.workers:
-            if first in w.hbm.resident:
-                m = store_match(w, chain, w.hbm.leading(chain))
-            elif w.dram in from_stores:
-                m = from_stores[w.dram]
-            else:
-                m = from_stores[w.dram] = store_match(w, chain, 0)
-            if m is not None:
-                out[w.id] = m
+        for node, pools in self._nodes:
+            after: dict[int, PrefixMatch | None] = {}  # HBM run -> the match, the node's stores after it
+            for wid, pool in pools:
+                h = pool.leading(chain) if first in pool.resident else 0
+                m = after[h] if h in after else after.setdefault(h, self._match(node, chain, h))
+                if m is not None:
+                    out[wid] = m
         return out
+
+    def _match(self, w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
+        """``store_match``, the same object for the same match."""
+        m = store_match(w, chain, h)
+        return None if m is None else self._match_of.setdefault((m.hbm_blocks, m.dram_blocks, m.ssd_blocks), m)
