@@ -112,9 +112,24 @@ CONFIGS: dict[str, Setup] = {
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
 #: the row keys a configuration and load report (medians; ``_ci95`` siblings hold the intervals)
-METRICS = ("goodput", "offered_rps", "ttft_p50_s", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
-           "max_wait_s", "session_p50_s", "session_p99_s", "prefix_hit_rate", "preemptions", "shed", "deferred", "failed",
-           "door_cpu_pct")
+METRICS = (
+    "goodput",
+    "offered_rps",
+    "ttft_p50_s",
+    "ttft_p50_continuation_s",
+    "ttft_p95_continuation_s",
+    "ttft_p50_cold_s",
+    "ttft_p95_cold_s",
+    "max_wait_s",
+    "session_p50_s",
+    "session_p99_s",
+    "prefix_hit_rate",
+    "preemptions",
+    "shed",
+    "deferred",
+    "failed",
+    "door_cpu_pct",
+)
 #: the metrics compared with each baseline as ratios of medians
 RATIO_METRICS = ("goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 BOOTSTRAP = 2000
@@ -136,10 +151,16 @@ class Scenario:
     window_s: float = 30.0
 
     def __post_init__(self) -> None:
-        checks = ((0 < self.token_scale <= 1, "--token-scale must be in (0, 1]"), (self.tool_scale > 0, "--tool-scale must be > 0"),
-                  (self.max_rounds >= 1, "--max-rounds must be >= 1"), (0 <= self.cold_share < 1, "--cold-share must be in [0, 1)"),
-                  (self.cold_tokens >= 1, "--cold-tokens must be >= 1"), (self.burst_period_s > 0, "--burst-period-s must be > 0"),
-                  (0 < self.burst_duty <= 1, "--burst-duty must be in (0, 1]"), (self.window_s > 0, "--window-s must be > 0"))
+        checks = (
+            (0 < self.token_scale <= 1, "--token-scale must be in (0, 1]"),
+            (self.tool_scale > 0, "--tool-scale must be > 0"),
+            (self.max_rounds >= 1, "--max-rounds must be >= 1"),
+            (0 <= self.cold_share < 1, "--cold-share must be in [0, 1)"),
+            (self.cold_tokens >= 1, "--cold-tokens must be >= 1"),
+            (self.burst_period_s > 0, "--burst-period-s must be > 0"),
+            (0 < self.burst_duty <= 1, "--burst-duty must be in (0, 1]"),
+            (self.window_s > 0, "--window-s must be > 0"),
+        )
         bad = [msg for ok, msg in checks if not ok]
         if bad:
             raise ValueError("; ".join(bad))
@@ -147,19 +168,35 @@ class Scenario:
 
 def burst_workload(sc: Scenario, sessions_per_s: float, seed: int) -> Workload:
     """Agent sessions arriving at ``sessions_per_s`` on average over the window, in bursts, plus cold sessions."""
-    synth = synthesize(SynthSpec(rate=sessions_per_s * TRACELAB_ROUNDS_PER_SESSION, duration=sc.window_s, seed=seed,
-                                 tokens=sc.token_scale, tools=sc.tool_scale))
-    agents = [Session(session_id=s.session_id, start_s=burst_time(sc, s.start_s), rounds=s.rounds[: sc.max_rounds],
-                      prefix_group=s.prefix_group) for s in synth.sessions]
+    synth = synthesize(
+        SynthSpec(
+            rate=sessions_per_s * TRACELAB_ROUNDS_PER_SESSION, duration=sc.window_s, seed=seed, tokens=sc.token_scale, tools=sc.tool_scale
+        )
+    )
+    agents = [
+        Session(session_id=s.session_id, start_s=burst_time(sc, s.start_s), rounds=s.rounds[: sc.max_rounds], prefix_group=s.prefix_group)
+        for s in synth.sessions
+    ]
     requests = sum(len(s.rounds) for s in agents)
     n_cold = round(sc.cold_share * requests / (1 - sc.cold_share))
     rng = np.random.default_rng([seed, 1])
-    cold = [Session(session_id=f"cold{seed}-{i:04d}", start_s=burst_time(sc, float(t)), prefix_group=f"cold{seed}-{i:04d}",
-                    rounds=[Round(new_input_tokens=sc.cold_tokens, output_tokens=sc.cold_output, kind="user")])
-            for i, t in enumerate(rng.uniform(0.0, sc.window_s, n_cold))]
+    cold = [
+        Session(
+            session_id=f"cold{seed}-{i:04d}",
+            start_s=burst_time(sc, float(t)),
+            prefix_group=f"cold{seed}-{i:04d}",
+            rounds=[Round(new_input_tokens=sc.cold_tokens, output_tokens=sc.cold_output, kind="user")],
+        )
+        for i, t in enumerate(rng.uniform(0.0, sc.window_s, n_cold))
+    ]
     sessions = sorted(agents + cold, key=lambda s: (s.start_s, s.session_id))
-    meta = {**{k: v for k, v in synth.meta.items() if k != "choices"}, "sessions_per_s": sessions_per_s, "scenario": vars(sc),
-            "cold_sessions": n_cold, "agent_sessions": len(agents)}
+    meta = {
+        **{k: v for k, v in synth.meta.items() if k != "choices"},
+        "sessions_per_s": sessions_per_s,
+        "scenario": vars(sc),
+        "cold_sessions": n_cold,
+        "agent_sessions": len(agents),
+    }
     return Workload(sessions=sessions, meta=meta)
 
 
@@ -196,9 +233,20 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
 
     assert model is not None
     ports = [(free_port(), free_port()) for _ in range(args.workers)]
-    base = ["--block-size", str(REAL_BLOCK), "--num-gpu-blocks-override", str(args.kv_blocks), "--max-model-len", str(args.max_model_len),
-            "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details"]
+    base = [
+        "--block-size",
+        str(REAL_BLOCK),
+        "--num-gpu-blocks-override",
+        str(args.kv_blocks),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ]
     if setup.scheduler is not None:
         base += ["--scheduler-cls", SCHEDULER_CLS]
     if setup.tiers:
@@ -206,16 +254,22 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
     if setup.cohorts:
         base += ["--worker-cls", WORKER_CLS]
     cpus = os.cpu_count() or 1
-    envs = [{"VLLM_CPU_OMP_THREADS_BIND": str(i % cpus),  # one core each
-             **({"CODA_SCHEDULER_CONFIG": json.dumps(setup.scheduler)} if setup.scheduler is not None else {})} for i in range(args.workers)]
+    envs = [
+        {
+            "VLLM_CPU_OMP_THREADS_BIND": str(i % cpus),  # one core each
+            **({"CODA_SCHEDULER_CONFIG": json.dumps(setup.scheduler)} if setup.scheduler is not None else {}),
+        }
+        for i in range(args.workers)
+    ]
     logs = [args.logs / f"{tag}-engine{i}.log" for i in range(args.workers)]
     with vllm_servers(model, [[*base, *kv_events_args(pub, rep)] for pub, rep in ports], envs=envs, logs=logs) as urls:
         yield Engines(urls, ports, True)
 
 
 @contextlib.contextmanager
-def door(setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str,
-         logs: Path) -> Iterator[tuple[list[str], int | None]]:
+def door(
+    setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str, logs: Path
+) -> Iterator[tuple[list[str], int | None]]:
     """The URLs the client sends to and the door's pid (None without one)."""
     if setup.door == "none":
         yield engines.urls, None
@@ -261,12 +315,22 @@ class SpreadReplay(Replay):
 
 
 # --- one run -----------------------------------------------------------------------------------
-def bench_config(args: argparse.Namespace, targets: list[str], engine_urls: list[str], model: Path | None, seed: int,
-                 max_concurrency: int | None = None) -> BenchConfig:
-    return BenchConfig(endpoint=targets[0], model=None if args.endpoints else args.model_name, api="completions",
-                       duration_s=args.scenario.window_s, drain_s=args.drain_s, tokenizer=str(model) if model else args.tokenizer, scrape_metrics=True,
-                       metrics_endpoints=tuple(engine_urls), seed=seed, max_concurrency=max_concurrency,
-                       slo=SloConfig(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s))
+def bench_config(
+    args: argparse.Namespace, targets: list[str], engine_urls: list[str], model: Path | None, seed: int, max_concurrency: int | None = None
+) -> BenchConfig:
+    return BenchConfig(
+        endpoint=targets[0],
+        model=None if args.endpoints else args.model_name,
+        api="completions",
+        duration_s=args.scenario.window_s,
+        drain_s=args.drain_s,
+        tokenizer=str(model) if model else args.tokenizer,
+        scrape_metrics=True,
+        metrics_endpoints=tuple(engine_urls),
+        seed=seed,
+        max_concurrency=max_concurrency,
+        slo=SloConfig(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s),
+    )
 
 
 def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_pid: int | None) -> dict[str, Any]:
@@ -277,7 +341,11 @@ def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_p
     door_cpu = 100 * (cpu_s(door_pid) - c0) / rep.wall_s if door_pid else None
     s = summary_of(rep, f"agent burst at {workload.meta.get('sessions_per_s')} sessions/s")
     window = Window(*s["window_s"])
-    agents = {r["session_id"] for r in rep.records if r["round"] == 0 and not is_cold(r["session_id"]) and window.start_s <= r["ready_s"] <= window.end_s}
+    agents = {
+        r["session_id"]
+        for r in rep.records
+        if r["round"] == 0 and not is_cold(r["session_id"]) and window.start_s <= r["ready_s"] <= window.end_s
+    }
     return {**metrics_of(rep.records, window, s, door_cpu), "agent_sessions_per_s": len(agents) / window.length_s, "summary": s}
 
 
@@ -295,13 +363,22 @@ def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, A
     hits = sum(e.get("prefix_hits_delta") or 0.0 for e in engines)
     queries = sum(e.get("prefix_queries_delta") or 0.0 for e in engines)
     return {
-        "goodput": s["goodput"], "offered_rps": s["offered"] / window.length_s, "ttft_p50_s": s["ttft_p50_s"],
-        "ttft_p50_continuation_s": _pct(cont, 50), "ttft_p95_continuation_s": _pct(cont, 95),
-        "ttft_p50_cold_s": _pct(cold, 50), "ttft_p95_cold_s": _pct(cold, 95),
-        "max_wait_s": s["ttft_max_s"], "session_p50_s": s.get("task_time_p50_s"), "session_p99_s": s.get("task_time_p99_s"),
+        "goodput": s["goodput"],
+        "offered_rps": s["offered"] / window.length_s,
+        "ttft_p50_s": s["ttft_p50_s"],
+        "ttft_p50_continuation_s": _pct(cont, 50),
+        "ttft_p95_continuation_s": _pct(cont, 95),
+        "ttft_p50_cold_s": _pct(cold, 50),
+        "ttft_p95_cold_s": _pct(cold, 95),
+        "max_wait_s": s["ttft_max_s"],
+        "session_p50_s": s.get("task_time_p50_s"),
+        "session_p99_s": s.get("task_time_p99_s"),
         "prefix_hit_rate": hits / queries if queries else None,
         "preemptions": sum(e.get("preemptions_delta") or 0.0 for e in engines),
-        "shed": s["rejected"], "deferred": s.get("deferred", 0), "failed": s["failed"], "door_cpu_pct": door_cpu,
+        "shed": s["rejected"],
+        "deferred": s.get("deferred", 0),
+        "failed": s["failed"],
+        "door_cpu_pct": door_cpu,
     }
 
 
@@ -365,8 +442,19 @@ SIM_SYSTEMS: dict[str, dict[str, Any]] = {
     "coda-tail": {"system": "coda-tail", "dram": True},
 }
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
-SIM_ERROR_METRICS = ("goodput", "ttft_p50_s", "ttft_p50_continuation_s", "ttft_p95_continuation_s", "ttft_p50_cold_s", "ttft_p95_cold_s",
-                     "max_wait_s", "session_p50_s", "session_p99_s", "prefix_hit_rate", "preemptions")
+SIM_ERROR_METRICS = (
+    "goodput",
+    "ttft_p50_s",
+    "ttft_p50_continuation_s",
+    "ttft_p95_continuation_s",
+    "ttft_p50_cold_s",
+    "ttft_p95_cold_s",
+    "max_wait_s",
+    "session_p50_s",
+    "session_p99_s",
+    "prefix_hit_rate",
+    "preemptions",
+)
 SIM_TARGETED = ("goodput", "ttft_p50_s")
 SIM_TARGET = 0.10
 
@@ -375,10 +463,27 @@ def measure_profile(url: str, out: Path, args: argparse.Namespace) -> Path:
     """``coda profile measure --endpoint`` on one of the engines: its step costs through its API, fitted into a profile."""
     from tests.integration.vllm.replay import KV_BYTES_PER_TOKEN, coda
 
-    coda("profile", "measure", "--endpoint", url, "--out", str(out), "--name", out.stem, "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN),
-         "--repeats", str(args.profile_repeats), "--output-tokens", "32", "--max-batch", str(min(8, args.max_num_seqs)),
-         "--note", f"vLLM-CPU tiny model, block {REAL_BLOCK}, {args.kv_blocks} KV blocks, {args.max_num_seqs} sequences, "
-                   f"{args.max_num_batched_tokens}-token budget, one core")
+    coda(
+        "profile",
+        "measure",
+        "--endpoint",
+        url,
+        "--out",
+        str(out),
+        "--name",
+        out.stem,
+        "--kv-bytes-per-token",
+        str(KV_BYTES_PER_TOKEN),
+        "--repeats",
+        str(args.profile_repeats),
+        "--output-tokens",
+        "32",
+        "--max-batch",
+        str(min(8, args.max_num_seqs)),
+        "--note",
+        f"vLLM-CPU tiny model, block {REAL_BLOCK}, {args.kv_blocks} KV blocks, {args.max_num_seqs} sequences, "
+        f"{args.max_num_batched_tokens}-token budget, one core",
+    )
     return out
 
 
@@ -387,10 +492,21 @@ def simulate_one(args: argparse.Namespace, config: str, profile: str, workload: 
     from coda.api import simulate
     from coda.sim.config import SimConfig
 
-    cfg = SimConfig.model_validate({
-        **SIM_SYSTEMS[config], "workers": args.workers, "profile": profile, "chunk_tokens": REAL_BLOCK, "num_gpu_blocks": args.kv_blocks,
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens, "warmup_s": 0.0, "drain_s": args.drain_s,
-        "seed": seed, "slo": {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s}})
+    cfg = SimConfig.model_validate(
+        {
+            **SIM_SYSTEMS[config],
+            "workers": args.workers,
+            "profile": profile,
+            "chunk_tokens": REAL_BLOCK,
+            "num_gpu_blocks": args.kv_blocks,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "warmup_s": 0.0,
+            "drain_s": args.drain_s,
+            "seed": seed,
+            "slo": {"ttft_s": args.slo_ttft_s, "tbt_s": args.slo_tbt_s},
+        }
+    )
     res = simulate(workload, cfg)
     s = res.summary()
     window = Window(*s["window_s"])
@@ -421,8 +537,12 @@ def simulated_knee(args: argparse.Namespace, profile: str) -> dict[str, Any]:
         m = simulate_one(args, "plain", profile, burst_workload(args.scenario, rate, args.seed + 1000), args.seed + 1000)
         levels.append({"sessions_per_s": rate, "goodput": m["goodput"], "offered_rps": m["offered_rps"]})
     k = knee([{"rate": lv["sessions_per_s"], "goodput": lv["goodput"]} for lv in levels], "rate")
-    return {"levels": levels, "knee_sessions_per_s": k, "at_top": k == max(args.sim_sweep),
-            "rule": "highest session arrival rate whose goodput (plain, simulated) is within 5% of the best"}
+    return {
+        "levels": levels,
+        "knee_sessions_per_s": k,
+        "at_top": k == max(args.sim_sweep),
+        "rule": "highest session arrival rate whose goodput (plain, simulated) is within 5% of the best",
+    }
 
 
 def run_simulated(args: argparse.Namespace) -> dict[str, Any]:
@@ -455,8 +575,9 @@ def load_seed(seed: int, load: float) -> int:
 
 
 # --- the run -----------------------------------------------------------------------------------
-def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, tick: Any,
-                 profile: Path | None) -> dict[str, Any]:
+def measure_knee(
+    args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, tick: Any, profile: Path | None
+) -> dict[str, Any]:
     """The concurrency sweep on plain engines: per level, goodput and the session arrival rate it
     sustained; first, with ``profile``, the engine's profile measured on one of them."""
     sc = args.scenario
@@ -472,15 +593,28 @@ def measure_knee(args: argparse.Namespace, tmp: Path, model: Path | None, peer: 
             tick(f"knee sweep: {c} sessions at a time")
             cfg = bench_config(args, targets, eng.urls, model, args.seed + 1000, max_concurrency=c)
             run = replay_once(workload, cfg, targets, pid)
-            levels.append({"concurrency": c, "goodput": run["goodput"], "offered_rps": run["offered_rps"],
-                           "sessions_per_s": run["agent_sessions_per_s"], "ttft_p95_continuation_s": run["ttft_p95_continuation_s"]})
+            levels.append(
+                {
+                    "concurrency": c,
+                    "goodput": run["goodput"],
+                    "offered_rps": run["offered_rps"],
+                    "sessions_per_s": run["agent_sessions_per_s"],
+                    "ttft_p95_continuation_s": run["ttft_p95_continuation_s"],
+                }
+            )
     k = knee([{"rate": lv["concurrency"], "goodput": lv["goodput"]} for lv in levels], "rate")
     at = next((lv for lv in levels if lv["concurrency"] == k), None)
     if at is None or not at["sessions_per_s"]:
         raise SystemExit(f"knee sweep: no level completed a request within the SLO ({levels}); check the engines' logs or the SLO")
-    return {"levels": levels, "knee_concurrency": k, "knee_sessions_per_s": at["sessions_per_s"], "knee_rps": at["offered_rps"],
-            "rule": "highest concurrency whose goodput is within 5% of the best; its load: the sessions it started per second",
-            "at_top": k == max(args.sweep), "at_bottom": k == min(args.sweep)}
+    return {
+        "levels": levels,
+        "knee_concurrency": k,
+        "knee_sessions_per_s": at["sessions_per_s"],
+        "knee_rps": at["offered_rps"],
+        "rule": "highest concurrency whose goodput is within 5% of the best; its load: the sessions it started per second",
+        "at_top": k == max(args.sweep),
+        "at_bottom": k == min(args.sweep),
+    }
 
 
 def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, profile: Path | None) -> dict[str, Any]:
@@ -489,8 +623,14 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
     runs_per_config = len(args.loads)
     total = (1 if args.knee_sessions_per_s is None else 0) + args.repeats * len(args.configs) * runs_per_config
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as prog:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as prog:
         task = prog.add_task("starting", total=total)
 
         def tick(what: str, advance: int = 0) -> None:
@@ -512,7 +652,10 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                 setup = CONFIGS[config]
                 tag = f"{config}-r{rep}"
                 tick(f"repeat {rep + 1}/{args.repeats} {config}: starting engines")
-                with start_engines(setup, args, tmp, model, tag) as eng, door(setup, eng, tmp, model, peer, tag, args.logs) as (targets, pid):
+                with (
+                    start_engines(setup, args, tmp, model, tag) as eng,
+                    door(setup, eng, tmp, model, peer, tag, args.logs) as (targets, pid),
+                ):
                     for load in args.loads:
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x the knee")
                         workload = burst_workload(args.scenario, load * rate, load_seed(seed, load))
@@ -524,9 +667,13 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
     result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows}
     if profile is not None:
         sim = simulate_runs(args, str(profile), rate)
-        result["sim"] = {"profile": json.loads(profile.read_text()), "rows": sim["rows"], "errors": sim_errors(rows, sim["rows"]),
-                         "target": f"|sim / measured - 1| <= {SIM_TARGET:g} for {', '.join(SIM_TARGETED)}",
-                         "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier"}
+        result["sim"] = {
+            "profile": json.loads(profile.read_text()),
+            "rows": sim["rows"],
+            "errors": sim_errors(rows, sim["rows"]),
+            "target": f"|sim / measured - 1| <= {SIM_TARGET:g} for {', '.join(SIM_TARGETED)}",
+            "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier",
+        }
     return result
 
 
@@ -538,14 +685,30 @@ def fmt(v: Any, ci: Any = None) -> str:
     return text + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
 
 
-TABLE = (("goodput", "goodput"), ("ttft_p50_continuation_s", "cont TTFT p50 s"), ("ttft_p95_continuation_s", "cont TTFT p95 s"),
-         ("ttft_p50_cold_s", "cold TTFT p50 s"), ("ttft_p95_cold_s", "cold TTFT p95 s"), ("max_wait_s", "max wait s"),
-         ("session_p50_s", "session p50 s"), ("session_p99_s", "session p99 s"), ("prefix_hit_rate", "prefix hit"),
-         ("preemptions", "preempt"), ("shed", "shed"), ("deferred", "deferred"), ("door_cpu_pct", "door CPU %"))
+TABLE = (
+    ("goodput", "goodput"),
+    ("ttft_p50_continuation_s", "cont TTFT p50 s"),
+    ("ttft_p95_continuation_s", "cont TTFT p95 s"),
+    ("ttft_p50_cold_s", "cold TTFT p50 s"),
+    ("ttft_p95_cold_s", "cold TTFT p95 s"),
+    ("max_wait_s", "max wait s"),
+    ("session_p50_s", "session p50 s"),
+    ("session_p99_s", "session p99 s"),
+    ("prefix_hit_rate", "prefix hit"),
+    ("preemptions", "preempt"),
+    ("shed", "shed"),
+    ("deferred", "deferred"),
+    ("door_cpu_pct", "door CPU %"),
+)
 
 
-COMPACT = (("goodput", "goodput"), ("ttft_p95_continuation_s", "cont TTFT p95 s"), ("goodput_vs_plain", "goodput vs plain"),
-           ("ttft_p95_continuation_s_vs_plain", "cont TTFT p95 vs plain"), ("max_wait_s", "max wait s"))
+COMPACT = (
+    ("goodput", "goodput"),
+    ("ttft_p95_continuation_s", "cont TTFT p95 s"),
+    ("goodput_vs_plain", "goodput vs plain"),
+    ("ttft_p95_continuation_s_vs_plain", "cont TTFT p95 vs plain"),
+    ("max_wait_s", "max wait s"),
+)
 
 
 def show(result: dict[str, Any], compact: bool = False) -> None:
@@ -554,13 +717,26 @@ def show(result: dict[str, Any], compact: bool = False) -> None:
     con.print(result["provenance"], highlight=False, soft_wrap=True)
     k = result["knee"]
     if k.get("levels"):
-        con.print("knee sweep (plain): " + "; ".join((f"{lv['concurrency']} at a time: " if "concurrency" in lv else "")
-                                                      + f"{fmt(lv['sessions_per_s'])} sessions/s: goodput {fmt(lv['goodput'])}"
-                                                      for lv in k["levels"]), highlight=False)
-    con.print(f"knee: {fmt(k['knee_sessions_per_s'])} sessions/s ({k['rule']})" + (
-        "; the knee is the sweep's top level: raise --sweep" if k.get("at_top") else
-        "; the knee is the sweep's lowest level: the engines miss the SLO at the lightest load tried (lower --sweep or loosen the SLO)"
-        if k.get("at_bottom") else ""), highlight=False)
+        con.print(
+            "knee sweep (plain): "
+            + "; ".join(
+                (f"{lv['concurrency']} at a time: " if "concurrency" in lv else "")
+                + f"{fmt(lv['sessions_per_s'])} sessions/s: goodput {fmt(lv['goodput'])}"
+                for lv in k["levels"]
+            ),
+            highlight=False,
+        )
+    con.print(
+        f"knee: {fmt(k['knee_sessions_per_s'])} sessions/s ({k['rule']})"
+        + (
+            "; the knee is the sweep's top level: raise --sweep"
+            if k.get("at_top")
+            else "; the knee is the sweep's lowest level: the engines miss the SLO at the lightest load tried (lower --sweep or loosen the SLO)"
+            if k.get("at_bottom")
+            else ""
+        ),
+        highlight=False,
+    )
     cols = COMPACT if compact else TABLE
     table = Table("config", "load", *(label for _, label in cols))
     for row in result["rows"]:
@@ -581,13 +757,21 @@ def show(result: dict[str, Any], compact: bool = False) -> None:
     sim = result.get("sim")
     if sim:
         fit = sim["profile"]["step_model"]["fit"]
-        con.print(f"simulator: coda sim on the same sessions, profile measured through the API in this run ({sim['profile']['description']}; "
-                  f"fit error: prefill median {fit['prefill_median_err']:.3f}, decode median {fit['decode_median_err']:.3f}); settings: "
-                  f"{sim['settings']}; error = sim / measured - 1; target {sim['target']}", highlight=False, soft_wrap=True)
+        con.print(
+            f"simulator: coda sim on the same sessions, profile measured through the API in this run ({sim['profile']['description']}; "
+            f"fit error: prefill median {fit['prefill_median_err']:.3f}, decode median {fit['decode_median_err']:.3f}); settings: "
+            f"{sim['settings']}; error = sim / measured - 1; target {sim['target']}",
+            highlight=False,
+            soft_wrap=True,
+        )
         errs = Table("config", "load", *SIM_ERROR_METRICS, "targets met")
         for e in sim["errors"]:
-            errs.add_row(e["config"], f"{e['load']:g}x", *(f"{e[k]:+.2f}" if e[k] is not None else "-" for k in SIM_ERROR_METRICS),
-                         "yes" if e["targets_met"] else "no")
+            errs.add_row(
+                e["config"],
+                f"{e['load']:g}x",
+                *(f"{e[k]:+.2f}" if e[k] is not None else "-" for k in SIM_ERROR_METRICS),
+                "yes" if e["targets_met"] else "no",
+            )
         con.print(errs)
     con.print(f"wrote {result['out']}", highlight=False)
 
@@ -604,8 +788,9 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
         x = [r["load"] for r in mine]
         for ax, key in zip(axes, ("goodput", "ttft_p95_continuation_s")):
             y = [r[key] if r[key] is not None else np.nan for r in mine]
-            err = np.array([[r[key] - r[f"{key}_ci95"][0], r[f"{key}_ci95"][1] - r[key]] if r.get(f"{key}_ci95") else [0.0, 0.0]
-                            for r in mine]).T
+            err = np.array(
+                [[r[key] - r[f"{key}_ci95"][0], r[f"{key}_ci95"][1] - r[key]] if r.get(f"{key}_ci95") else [0.0, 0.0] for r in mine]
+            ).T
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=config)
     axes[0].set_ylabel("goodput (SLO-meeting / offered)")
     axes[0].set_ylim(0, 1.05)
@@ -648,20 +833,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-ttft-s", type=float, default=2.0, help="TTFT SLO (assumed: an agent step's interactive bound on this engine)")
     ap.add_argument("--slo-tbt-s", type=float, default=0.2, help="mean inter-token gap SLO")
     ap.add_argument("--tokenizer", help="--endpoints: the engines' tokenizer.json (or its directory), to size prompts in their tokens")
-    ap.add_argument("--simulate", metavar="PROFILE", help="no engines: the same scenario in the simulator alone, on this cost profile "
-                    "(e.g. vllm-cpu-tiny, or a profile this benchmark measured); default loads 0.5,2")
+    ap.add_argument(
+        "--simulate",
+        metavar="PROFILE",
+        help="no engines: the same scenario in the simulator alone, on this cost profile "
+        "(e.g. vllm-cpu-tiny, or a profile this benchmark measured); default loads 0.5,2",
+    )
     ap.add_argument("--sim-sweep", help="--simulate: session arrival rates of the simulated knee sweep (default 1,2,4,8,16,32,64)")
     ap.add_argument("--no-sim", dest="sim", action="store_false", help="skip the simulator's replay of the same sessions")
     ap.add_argument("--profile-repeats", type=int, help="measurements per shape of the engine's profile (default 3; --quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
     ap.add_argument("--out", type=Path, help="output folder (default runs/agent-burst/<time>)")
-    ap.add_argument("--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, a 3-level sweep, 20 s windows, 15 s drains")
+    ap.add_argument(
+        "--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, a 3-level sweep, 20 s windows, 15 s drains"
+    )
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (and the rest of result.json) on stdout')
     args = ap.parse_args(argv)
     args.loads_arg = args.loads
     q = args.quick
-    args.configs = (args.configs.split(",") if args.configs else list(QUICK_CONFIGS if q else CONFIGS))
+    args.configs = args.configs.split(",") if args.configs else list(QUICK_CONFIGS if q else CONFIGS)
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad:
         ap.error(f"--configs: unknown {', '.join(bad)}; valid: {', '.join(CONFIGS)}")
@@ -669,7 +860,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.loads = [float(x) for x in (args.loads or ("1,4" if q else "0.5,1,2,4")).split(",")]
         args.sweep = [int(x) for x in (args.sweep or ("2,4,8" if q else "1,2,4,8")).split(",")]
     except ValueError:
-        ap.error("--loads takes numbers (multiples of the knee) and --sweep integers, comma-separated, e.g. --loads 0.5,1,2,4 --sweep 1,2,4,8")
+        ap.error(
+            "--loads takes numbers (multiples of the knee) and --sweep integers, comma-separated, e.g. --loads 0.5,1,2,4 --sweep 1,2,4,8"
+        )
     if args.simulate:
         from coda.cost.profile import load_profile
         from coda.errors import CodaError
@@ -689,8 +882,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     window = args.window_s or (20.0 if q else Scenario.window_s)
     args.drain_s = args.drain_s if args.drain_s is not None else (15.0 if q else 30.0)
     try:
-        args.scenario = Scenario(token_scale=args.token_scale, tool_scale=args.tool_scale, max_rounds=args.max_rounds, cold_share=args.cold_share,
-                                 cold_tokens=args.cold_tokens, burst_period_s=args.burst_period_s, burst_duty=args.burst_duty, window_s=window)
+        args.scenario = Scenario(
+            token_scale=args.token_scale,
+            tool_scale=args.tool_scale,
+            max_rounds=args.max_rounds,
+            cold_share=args.cold_share,
+            cold_tokens=args.cold_tokens,
+            burst_period_s=args.burst_period_s,
+            burst_duty=args.burst_duty,
+            window_s=window,
+        )
     except ValueError as err:
         ap.error(str(err))
     args.model_name = "coda-fake" if args.fake else "tiny"
@@ -723,20 +924,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         profile = out / "vllm-cpu-burst.json" if real and args.sim and any(c in SIM_SYSTEMS for c in args.configs) else None
         result = run_all(args, tmp, model, peer, profile)
         result["wall_s"] = time.perf_counter() - t0
-    engines = ("the given --endpoints" if args.endpoints else f"{args.workers} coda fake-engine workers" if args.fake else
-               f"{args.workers} vLLM-CPU workers (tiny random Llama built here, one core each, {args.kv_blocks} KV blocks of {REAL_BLOCK} "
-               f"tokens, max {args.max_num_seqs} sequences, prefix caching, KV events)")
+    engines = (
+        "the given --endpoints"
+        if args.endpoints
+        else f"{args.workers} coda fake-engine workers"
+        if args.fake
+        else f"{args.workers} vLLM-CPU workers (tiny random Llama built here, one core each, {args.kv_blocks} KV blocks of {REAL_BLOCK} "
+        f"tokens, max {args.max_num_seqs} sequences, prefix caching, KV events)"
+    )
     finish(args, out, result, engines)
 
 
 def finish(args: argparse.Namespace, out: Path, result: dict[str, Any], engines: str) -> None:
     """Provenance, result.json, rows.csv, burst.png, and the table (or the JSON) on stdout."""
-    result["provenance"] = (f"agent burst on {engines}; configs {','.join(args.configs)}; loads {args.loads} x the knee; {args.repeats} "
-                            f"repeats (seeds {args.seed}..{args.seed + args.repeats - 1}; knee sweep seed {args.seed + 1000}); scenario "
-                            f"{vars(args.scenario)}; SLO TTFT <= {args.slo_ttft_s} s, mean TBT <= {args.slo_tbt_s} s (assumed); coda "
-                            f"{__version__}{'' if args.simulate else f', {PEER} {PEER_VERSION}'}; engine settings: {args.kv_blocks} KV blocks "
-                            f"of {REAL_BLOCK} tokens, {args.max_num_seqs} sequences, {args.max_num_batched_tokens}-token budget; {os.cpu_count()} "
-                            f"CPUs {platform.machine()}; wall {result['wall_s']:.0f} s")
+    result["provenance"] = (
+        f"agent burst on {engines}; configs {','.join(args.configs)}; loads {args.loads} x the knee; {args.repeats} "
+        f"repeats (seeds {args.seed}..{args.seed + args.repeats - 1}; knee sweep seed {args.seed + 1000}); scenario "
+        f"{vars(args.scenario)}; SLO TTFT <= {args.slo_ttft_s} s, mean TBT <= {args.slo_tbt_s} s (assumed); coda "
+        f"{__version__}{'' if args.simulate else f', {PEER} {PEER_VERSION}'}; engine settings: {args.kv_blocks} KV blocks "
+        f"of {REAL_BLOCK} tokens, {args.max_num_seqs} sequences, {args.max_num_batched_tokens}-token budget; {os.cpu_count()} "
+        f"CPUs {platform.machine()}; wall {result['wall_s']:.0f} s"
+    )
     result["config"] = {k: (str(v) if isinstance(v, Path) else vars(v) if isinstance(v, Scenario) else v) for k, v in vars(args).items()}
     result["out"] = str(out)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

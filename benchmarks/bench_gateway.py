@@ -267,15 +267,23 @@ def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
     cfg, modes = summary["config"], summary["modes"]
     con = Console()
     sizes = [len(json.loads(b)["messages"]) for s in work for _, b in s]
-    con.print(f"{summary['engines']}; {cfg['sessions']} sessions x {cfg['rounds']} rounds, prompts {cfg['min_tokens']}-{cfg['max_tokens']} "
-              f"words ({min(sizes)}-{max(sizes)} messages), {cfg['output']} output tokens, latency phase {cfg['latency_requests']} requests "
-              f"one at a time, routing phase {cfg['concurrency']} sessions at a time; versions {summary['versions']}; {summary['machine']}",
-              highlight=False)
-    rows = [("added TTFT p50, ms (paired vs direct)", "added_ttft_p50_ms", "{:.2f}"), ("TTFT p50 / p95, ms", None, None),
-            ("E2E p50, ms", "e2e_p50_ms", "{:.1f}"), ("proxy CPU per request, ms", "cpu_ms_per_request", "{:.2f}"),
-            ("proxy idle CPU, % of a core", "idle_cpu_pct", "{:.2f}"), ("proxy RSS / peak, MiB", None, None),
-            ("prefix-cache hit rate", "prefix_hit_rate", "{:.3f}"), ("requests/s (routing phase)", "requests_per_s", "{:.2f}"),
-            ("failed requests", "failed", "{}")]
+    con.print(
+        f"{summary['engines']}; {cfg['sessions']} sessions x {cfg['rounds']} rounds, prompts {cfg['min_tokens']}-{cfg['max_tokens']} "
+        f"words ({min(sizes)}-{max(sizes)} messages), {cfg['output']} output tokens, latency phase {cfg['latency_requests']} requests "
+        f"one at a time, routing phase {cfg['concurrency']} sessions at a time; versions {summary['versions']}; {summary['machine']}",
+        highlight=False,
+    )
+    rows = [
+        ("added TTFT p50, ms (paired vs direct)", "added_ttft_p50_ms", "{:.2f}"),
+        ("TTFT p50 / p95, ms", None, None),
+        ("E2E p50, ms", "e2e_p50_ms", "{:.1f}"),
+        ("proxy CPU per request, ms", "cpu_ms_per_request", "{:.2f}"),
+        ("proxy idle CPU, % of a core", "idle_cpu_pct", "{:.2f}"),
+        ("proxy RSS / peak, MiB", None, None),
+        ("prefix-cache hit rate", "prefix_hit_rate", "{:.3f}"),
+        ("requests/s (routing phase)", "requests_per_s", "{:.2f}"),
+        ("failed requests", "failed", "{}"),
+    ]
     table = Table("metric", *modes)
     for label, key, fmt in rows:
         cells = []
@@ -291,8 +299,12 @@ def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
     vs = summary.get("vs_peer")
     if vs:
         goals = {"added_ttft": 2.0, "cpu_per_request": 2.0, "rss": 1.5}
-        parts = [f"{k} {vs[k]:.2f}x ({'met' if vs[k] is not None and vs[k] <= g else 'MISSED'}, goal <= {g:g}x)" if vs[k] is not None
-                 else f"{k}: peer measured 0" for k, g in goals.items()]
+        parts = [
+            f"{k} {vs[k]:.2f}x ({'met' if vs[k] is not None and vs[k] <= g else 'MISSED'}, goal <= {g:g}x)"
+            if vs[k] is not None
+            else f"{k}: peer measured 0"
+            for k, g in goals.items()
+        ]
         idle = modes["coda"]["idle_cpu_pct"]
         parts.append(f"idle CPU {idle:.2f}% of a core ({'met' if idle <= 0.5 else 'MISSED'}, goal <= 0.5%)")
         con.print(f"coda vs {PEER}: " + "; ".join(parts), highlight=False)

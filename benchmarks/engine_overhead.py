@@ -146,21 +146,29 @@ def main() -> None:
             sent = asyncio.run(workload(url, args.sessions, args.rounds, args.seed, args.tool_mean_s))
         got = summarize(trace)
     profile = load_profile(DEFAULT_PROFILE)
-    print(f"engine overhead: vLLM {got['header']['vllm']}, Coda {got['header']['coda']}; CODA_SCHEDULER_CONFIG {json.dumps(config | {'trace': '...'})}")
+    print(
+        f"engine overhead: vLLM {got['header']['vllm']}, Coda {got['header']['coda']}; CODA_SCHEDULER_CONFIG {json.dumps(config | {'trace': '...'})}"
+    )
     print(f"  policies: {json.dumps(got['header']['policies'])}")
     print(f"  tiers: {got['header']['tiers']}; {got['header']['retention']}")
     print(f"  cost profile: {profile.name} ({profile.description})")
-    print(f"  workload: {args.sessions} agent sessions x {args.rounds} rounds ({sent} requests), tool pauses exponential with mean "
-          f"{args.tool_mean_s:g} s, seed {args.seed}; engine: tiny random Llama, {' '.join(ARGS[:10])}")
+    print(
+        f"  workload: {args.sessions} agent sessions x {args.rounds} rounds ({sent} requests), tool pauses exponential with mean "
+        f"{args.tool_mean_s:g} s, seed {args.seed}; engine: tiny random Llama, {' '.join(ARGS[:10])}"
+    )
     print("  Coda's CPU time per step against vLLM's own schedule() CPU time, same steps:")
     for name, label in (("all", "every step"), ("admitting", "steps with admission decisions"), ("other", "other steps (decode, holds)")):
         p = got[name]
         if p["steps"]:
-            print(f"    {label}: {p['steps']} steps; ratio of totals {p['ratio_of_totals']:.3f}, per step median {p['median_ratio']:.3f} "
-                  f"(p90 {p['p90_ratio']:.3f}); median Coda {p['median_coda_ms'] * 1e3:.0f} us, vLLM {p['median_vllm_ms'] * 1e3:.0f} us")
+            print(
+                f"    {label}: {p['steps']} steps; ratio of totals {p['ratio_of_totals']:.3f}, per step median {p['median_ratio']:.3f} "
+                f"(p90 {p['p90_ratio']:.3f}); median Coda {p['median_coda_ms'] * 1e3:.0f} us, vLLM {p['median_vllm_ms'] * 1e3:.0f} us"
+            )
     print("  by mechanism, each one's total over vLLM's total: " + ", ".join(f"{k} {v:.3f}" for k, v in got["by_mechanism"].items()))
-    print(f"  not in the trace: the allocation wrapper's call when no hold has to yield, {wrapper_call_us():.2f} us per allocation "
-          "(measured apart, on a stand-in allocation)")
+    print(
+        f"  not in the trace: the allocation wrapper's call when no hold has to yield, {wrapper_call_us():.2f} us per allocation "
+        "(measured apart, on a stand-in allocation)"
+    )
     print(f"  what the mechanisms did: {json.dumps(got['activity'])}")
 
 

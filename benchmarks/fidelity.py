@@ -92,17 +92,32 @@ def replay(duration: int, work: Path, repeats: int) -> dict:
                       "error_no_engine_time": rel(sim_bare[k], real_v[k]), "target": TARGET} for k in METRICS}
     simulated, measured = sim_ta[TA_METRIC] - sim_fcfs[TA_METRIC], real_ta[TA_METRIC] - real_fcfs[TA_METRIC]
     return {
-        "profile": {"name": p["name"], "description": p["description"], "fit": p["step_model"]["fit"],
-                    "engine_time": {t: p["step_model"][t] for t in ENGINE_TERMS}},
+        "profile": {
+            "name": p["name"],
+            "description": p["description"],
+            "fit": p["step_model"]["fit"],
+            "engine_time": {t: p["step_model"][t] for t in ENGINE_TERMS},
+        },
         "engine_flags": list(ENGINE_ARGS),
         "workloads": {"validate": validate, "tight": tight},
         "duration_s": duration,
-        "client_lag_max_s": {"validate": real_v["client_lag_max_s"], "fcfs": real_fcfs["client_lag_max_s"], "ta": real_ta["client_lag_max_s"]},
+        "client_lag_max_s": {
+            "validate": real_v["client_lag_max_s"],
+            "fcfs": real_fcfs["client_lag_max_s"],
+            "ta": real_ta["client_lag_max_s"],
+        },
         "validation": validation,
-        "tiered_aging": {"metric": TA_METRIC, "sim": simulated, "real": measured,
-                         "error": (simulated - measured) / abs(measured) if measured else None, "target": TA_TARGET},
-        "runs": {name: {k: (s.get(k), r.get(k)) for k in SHOWN}
-                 for name, (s, r) in {"validate": (sim_v, real_v), "fcfs": (sim_fcfs, real_fcfs), "tiered_aging": (sim_ta, real_ta)}.items()},
+        "tiered_aging": {
+            "metric": TA_METRIC,
+            "sim": simulated,
+            "real": measured,
+            "error": (simulated - measured) / abs(measured) if measured else None,
+            "target": TA_TARGET,
+        },
+        "runs": {
+            name: {k: (s.get(k), r.get(k)) for k in SHOWN}
+            for name, (s, r) in {"validate": (sim_v, real_v), "fcfs": (sim_fcfs, real_fcfs), "tiered_aging": (sim_ta, real_ta)}.items()
+        },
     }
 
 
@@ -110,7 +125,9 @@ def misses(report: dict) -> list[str]:
     out = [f"{k} {v['error']:+.1%} (target {v['target']:.0%})" for k, v in report["validation"].items() if abs(v["error"]) > v["target"]]
     ta = report["tiered_aging"]
     if ta["error"] is None or abs(ta["error"]) > ta["target"]:
-        out.append(f"Tiered-Aging {ta['metric']} difference {ta['sim']:.4g} s simulated vs {ta['real']:.4g} s measured (target within {ta['target']:.0%})")
+        out.append(
+            f"Tiered-Aging {ta['metric']} difference {ta['sim']:.4g} s simulated vs {ta['real']:.4g} s measured (target within {ta['target']:.0%})"
+        )
     return out
 
 
@@ -123,18 +140,37 @@ def show(report: dict, console: Console) -> None:
     for col in ("metric", "measured", "simulated", "error", "without engine time", "error", "target", "met"):
         table.add_column(col, justify="right")
     for k, v in report["validation"].items():
-        table.add_row(k, f"{v['real']:.4g}", f"{v['sim']:.4g}", f"{v['error']:+.1%}", f"{v['sim_no_engine_time']:.4g}",
-                      f"{v['error_no_engine_time']:+.1%}", f"{v['target']:.0%}", "yes" if abs(v["error"]) <= v["target"] else "NO")
+        table.add_row(
+            k,
+            f"{v['real']:.4g}",
+            f"{v['sim']:.4g}",
+            f"{v['error']:+.1%}",
+            f"{v['sim_no_engine_time']:.4g}",
+            f"{v['error_no_engine_time']:+.1%}",
+            f"{v['target']:.0%}",
+            "yes" if abs(v["error"]) <= v["target"] else "NO",
+        )
     ta = report["tiered_aging"]
-    table.add_row(f"TA - FCFS {ta['metric']}", f"{ta['real']:.4g}", f"{ta['sim']:.4g}", "-" if ta["error"] is None else f"{ta['error']:+.1%}",
-                  "", "", f"{ta['target']:.0%}", "yes" if ta["error"] is not None and abs(ta["error"]) <= ta["target"] else "NO")
+    table.add_row(
+        f"TA - FCFS {ta['metric']}",
+        f"{ta['real']:.4g}",
+        f"{ta['sim']:.4g}",
+        "-" if ta["error"] is None else f"{ta['error']:+.1%}",
+        "",
+        "",
+        f"{ta['target']:.0%}",
+        "yes" if ta["error"] is not None and abs(ta["error"]) <= ta["target"] else "NO",
+    )
     console.print(table)
     runs = Table(title="every replay (simulated | measured)")
     runs.add_column("metric")
     for name in report["runs"]:
         runs.add_column(name, justify="right")
     for k in SHOWN:
-        runs.add_row(k, *(f"{s:.4g} | {r:.4g}" if s is not None and r is not None else "-" for s, r in (report["runs"][n][k] for n in report["runs"])))
+        runs.add_row(
+            k,
+            *(f"{s:.4g} | {r:.4g}" if s is not None and r is not None else "-" for s, r in (report["runs"][n][k] for n in report["runs"])),
+        )
     console.print(runs)
 
 

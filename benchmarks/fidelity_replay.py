@@ -52,7 +52,15 @@ SETUPS: dict[str, dict[str, Any]] = {
 }
 #: each setup of ``--example`` and the one-GPU (or independent-ranks) setup it is compared with
 EXAMPLE_PAIRS = (("tp2", "tp1"), ("dp2-ep", "dp2"))
-ENGINE = {"system": "vllm", "max_num_seqs": 256, "max_num_batched_tokens": 2048, "chunk_tokens": 16, "dram": False, "warmup_s": 0.0, "drain_s": 3600.0}
+ENGINE = {
+    "system": "vllm",
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 2048,
+    "chunk_tokens": 16,
+    "dram": False,
+    "warmup_s": 0.0,
+    "drain_s": 3600.0,
+}
 STATS = ("mean", "p50", "p90", "p95", "p99")
 METRICS = ("ttft", "tpot", "e2e")
 #: measured field names of each metric, with the factor to seconds
@@ -77,8 +85,10 @@ def measured_times(path: Path) -> dict[str, dict[str, float]]:
             row = json.loads(text)
             got = {m: next((float(row[k]) * f for k, f in FIELDS[m] if isinstance(row.get(k), (int, float))), None) for m in METRICS}
             if got["ttft"] is None or got["e2e"] is None:
-                raise CodaError(f"{path}:{line}: a measured run needs each request's TTFT and latency ({FIELDS['ttft'][0][0]}, "
-                                f"{FIELDS['e2e'][0][0]} or their other names); this row has {', '.join(sorted(row))}")
+                raise CodaError(
+                    f"{path}:{line}: a measured run needs each request's TTFT and latency ({FIELDS['ttft'][0][0]}, "
+                    f"{FIELDS['e2e'][0][0]} or their other names); this row has {', '.join(sorted(row))}"
+                )
             if got["tpot"] is None:
                 n = next(float(row[k]) for k in ("output_toks", "output_tokens", "output_len", "completion_tokens") if k in row)
                 got["tpot"] = (got["e2e"] - got["ttft"]) / (n - 1) if n > 1 else None
@@ -117,8 +127,13 @@ def compare(sim: dict[str, dict[str, float]], real: dict[str, dict[str, float]])
 
 def describe(cfg: SimConfig) -> dict[str, Any]:
     p = load_profile(cfg.profile)
-    return {"profile": p.name, "description": p.description, "engine_time": p.engine_time_note(),
-            "config": cfg.model_dump(exclude_defaults=True), "link": p.gpu.link.generation if p.gpu and p.gpu.link else None}
+    return {
+        "profile": p.name,
+        "description": p.description,
+        "engine_time": p.engine_time_note(),
+        "config": cfg.model_dump(exclude_defaults=True),
+        "link": p.gpu.link.generation if p.gpu and p.gpu.link else None,
+    }
 
 
 def replay(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -126,8 +141,13 @@ def replay(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     workload = read_requests(args.requests)
     real = measured_times(args.requests)
     times, tps = simulate(workload, cfg)
-    report = {"requests": str(args.requests), "setup": args.setup, **describe(cfg), "statistics": compare(times, real),
-              "output_tps": {"sim": tps}}
+    report = {
+        "requests": str(args.requests),
+        "setup": args.setup,
+        **describe(cfg),
+        "statistics": compare(times, real),
+        "output_tps": {"sim": tps},
+    }
     table = Table(title=f"{args.requests.name} replayed with setup {args.setup}, profile {report['profile']}")
     for col in ("statistic", "measured", "simulated", "error"):
         table.add_column(col, justify="right")
@@ -144,17 +164,33 @@ def example_workload(seed: int, requests: int, rate: float) -> Workload:
     t = np.cumsum(rng.exponential(1.0 / rate, requests))
     n_in = np.clip(rng.lognormal(np.log(1000), 0.8, requests), 16, 8000).astype(int)
     n_out = np.clip(rng.lognormal(np.log(200), 0.7, requests), 2, 2000).astype(int)
-    sessions = [Session(session_id=f"req-{i + 1}", start_s=float(a), rounds=[Round(new_input_tokens=int(p), output_tokens=int(o), kind="user",
-                                                                                     at_s=float(a))]) for i, (a, p, o) in enumerate(zip(t, n_in, n_out))]
-    return Workload(sessions=sessions, meta={"duration_s": float(t[-1]), "source": f"example: seed {seed}, {requests} requests at {rate} req/s"})
+    sessions = [
+        Session(
+            session_id=f"req-{i + 1}",
+            start_s=float(a),
+            rounds=[Round(new_input_tokens=int(p), output_tokens=int(o), kind="user", at_s=float(a))],
+        )
+        for i, (a, p, o) in enumerate(zip(t, n_in, n_out))
+    ]
+    return Workload(
+        sessions=sessions, meta={"duration_s": float(t[-1]), "source": f"example: seed {seed}, {requests} requests at {rate} req/s"}
+    )
 
 
 def step_changes(setup: str, base: str) -> list[tuple[str, float, float]]:
     """Step times of a few batches under a setup's profile and its counterpart's (seconds)."""
     a, b = (build_cost_model(load_profile(SETUPS[s]["profile"])) for s in (setup, base))
-    shapes = [("decode 1 x 1,000", (), [1000]), ("decode 32 x 2,000", (), [2000] * 32), ("decode 128 x 2,000", (), [2000] * 128),
-              ("prefill 2,048 new", [(2048, 0)], []), ("prefill 512 over 4,096 + 32 decodes", [(512, 4096)], [2000] * 32)]
-    return [(name, b.step_s(chunks, np.array(ctx, dtype=np.int64)), a.step_s(chunks, np.array(ctx, dtype=np.int64))) for name, chunks, ctx in shapes]
+    shapes = [
+        ("decode 1 x 1,000", (), [1000]),
+        ("decode 32 x 2,000", (), [2000] * 32),
+        ("decode 128 x 2,000", (), [2000] * 128),
+        ("prefill 2,048 new", [(2048, 0)], []),
+        ("prefill 512 over 4,096 + 32 decodes", [(512, 4096)], [2000] * 32),
+    ]
+    return [
+        (name, b.step_s(chunks, np.array(ctx, dtype=np.int64)), a.step_s(chunks, np.array(ctx, dtype=np.int64)))
+        for name, chunks, ctx in shapes
+    ]
 
 
 def example(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -169,8 +205,12 @@ def example(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         for s in (base, setup):
             cfg = setup_config(s, None, None)
             times, tps = simulate(workload, cfg)
-            runs[s] = {**{f"{m}_{q}_s": v for m in METRICS for q, v in stats(np.array([t[m] for t in times.values() if t[m] is not None])).items()},
-                       "output_tps": tps}
+            runs[s] = {
+                **{
+                    f"{m}_{q}_s": v for m in METRICS for q, v in stats(np.array([t[m] for t in times.values() if t[m] is not None])).items()
+                },
+                "output_tps": tps,
+            }
             out["setups"][s] = {**describe(cfg), "predicted": runs[s]}
         for k in runs[base]:
             table.add_row(k, f"{runs[base][k]:.4g}", f"{runs[setup][k]:.4g}", f"{runs[setup][k] / runs[base][k] - 1:+.1%}")

@@ -171,10 +171,30 @@ def main() -> None:
 def report(console: Console, rows: list[dict], knee: float, args: argparse.Namespace) -> None:
     """The table, each policy against admit_all at the same load, and each liveness verdict."""
     unloaded = rows[0]["ttft_p95_s"] or float("nan")
-    table = Table(title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
-                        f"fake engines x{args.speedup:g}, default thresholds; offered: the symmetric denominator (docs/bench.md)")
-    cols = ("phase", "policy", "rate", "offered", "admitted", "deferred", "rejected", "abandoned", "completed", "goodput", "session goodput",
-            "sessions done", "goodput (replayed)", "TTFT p95 (admitted)", "vs unloaded", "SLO req/s", "gateway up", "RSS min 1 -> end (MiB)")
+    table = Table(
+        title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
+        f"fake engines x{args.speedup:g}, default thresholds; offered: the symmetric denominator (docs/bench.md)"
+    )
+    cols = (
+        "phase",
+        "policy",
+        "rate",
+        "offered",
+        "admitted",
+        "deferred",
+        "rejected",
+        "abandoned",
+        "completed",
+        "goodput",
+        "session goodput",
+        "sessions done",
+        "goodput (replayed)",
+        "TTFT p95 (admitted)",
+        "vs unloaded",
+        "SLO req/s",
+        "gateway up",
+        "RSS min 1 -> end (MiB)",
+    )
     for c in cols:
         table.add_column(c, justify="right")
     for r in rows:
@@ -182,12 +202,21 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * (len(cols) - 4))
             continue
         p95 = r["ttft_p95_s"]
-        table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "abandoned",
-                                                                                          "completed")),
-                      f"{r['goodput']:.3f}", f"{r['session_goodput']:.3f}", f"{r['sessions_completed']}/{r['sessions_offered']}",
-                      f"{r['goodput_replayed']:.3f}", f"{p95:.2f} s" if p95 else "-", f"{p95 / unloaded:.2f}x" if p95 else "-",
-                      f"{r['slo_rps']:.2f}", str(r["alive"]),
-                      f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-")
+        table.add_row(
+            r["phase"],
+            r["policy"],
+            f"{r['rate']:g}",
+            *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "abandoned", "completed")),
+            f"{r['goodput']:.3f}",
+            f"{r['session_goodput']:.3f}",
+            f"{r['sessions_completed']}/{r['sessions_offered']}",
+            f"{r['goodput_replayed']:.3f}",
+            f"{p95:.2f} s" if p95 else "-",
+            f"{p95 / unloaded:.2f}x" if p95 else "-",
+            f"{r['slo_rps']:.2f}",
+            str(r["alive"]),
+            f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-",
+        )
     console.print(table)
     base = next((r for r in rows if r["phase"] == "overload" and r["policy"] == "admit_all" and not r.get("error")), None)
     for r in rows[1:]:
@@ -196,10 +225,14 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         if r.get("error") or base is None or r is base:
             continue
         ratio = (r["ttft_p95_s"] or float("inf")) / unloaded
-        console.print(f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
-                      f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {base['goodput']:.3f}); "
-                      f"session goodput {r['session_goodput']:.3f} (admit_all {base['session_goodput']:.3f}); sessions completed "
-                      f"{r['sessions_completed']} (admit_all {base['sessions_completed']})", highlight=False)
+        console.print(
+            f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
+            f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {base['goodput']:.3f}); "
+            f"session goodput {r['session_goodput']:.3f} (admit_all {base['session_goodput']:.3f}); sessions completed "
+            f"{r['sessions_completed']} (admit_all {base['sessions_completed']})",
+            highlight=False,
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -218,9 +218,20 @@ def cpu_cost(fleet: Fleet, rates: list[float], seconds: float, store_pid: int | 
         cpu, wall = sum(cpu_s(p) for p in pids) - before, time.perf_counter() - t0
         store = cpu_s(store_pid) - store_before if store_pid else None
         done = s["completed"]
-        rows.append({"offered_rps": rate, "completed": done, "failed": s["failed"], "rejected": s["rejected"], "wall_s": wall,
-                     "cpu_s": cpu, "cores": cpu / wall, "completed_rps": done / wall, "store_cores": store / wall if store is not None else None,
-                     "cores_per_100_rps": cpu / done * 100 if done else None})
+        rows.append(
+            {
+                "offered_rps": rate,
+                "completed": done,
+                "failed": s["failed"],
+                "rejected": s["rejected"],
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "cores": cpu / wall,
+                "completed_rps": done / wall,
+                "store_cores": store / wall if store is not None else None,
+                "cores_per_100_rps": cpu / done * 100 if done else None,
+            }
+        )
     return rows
 
 
@@ -238,8 +249,14 @@ def workload_spec(tokens: float, seed: int) -> str:
 
 
 def closed_loop(fleet: Fleet, concurrency: int, seconds: float, scale: float, warmup_s: float) -> BenchConfig:
-    return BenchConfig(endpoint=fleet.replicas[0].proc.url, time_scale=scale, duration_s=seconds, warmup_s=warmup_s, drain_s=30.0,
-                       max_concurrency=concurrency)
+    return BenchConfig(
+        endpoint=fleet.replicas[0].proc.url,
+        time_scale=scale,
+        duration_s=seconds,
+        warmup_s=warmup_s,
+        drain_s=30.0,
+        max_concurrency=concurrency,
+    )
 
 
 def ramp(fleet: Fleet, levels: list[int], seconds: float, scale: float, workload: Workload, spec: str) -> list[dict]:
@@ -247,8 +264,17 @@ def ramp(fleet: Fleet, levels: list[int], seconds: float, scale: float, workload
     rows: list[dict] = []
     for n in levels:
         _, _, s = replay(fleet, workload, closed_loop(fleet, n, seconds, scale, seconds / 3), spec)
-        rows.append({"concurrency": n, "goodput": s["goodput"], "completed": s["completed"], "failed": s["failed"], "rejected": s["rejected"],
-                     "ttft_p95_s": s["ttft_p95_s"], "request_tps": s["request_tps"]})
+        rows.append(
+            {
+                "concurrency": n,
+                "goodput": s["goodput"],
+                "completed": s["completed"],
+                "failed": s["failed"],
+                "rejected": s["rejected"],
+                "ttft_p95_s": s["ttft_p95_s"],
+                "request_tps": s["request_tps"],
+            }
+        )
         if ramp_knee(rows) != n:
             break
     return rows
@@ -260,8 +286,9 @@ def ramp_knee(rows: list[dict]) -> int:
 
 
 # --- phase 3: the soak ----------------------------------------------------------------------
-def soak(fleet: Fleet, concurrency: int, duration: float, restart_every: float, scale: float, workload: Workload,
-         spec: str) -> tuple[dict, Rotation, list[tuple[float, int, int, float]]]:
+def soak(
+    fleet: Fleet, concurrency: int, duration: float, restart_every: float, scale: float, workload: Workload, spec: str
+) -> tuple[dict, Rotation, list[tuple[float, int, int, float]]]:
     cfg = closed_loop(fleet, concurrency, duration, scale, min(60.0, duration / 3))
     rss: list[tuple[float, int, int, float]] = []  # (t, slot, start, MiB)
     t0 = time.perf_counter()
@@ -303,11 +330,28 @@ def failures(rotation: Rotation, killed: dict[tuple[int, int], float]) -> dict:
         kill = killed.get((slot, start))
         mine = kill is not None and a.end_s is not None and a.end_s >= kill
         (own if mine else elsewhere)[reason.split(":", 1)[0]] += 1
-        listed.append({"slot": slot, "start": start, "sent_s": a.sent_s - rotation.t0, "end_s": (a.end_s or 0.0) - rotation.t0,
-                       "tokens": a.tokens, "status": a.status, "reason": reason, "killed_replica": mine})
+        listed.append(
+            {
+                "slot": slot,
+                "start": start,
+                "sent_s": a.sent_s - rotation.t0,
+                "end_s": (a.end_s or 0.0) - rotation.t0,
+                "tokens": a.tokens,
+                "status": a.status,
+                "reason": reason,
+                "killed_replica": mine,
+            }
+        )
     served = Counter(slot for slot, _, _ in rotation.attempts)
-    return {"attempts": len(rotation.attempts), "per_replica": dict(sorted(served.items())), "own": dict(own), "elsewhere": dict(elsewhere),
-            "rejected_4xx": dict(rejected), "kills_s": {f"{s}.{k}": t - rotation.t0 for (s, k), t in killed.items()}, "failed": listed}
+    return {
+        "attempts": len(rotation.attempts),
+        "per_replica": dict(sorted(served.items())),
+        "own": dict(own),
+        "elsewhere": dict(elsewhere),
+        "rejected_4xx": dict(rejected),
+        "kills_s": {f"{s}.{k}": t - rotation.t0 for (s, k), t in killed.items()},
+        "failed": listed,
+    }
 
 
 def rss_report(rss: list[tuple[float, int, int, float]]) -> tuple[list[dict], list[dict]]:
@@ -323,8 +367,16 @@ def rss_report(rss: list[tuple[float, int, int, float]]) -> tuple[list[dict], li
         if series[-1][0] - born < RSS_LIVED_S:
             continue
         after = [m for t, m in series if t - born >= 60.0]
-        starts.append({"slot": key[0], "start": key[1], "lived_s": series[-1][0] - born, "min1_mib": after[0], "end_mib": after[-1],
-                       "growth_mib": after[-1] - after[0]})
+        starts.append(
+            {
+                "slot": key[0],
+                "start": key[1],
+                "lived_s": series[-1][0] - born,
+                "min1_mib": after[0],
+                "end_mib": after[-1],
+                "growth_mib": after[-1] - after[0],
+            }
+        )
     return slots, starts
 
 
@@ -354,11 +406,13 @@ def main() -> None:
     scale = 1.0 / args.speedup
     console = Console(width=160)
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {**vars(args), "out": str(args.out), "machine": machine(**this_process()),
-              "load_at_start": round(os.getloadavg()[0], 1)}
+    config = {**vars(args), "out": str(args.out), "machine": machine(**this_process()), "load_at_start": round(os.getloadavg()[0], 1)}
 
-    with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1, \
-            (redis_server() if args.store == "redis" else nullcontext()) as store:
+    with (
+        FakeEngineProcess("--speedup", str(args.speedup)) as e0,
+        FakeEngineProcess("--speedup", str(args.speedup)) as e1,
+        redis_server() if args.store == "redis" else nullcontext() as store,
+    ):
         env = {"CODA_SERVE_STORE__URL": store.url} if store else {}
         fleet = Fleet(args.replicas, ["--backend", e0.url, "--backend", e1.url, "--router", "coda"], env)
         try:
@@ -389,43 +443,89 @@ def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows:
     console.print(f"idle: {idle * 100:.2f}% of a core for {args.replicas} replicas", highlight=False)
     if not cpu_rows:
         return
-    t = Table(title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})")
-    for c in ("offered req/s", "completed req/s", "failed", "CPU cores (all replicas)", "cores per 100 req/s", "store (redis-server) cores"):
+    t = Table(
+        title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})"
+    )
+    for c in (
+        "offered req/s",
+        "completed req/s",
+        "failed",
+        "CPU cores (all replicas)",
+        "cores per 100 req/s",
+        "store (redis-server) cores",
+    ):
         t.add_column(c, justify="right")
     for r in cpu_rows:
         per = r["cores_per_100_rps"]
-        t.add_row(f"{r['offered_rps']:g}", f"{r['completed_rps']:.1f}", str(r["failed"] + r["rejected"]), f"{r['cores']:.3f}",
-                  f"{per:.3f}" if per is not None else "-", f"{r['store_cores']:.3f}" if r["store_cores"] is not None else "-")
+        t.add_row(
+            f"{r['offered_rps']:g}",
+            f"{r['completed_rps']:.1f}",
+            str(r["failed"] + r["rejected"]),
+            f"{r['cores']:.3f}",
+            f"{per:.3f}" if per is not None else "-",
+            f"{r['store_cores']:.3f}" if r["store_cores"] is not None else "-",
+        )
     console.print(t)
-    console.print("cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100", highlight=False)
+    console.print(
+        "cores per 100 req/s: the replicas' CPU seconds over the run (idle included) per completed request, x 100", highlight=False
+    )
     if len(cpu_rows) >= 2:  # a line through the first and last rate: what a request adds, and what traffic costs at any rate
         lo, hi = cpu_rows[0], cpu_rows[-1]
         slope = (hi["cores"] - lo["cores"]) / (hi["completed_rps"] - lo["completed_rps"])
-        console.print(f"per request: {slope * 100:.3f} cores per 100 req/s more between {lo['completed_rps']:.1f} and {hi['completed_rps']:.1f} req/s; "
-                      f"at no rate (the line's intercept) {lo['cores'] - slope * lo['completed_rps']:.3f} cores for {args.replicas} replicas "
-                      "under traffic (each scrapes every engine every telemetry.scrape_interval_s while busy)", highlight=False)
+        console.print(
+            f"per request: {slope * 100:.3f} cores per 100 req/s more between {lo['completed_rps']:.1f} and {hi['completed_rps']:.1f} req/s; "
+            f"at no rate (the line's intercept) {lo['cores'] - slope * lo['completed_rps']:.3f} cores for {args.replicas} replicas "
+            "under traffic (each scrapes every engine every telemetry.scrape_interval_s while busy)",
+            highlight=False,
+        )
 
 
-def report(console: Console, args: argparse.Namespace, config: dict, idle: float, cpu_rows: list[dict], ramp_rows: list[dict], level: int,
-           summary: dict, fails: dict, restarts: list[float], slots: list[dict], starts: list[dict]) -> None:
+def report(
+    console: Console,
+    args: argparse.Namespace,
+    config: dict,
+    idle: float,
+    cpu_rows: list[dict],
+    ramp_rows: list[dict],
+    level: int,
+    summary: dict,
+    fails: dict,
+    restarts: list[float],
+    slots: list[dict],
+    starts: list[dict],
+) -> None:
     console.print(f"configuration: {json.dumps(config)}", highlight=False)
     cpu_table(console, args, idle, cpu_rows)
     if ramp_rows:
-        console.print("ramp (sessions at a time -> goodput, completed, req/s, TTFT p95): " + "; ".join(
-            f"{r['concurrency']} -> {r['goodput']:.3f}, {r['completed']}, {r['request_tps']:.1f}, {r['ttft_p95_s'] or float('nan'):.2f} s"
-            for r in ramp_rows) + ("; the top level still gained: the knee may lie above it" if level == ramp_rows[-1]["concurrency"] else ""),
-            highlight=False)
-    console.print(f"soak: {args.duration:g} s at {level} sessions at a time ({'the knee' if ramp_rows else '--concurrency'}), "
-                  f"{summary['request_tps']:.1f} req/s; a replica killed and restarted "
-                  f"every {args.restart_every:g} s ({len(restarts)} restarts, kill to ready {min(restarts, default=0):.1f}-"
-                  f"{max(restarts, default=0):.1f} s)", highlight=False)
-    console.print(f"requests in the measurement window (after {summary['config']['warmup_s']:g} s): offered {summary['offered']}, "
-                  f"completed {summary['completed']}, rejected {summary['rejected']}, failed {summary['failed']}, goodput {summary['goodput']:.3f}; "
-                  f"HTTP attempts over the whole run {fails['attempts']} (per replica slot {fails['per_replica']}); "
-                  f"4xx {fails['rejected_4xx'] or 0}", highlight=False)
+        console.print(
+            "ramp (sessions at a time -> goodput, completed, req/s, TTFT p95): "
+            + "; ".join(
+                f"{r['concurrency']} -> {r['goodput']:.3f}, {r['completed']}, {r['request_tps']:.1f}, {r['ttft_p95_s'] or float('nan'):.2f} s"
+                for r in ramp_rows
+            )
+            + ("; the top level still gained: the knee may lie above it" if level == ramp_rows[-1]["concurrency"] else ""),
+            highlight=False,
+        )
+    console.print(
+        f"soak: {args.duration:g} s at {level} sessions at a time ({'the knee' if ramp_rows else '--concurrency'}), "
+        f"{summary['request_tps']:.1f} req/s; a replica killed and restarted "
+        f"every {args.restart_every:g} s ({len(restarts)} restarts, kill to ready {min(restarts, default=0):.1f}-"
+        f"{max(restarts, default=0):.1f} s)",
+        highlight=False,
+    )
+    console.print(
+        f"requests in the measurement window (after {summary['config']['warmup_s']:g} s): offered {summary['offered']}, "
+        f"completed {summary['completed']}, rejected {summary['rejected']}, failed {summary['failed']}, goodput {summary['goodput']:.3f}; "
+        f"HTTP attempts over the whole run {fails['attempts']} (per replica slot {fails['per_replica']}); "
+        f"4xx {fails['rejected_4xx'] or 0}",
+        highlight=False,
+    )
     own, elsewhere = sum(fails["own"].values()), sum(fails["elsewhere"].values())
-    console.print(f"5xx or cut streams: {own} on the killed replica's own streams {fails['own'] or ''}, {elsewhere} elsewhere "
-                  f"{fails['elsewhere'] or ''}", highlight=False)
+    console.print(
+        f"5xx or cut streams: {own} on the killed replica's own streams {fails['own'] or ''}, {elsewhere} elsewhere "
+        f"{fails['elsewhere'] or ''}",
+        highlight=False,
+    )
     t = Table(title=f"replica RSS (VmRSS every {RSS_PERIOD_S:g} s), per slot over its restarts")
     for c in ("slot", "samples", "max MiB", "last MiB"):
         t.add_column(c, justify="right")
@@ -433,18 +533,40 @@ def report(console: Console, args: argparse.Namespace, config: dict, idle: float
         t.add_row(str(s["slot"]), str(s["samples"]), f"{s['max_mib']:.0f}", f"{s['last_mib']:.0f}")
     console.print(t)
     for s in starts:
-        console.print(f"slot {s['slot']} start {s['start']} (lived {s['lived_s']:.0f} s): {s['min1_mib']:.0f} -> {s['end_mib']:.0f} MiB "
-                      f"({s['growth_mib']:+.1f}) from minute 1", highlight=False)
-    checks = {"zero 5xx elsewhere": elsewhere == 0,
-              f"RSS growth <= {RSS_GROWTH_MIB:g} MiB per replica start that lived {RSS_LIVED_S:g} s": all(
-                  s["growth_mib"] <= RSS_GROWTH_MIB for s in starts)}
+        console.print(
+            f"slot {s['slot']} start {s['start']} (lived {s['lived_s']:.0f} s): {s['min1_mib']:.0f} -> {s['end_mib']:.0f} MiB "
+            f"({s['growth_mib']:+.1f}) from minute 1",
+            highlight=False,
+        )
+    checks = {
+        "zero 5xx elsewhere": elsewhere == 0,
+        f"RSS growth <= {RSS_GROWTH_MIB:g} MiB per replica start that lived {RSS_LIVED_S:g} s": all(
+            s["growth_mib"] <= RSS_GROWTH_MIB for s in starts
+        ),
+    }
     if not starts:
         console.print(f"RSS growth: not judged (no replica start lived {RSS_LIVED_S:g} s)", highlight=False)
     for name, ok in checks.items():
         console.print(f"check {name}: {'met' if ok else 'FAILED'}", highlight=False)
-    (args.out / "soak.json").write_text(json.dumps({"config": config, "idle_cores": idle, "cpu": cpu_rows, "ramp": ramp_rows, "concurrency": level,
-                                                    "summary": summary, "failures": fails, "restart_s": restarts, "rss_slots": slots,
-                                                    "rss_starts": starts, "checks": checks}, indent=2, default=str))
+    (args.out / "soak.json").write_text(
+        json.dumps(
+            {
+                "config": config,
+                "idle_cores": idle,
+                "cpu": cpu_rows,
+                "ramp": ramp_rows,
+                "concurrency": level,
+                "summary": summary,
+                "failures": fails,
+                "restart_s": restarts,
+                "rss_slots": slots,
+                "rss_starts": starts,
+                "checks": checks,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     console.print(f"wrote {args.out / 'soak.json'}", highlight=False)
     if args.strict and not all(checks.values()):
         sys.exit(1)

@@ -329,7 +329,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop taking new shapes after this long (the run's goal: under 5 minutes)")
     ap.add_argument("--max-batch-tokens", type=int, default=1 << 20, help="context tokens in one batch, at most (sizes the KV pool)")
     ap.add_argument("--contexts", type=Path, help="a file of decode contexts, one per line, to draw the agent mixes from")
-    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="of the KV cache and queries (Triton's CPU interpreter needs fp16)")
+    ap.add_argument(
+        "--dtype", choices=("bf16", "fp16"), default="bf16", help="of the KV cache and queries (Triton's CPU interpreter needs fp16)"
+    )
     ap.add_argument("--quick", action="store_true", help="a small grid (the CPU smoke run)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -365,9 +367,22 @@ def main() -> None:
         if err > 0.05:  # bf16 inputs and output: a few ulps of values near 1
             raise SystemExit(f"error: kernel {name} disagrees with the reference by {err:.3g}; its timings would mean nothing")
     median_us = timer(args.device, args.reps)
-    meta = {"gpu": gpu, "sms": sms, "torch": torch.__version__, "triton": getattr(triton, "__version__", None), "device": args.device,
-            "model": args.model, "geometry": vars(g), "page_tokens": {k: p.page for k, (p, _) in kernels.items()}, "kv_dtype": args.dtype, "reps": args.reps, "seed": args.seed,
-            "grid": "quick" if args.quick else "full", "kernels": list(kernels), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    meta = {
+        "gpu": gpu,
+        "sms": sms,
+        "torch": torch.__version__,
+        "triton": getattr(triton, "__version__", None),
+        "device": args.device,
+        "model": args.model,
+        "geometry": vars(g),
+        "page_tokens": {k: p.page for k, (p, _) in kernels.items()},
+        "kv_dtype": args.dtype,
+        "reps": args.reps,
+        "seed": args.seed,
+        "grid": "quick" if args.quick else "full",
+        "kernels": list(kernels),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     stopped = None
     for name, (pool, run) in kernels.items():
         out = args.out / name
@@ -389,8 +404,24 @@ def main() -> None:
                 uniform_us(n - nb, kvs)
                 uniform_us(nb, kvb)
                 alpha = (t_skew - t_mean) / (t_max - t_mean) if t_max != t_mean else 0.0
-                w.writerow(("pure", n, nb, round(nb / n, 4), kvb / kvs, 0, 0, kvs, kvb, mean, round(t_mean, 3), round(t_max, 3),
-                            round(t_skew, 3), round(alpha, 4)))
+                w.writerow(
+                    (
+                        "pure",
+                        n,
+                        nb,
+                        round(nb / n, 4),
+                        kvb / kvs,
+                        0,
+                        0,
+                        kvs,
+                        kvb,
+                        mean,
+                        round(t_mean, 3),
+                        round(t_max, 3),
+                        round(t_skew, 3),
+                        round(alpha, 4),
+                    )
+                )
         with (out / f"{stem}_attention.csv").open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(ATTENTION_HEADER)
@@ -399,7 +430,7 @@ def main() -> None:
         rng = np.random.default_rng(args.seed)
         given = [int(x) for x in args.contexts.read_text().split()] if args.contexts else None
         with (out / "agent_mixes.jsonl").open("w") as f:
-            for n in ((4,) if args.quick else (16, 32, 64, 128)):
+            for n in (4,) if args.quick else (16, 32, 64, 128):
                 for _ in range(1 if args.quick else 6):
                     if time.monotonic() - t_start > args.budget_s:
                         stopped = stopped or f"budget of {args.budget_s:g} s spent during {name}'s agent mixes"
@@ -412,11 +443,24 @@ def main() -> None:
                     m = max(1, math.ceil(0.35 * n))
                     cuts = sorted({int(c) for c in np.linspace(m, n - m, num=min(9, n - 2 * m + 1))}) if n - m >= m else []
                     split = {k: median_us(split_in_place(run, batch, k)) for k in cuts}
-                    f.write(json.dumps({"n": n, "contexts": sorted(ctx), "full_us": round(full, 3),
-                                        "split_us": {str(k): round(t, 3) for k, t in split.items()},
-                                        "gain": {str(k): round((full - t) / full, 4) for k, t in split.items()}}) + "\n")
-        (out / "meta.json").write_text(json.dumps(meta | {"stopped_early": stopped, "elapsed_s": round(time.monotonic() - t_start, 1)}, indent=1))
-        print(f"{name}: wrote {out}/{stem}_skew.csv, {stem}_attention.csv ({len(uniform_us.times)} uniform launches), agent_mixes.jsonl, meta.json")
+                    f.write(
+                        json.dumps(
+                            {
+                                "n": n,
+                                "contexts": sorted(ctx),
+                                "full_us": round(full, 3),
+                                "split_us": {str(k): round(t, 3) for k, t in split.items()},
+                                "gain": {str(k): round((full - t) / full, 4) for k, t in split.items()},
+                            }
+                        )
+                        + "\n"
+                    )
+        (out / "meta.json").write_text(
+            json.dumps(meta | {"stopped_early": stopped, "elapsed_s": round(time.monotonic() - t_start, 1)}, indent=1)
+        )
+        print(
+            f"{name}: wrote {out}/{stem}_skew.csv, {stem}_attention.csv ({len(uniform_us.times)} uniform launches), agent_mixes.jsonl, meta.json"
+        )
     print(f"done in {time.monotonic() - t_start:.0f} s on {gpu}" + (f"; stopped early: {stopped}" if stopped else ""))
 
 

@@ -67,8 +67,14 @@ main(parser.parse_args(sys.argv[1:]))
 
 def single_turn(n: int, prompt_tokens: int, output_tokens: int) -> Workload:
     """n one-round sessions, all ready at once: with --max-concurrency, a closed loop of n requests."""
-    sessions = [Session(session_id=f"peer-{i}", start_s=0.0, rounds=[Round(new_input_tokens=prompt_tokens + TEMPLATE_TOKENS, output_tokens=output_tokens)])
-                for i in range(n)]
+    sessions = [
+        Session(
+            session_id=f"peer-{i}",
+            start_s=0.0,
+            rounds=[Round(new_input_tokens=prompt_tokens + TEMPLATE_TOKENS, output_tokens=output_tokens)],
+        )
+        for i in range(n)
+    ]
     return Workload(sessions=sessions, meta={"source": "peer cross-check, single turn", "duration_s": 600.0})
 
 
@@ -79,33 +85,92 @@ def prefix_hits(url: str) -> float:
 
 def run_vllm(vllm_python: str, tokenizer: Path, out: Path, args: argparse.Namespace) -> dict[str, float]:
     with FakeEngineProcess("--speedup", "1") as engine:
-        cmd = [vllm_python, "-c", RUN_VLLM_BENCH, "--backend", "openai-chat", "--base-url", engine.url, "--endpoint", "/v1/chat/completions",
-               "--model", "coda-fake", "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(args.prompt_tokens),
-               "--random-output-len", str(args.output_tokens), "--random-range-ratio", "0", "--num-prompts", str(args.requests),
-               "--max-concurrency", str(args.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--save-result",
-               "--result-dir", str(out), "--result-filename", "vllm.json"]
+        cmd = [
+            vllm_python,
+            "-c",
+            RUN_VLLM_BENCH,
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            engine.url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            "coda-fake",
+            "--tokenizer",
+            str(tokenizer),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.prompt_tokens),
+            "--random-output-len",
+            str(args.output_tokens),
+            "--random-range-ratio",
+            "0",
+            "--num-prompts",
+            str(args.requests),
+            "--max-concurrency",
+            str(args.concurrency),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--seed",
+            "0",
+            "--save-result",
+            "--result-dir",
+            str(out),
+            "--result-filename",
+            "vllm.json",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed: {proc.stderr[-2000:]}")
         hits = prefix_hits(engine.url)
     r = json.loads((out / "vllm.json").read_text())
     assert r["completed"] == args.requests, r
-    return {"ttft_p50": r["median_ttft_ms"] / 1e3, "itl_p50": r["median_tpot_ms"] / 1e3, "itl_mean": r["mean_tpot_ms"] / 1e3,
-            "chunk_gap_p50": r["median_itl_ms"] / 1e3, "output_tps": r["output_throughput"], "prefix_hit_tokens": hits}
+    return {
+        "ttft_p50": r["median_ttft_ms"] / 1e3,
+        "itl_p50": r["median_tpot_ms"] / 1e3,
+        "itl_mean": r["mean_tpot_ms"] / 1e3,
+        "chunk_gap_p50": r["median_itl_ms"] / 1e3,
+        "output_tps": r["output_throughput"],
+        "prefix_hit_tokens": hits,
+    }
 
 
 def run_coda(workload: Path, out: Path, args: argparse.Namespace) -> dict[str, float]:
     with FakeEngineProcess("--speedup", "1") as engine:
-        cmd = [sys.executable, "-m", "coda.cli", "bench", "--endpoint", engine.url, "--workload", str(workload), "--max-concurrency",
-               str(args.concurrency), "--drain-s", "300", "--out", str(out), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "coda.cli",
+            "bench",
+            "--endpoint",
+            engine.url,
+            "--workload",
+            str(workload),
+            "--max-concurrency",
+            str(args.concurrency),
+            "--drain-s",
+            "300",
+            "--out",
+            str(out),
+            "--json",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"coda bench failed: {proc.stderr[-2000:]}")
         hits = prefix_hits(engine.url)
     s = json.loads(proc.stdout)
     assert s["completed"] == args.requests, s
-    return {"ttft_p50": s["ttft_p50_s"], "itl_p50": s["itl_p50_s"], "itl_mean": s["itl_mean_s"], "chunk_gap_p50": s["tbt_p50_s"],
-            "output_tps": s["output_tps"], "prefix_hit_tokens": hits}
+    return {
+        "ttft_p50": s["ttft_p50_s"],
+        "itl_p50": s["itl_p50_s"],
+        "itl_mean": s["itl_mean_s"],
+        "chunk_gap_p50": s["tbt_p50_s"],
+        "output_tps": s["output_tps"],
+        "prefix_hit_tokens": hits,
+    }
 
 
 def vllm_version(vllm_python: str) -> str:
@@ -113,11 +178,19 @@ def vllm_version(vllm_python: str) -> str:
     return subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]
 
 
-ROWS = (("ttft_p50", "TTFT p50 (s)", True), ("itl_p50", "ITL p50 (s)", True), ("itl_mean", "ITL mean (s)", False),
-        ("chunk_gap_p50", "chunk gap p50 (s)", False), ("output_tps", "output tok/s", False), ("prefix_hit_tokens", "prefix hits (tokens)", False))
-NOTES = ("ITL = per request (e2e - ttft) / (output_tokens - 1): coda bench's itl_*, vllm bench serve's TPOT",
-         "chunk gap = time between streamed chunks: coda bench's tbt_* (zeros for tokens sharing a chunk), vllm bench serve's ITL",
-         "prefix hits = the fake engine's vllm:prefix_cache_hits_total after the measurement (0: neither tool reused a prompt)")
+ROWS = (
+    ("ttft_p50", "TTFT p50 (s)", True),
+    ("itl_p50", "ITL p50 (s)", True),
+    ("itl_mean", "ITL mean (s)", False),
+    ("chunk_gap_p50", "chunk gap p50 (s)", False),
+    ("output_tps", "output tok/s", False),
+    ("prefix_hit_tokens", "prefix hits (tokens)", False),
+)
+NOTES = (
+    "ITL = per request (e2e - ttft) / (output_tokens - 1): coda bench's itl_*, vllm bench serve's TPOT",
+    "chunk gap = time between streamed chunks: coda bench's tbt_* (zeros for tokens sharing a chunk), vllm bench serve's ITL",
+    "prefix hits = the fake engine's vllm:prefix_cache_hits_total after the measurement (0: neither tool reused a prompt)",
+)
 
 
 def main() -> int:
@@ -145,12 +218,17 @@ def main() -> int:
                 out.mkdir()
                 res = run_vllm(vllm_python, work / "tokenizer", out, args) if tool == "vllm" else run_coda(workload, out, args)
                 results[tool].append(res)
-                console.print(f"repeat {i + 1}/{args.repeats} {tool}: TTFT p50 {res['ttft_p50'] * 1e3:.1f} ms, ITL p50 {res['itl_p50'] * 1e3:.2f} ms")
+                console.print(
+                    f"repeat {i + 1}/{args.repeats} {tool}: TTFT p50 {res['ttft_p50'] * 1e3:.1f} ms, ITL p50 {res['itl_p50'] * 1e3:.2f} ms"
+                )
     load = os.getloadavg()
-    console.print(f"coda {__version__} (coda bench) vs vLLM {vllm_version(vllm_python)} (vllm bench serve), Python {platform.python_version()}; "
-                  f"coda fake-engine --speedup 1 (default profile), a fresh one per measurement; {args.requests} single-turn requests of "
-                  f"{args.prompt_tokens} + {TEMPLATE_TOKENS} template prompt tokens and {args.output_tokens} output tokens (ignore_eos), "
-                  f"{args.concurrency} in flight; medians of {args.repeats} alternating measurements; load average {load[0]:.1f}", highlight=False)
+    console.print(
+        f"coda {__version__} (coda bench) vs vLLM {vllm_version(vllm_python)} (vllm bench serve), Python {platform.python_version()}; "
+        f"coda fake-engine --speedup 1 (default profile), a fresh one per measurement; {args.requests} single-turn requests of "
+        f"{args.prompt_tokens} + {TEMPLATE_TOKENS} template prompt tokens and {args.output_tokens} output tokens (ignore_eos), "
+        f"{args.concurrency} in flight; medians of {args.repeats} alternating measurements; load average {load[0]:.1f}",
+        highlight=False,
+    )
     table = Table(title="coda bench vs vllm bench serve on the same fake engine")
     for col in ("metric", "vllm bench serve", "coda bench", "coda / vLLM", "target", "met"):
         table.add_column(col, justify="right")
@@ -161,8 +239,14 @@ def main() -> int:
         met = ratio is not None and abs(ratio - 1) <= TARGET
         if gated and not met:
             missed.append(key)
-        table.add_row(label, f"{v:.4g}", f"{c:.4g}", "-" if ratio is None else f"{ratio:.3f}", f"±{TARGET:.0%}" if gated else "-",
-                      ("yes" if met else "NO") if gated else "-")
+        table.add_row(
+            label,
+            f"{v:.4g}",
+            f"{c:.4g}",
+            "-" if ratio is None else f"{ratio:.3f}",
+            f"±{TARGET:.0%}" if gated else "-",
+            ("yes" if met else "NO") if gated else "-",
+        )
     console.print(table)
     for note in NOTES:
         console.print(note, highlight=False)

@@ -115,9 +115,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         engine = {"engine_flags": list(ENGINE_ARGS)}
     p = json.loads(Path(profile).read_text())
     out = report(work / "engine", work / "sim", args.block)
-    out.update(workload=spec, simulated="the workload with the engine's prompt and output token counts (as_served)", duration_s=args.duration, block_tokens=args.block, **engine,
-               profile={"name": p["name"], "description": p["description"], "path": str(profile), "measured_here": not args.profile},
-               runs={k: {"sim": simulated.get(k), "real": real.get(k)} for k in ("completed", "reuse_rate", "ttft_p50_s", "ttft_p95_s")})
+    out.update(
+        workload=spec,
+        simulated="the workload with the engine's prompt and output token counts (as_served)",
+        duration_s=args.duration,
+        block_tokens=args.block,
+        **engine,
+        profile={"name": p["name"], "description": p["description"], "path": str(profile), "measured_here": not args.profile},
+        runs={k: {"sim": simulated.get(k), "real": real.get(k)} for k in ("completed", "reuse_rate", "ttft_p50_s", "ttft_p95_s")},
+    )
     return out
 
 
@@ -127,11 +133,21 @@ def show(rep: dict[str, Any], console: Console) -> None:
     for col in ("statistic", "engine", "simulator", "target", "met"):
         table.add_column(col, justify="right")
     table.add_row("requests compared", str(rep["requests"]), "", "", "")
-    table.add_row(f"cached tokens agree within {rep['tolerance_of_prompt']:.0%} of the prompt", f"{rep['agreement_share']:.1%}", "",
-                  f">= {rep['targets']['agreement_share']:.0%}", "yes" if rep["met"]["agreement"] else "NO")
-    ready = (lambda v: "-" if v is None else f"{v:.1%}")
-    table.add_row(f"HBM-ready share of {rep['resumed']} resumed", ready(rep["hbm_ready_real"]), ready(rep["hbm_ready_sim"]),
-                  f"within {rep['targets']['hbm_ready_points']:.0%} points", "yes" if rep["met"]["hbm_ready"] else "NO")
+    table.add_row(
+        f"cached tokens agree within {rep['tolerance_of_prompt']:.0%} of the prompt",
+        f"{rep['agreement_share']:.1%}",
+        "",
+        f">= {rep['targets']['agreement_share']:.0%}",
+        "yes" if rep["met"]["agreement"] else "NO",
+    )
+    ready = lambda v: "-" if v is None else f"{v:.1%}"
+    table.add_row(
+        f"HBM-ready share of {rep['resumed']} resumed",
+        ready(rep["hbm_ready_real"]),
+        ready(rep["hbm_ready_sim"]),
+        f"within {rep['targets']['hbm_ready_points']:.0%} points",
+        "yes" if rep["met"]["hbm_ready"] else "NO",
+    )
     table.add_row("cached prompt tokens", str(rep["cached_tokens_real"]), str(rep["cached_tokens_sim"]), "", "")
     table.add_row("requests with more cached (beyond tolerance)", str(rep["real_more"]), str(rep["sim_more"]), "", "")
     for k, v in rep["runs"].items():
@@ -145,7 +161,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measurements per shape when measuring the profile")
     ap.add_argument("--profile", type=Path, help="a profile measured on this engine (skips measuring one)")
     ap.add_argument("--endpoint", help="replay against this running engine instead of starting vLLM-CPU (needs --profile and --sim-config)")
-    ap.add_argument("--sim-config", type=Path, help="with --endpoint: coda sim's config with that engine's block size, block count, seats and budget")
+    ap.add_argument(
+        "--sim-config", type=Path, help="with --endpoint: coda sim's config with that engine's block size, block count, seats and budget"
+    )
     ap.add_argument("--tokenizer", type=Path, help="with --endpoint: the engine's tokenizer (default: Coda's word tokenizer)")
     ap.add_argument("--tight", action="store_true", help="replay TIGHT (more sessions, more eviction between rounds) instead of WORKLOAD")
     ap.add_argument("--block", type=int, default=BLOCK, help=f"the engine's KV block size in tokens (default {BLOCK})")

@@ -59,15 +59,30 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def replay(setting: dict[str, Any], duration: float, warmup: float, seed: int, profile: str) -> dict[str, Any]:
-    spec = f"synth:rate={setting['rate']:g},duration={duration:g},seed={seed}" + (f",tools={setting['tools']:g}" if setting["tools"] != 1 else "")
+    spec = f"synth:rate={setting['rate']:g},duration={duration:g},seed={seed}" + (
+        f",tools={setting['tools']:g}" if setting["tools"] != 1 else ""
+    )
     policies = {"router": {"name": setting["router"]}} if setting["router"] else {}
-    cfg = SimConfig(system="vllm", ssd=True, workers=setting["workers"], warmup_s=warmup, seed=seed, profile=profile, policies=policies,
-                    cpu_shadow=setting["cpu_shadow"])
+    cfg = SimConfig(
+        system="vllm",
+        ssd=True,
+        workers=setting["workers"],
+        warmup_s=warmup,
+        seed=seed,
+        profile=profile,
+        policies=policies,
+        cpu_shadow=setting["cpu_shadow"],
+    )
     t0 = time.perf_counter()
     result = Simulation(load_workload(spec), cfg).run()
     paths = path_findings(resumed_records(result))
-    return {"workload": spec, "resumed": paths["requests"], "share": paths["share"], "wall_s": time.perf_counter() - t0,
-            "reuse_hbm": result.summary().get("reuse_hbm")}
+    return {
+        "workload": spec,
+        "resumed": paths["requests"],
+        "share": paths["share"],
+        "wall_s": time.perf_counter() - t0,
+        "reuse_hbm": result.summary().get("reuse_hbm"),
+    }
 
 
 def main() -> int:
@@ -88,12 +103,21 @@ def main() -> int:
         out = replay({**BASE, **over}, args.duration, args.warmup, args.seed, args.profile)
         rows.append({"factor": factor, "setting": label, **out})
         s = out["share"]
-        console.print(f"{factor:13s} {label:50s} HBM {s['hbm']:.3f} DRAM {s['dram']:.3f} SSD {s['ssd']:.3f} recompute {s['recompute']:.3f} "
-                      f"({out['resumed']} resumed, {out['wall_s']:.0f} s)", highlight=False)
+        console.print(
+            f"{factor:13s} {label:50s} HBM {s['hbm']:.3f} DRAM {s['dram']:.3f} SSD {s['ssd']:.3f} recompute {s['recompute']:.3f} "
+            f"({out['resumed']} resumed, {out['wall_s']:.0f} s)",
+            highlight=False,
+        )
         if args.json:
             with open(args.json, "w") as fh:
-                json.dump({"duration_s": args.duration, "warmup_s": args.warmup, "seed": args.seed, "profile": args.profile, "rows": rows}, fh, indent=2)
-    table = Table(title=f"HBM-ready share, one factor at a time ({args.duration:g} s, warm-up {args.warmup:g} s, seed {args.seed}, {args.profile})")
+                json.dump(
+                    {"duration_s": args.duration, "warmup_s": args.warmup, "seed": args.seed, "profile": args.profile, "rows": rows},
+                    fh,
+                    indent=2,
+                )
+    table = Table(
+        title=f"HBM-ready share, one factor at a time ({args.duration:g} s, warm-up {args.warmup:g} s, seed {args.seed}, {args.profile})"
+    )
     for col in ("factor", "setting", "HBM-ready", "DRAM", "SSD", "recompute", "resumed"):
         table.add_column(col, justify="right" if col not in ("factor", "setting") else "left")
     for r in rows:

@@ -60,7 +60,9 @@ def speed_table(systems: list[str], workers: int, repeats: int, workload: str) -
             evs.append(s["events"] / s["wall_s"])
             nulls.append(null_loop(max(s["events"], 10_000)))
         ev, nl = statistics.median(evs), statistics.median(nulls)
-        table.add_row(system, f"{statistics.median(speeds):,.0f}x", f"{statistics.median(iters):,.0f}", f"{ev:,.0f}", f"{nl:,.0f}", f"{ev / nl:.3f}")
+        table.add_row(
+            system, f"{statistics.median(speeds):,.0f}x", f"{statistics.median(iters):,.0f}", f"{ev:,.0f}", f"{nl:,.0f}", f"{ev / nl:.3f}"
+        )
     return table
 
 
@@ -87,21 +89,49 @@ def scale_rows(systems: list[str], sizes: list[int], duration_s: float, repeats:
             runs = [per_request_ms(system, n, duration_s, seed=0) for _ in range(repeats)]
             wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
             base = base or (wall, cpu)
-            rows.append({"system": system, "workers": n, "offered_rps": RATE_PER_WORKER * n, "requests": runs[0][2], "wall_ms": wall,
-                         "wall_ratio": wall / base[0], "cpu_ms": cpu, "cpu_ratio": cpu / base[1]})
+            rows.append(
+                {
+                    "system": system,
+                    "workers": n,
+                    "offered_rps": RATE_PER_WORKER * n,
+                    "requests": runs[0][2],
+                    "wall_ms": wall,
+                    "wall_ratio": wall / base[0],
+                    "cpu_ms": cpu,
+                    "cpu_ratio": cpu / base[1],
+                }
+            )
     return rows
 
 
 def scale_table(rows: list[dict[str, Any]], duration_s: float, repeats: int) -> Table:
-    table = Table(title=f"wall time per simulated request: synth at {RATE_PER_WORKER:g} req/s per worker, {duration_s:g} s window, "
-                        f"median of {repeats}")
+    table = Table(
+        title=f"wall time per simulated request: synth at {RATE_PER_WORKER:g} req/s per worker, {duration_s:g} s window, "
+        f"median of {repeats}"
+    )
     first = rows[0]["workers"]
-    for col in ("system", "workers", "offered req/s", "requests", "wall ms / request", f"vs {first} workers",
-                "CPU ms / request", f"vs {first} workers "):
+    for col in (
+        "system",
+        "workers",
+        "offered req/s",
+        "requests",
+        "wall ms / request",
+        f"vs {first} workers",
+        "CPU ms / request",
+        f"vs {first} workers ",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["system"], str(r["workers"]), f"{r['offered_rps']:g}", f"{r['requests']:,}", f"{r['wall_ms']:.2f}", f"{r['wall_ratio']:.2f}x",
-                      f"{r['cpu_ms']:.2f}", f"{r['cpu_ratio']:.2f}x")
+        table.add_row(
+            r["system"],
+            str(r["workers"]),
+            f"{r['offered_rps']:g}",
+            f"{r['requests']:,}",
+            f"{r['wall_ms']:.2f}",
+            f"{r['wall_ratio']:.2f}x",
+            f"{r['cpu_ms']:.2f}",
+            f"{r['cpu_ratio']:.2f}x",
+        )
     return table
 
 
@@ -120,7 +150,9 @@ def main() -> None:
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--scale", action="store_true", help="the per-request cost table over cluster sizes")
     ap.add_argument("--duration-s", type=float, default=300.0, help="arrival window of each --scale run")
-    ap.add_argument("--json", action="store_true", help="with --scale: one JSON object, cost_ratio_<largest>_vs_<smallest> per system and the rows")
+    ap.add_argument(
+        "--json", action="store_true", help="with --scale: one JSON object, cost_ratio_<largest>_vs_<smallest> per system and the rows"
+    )
     args = ap.parse_args()
     console = Console()
     if args.scale:
@@ -129,18 +161,36 @@ def main() -> None:
         rows = scale_rows((args.systems or "coda,vllm").split(","), sizes, args.duration_s, repeats)
         ratios = cost_ratios(rows, sizes[0], sizes[-1])
         if args.json:
-            print(strict_json.dumps({f"cost_ratio_{sizes[-1]}_vs_{sizes[0]}": ratios, "rows": rows, "duration_s": args.duration_s,
-                                     "rate_per_worker": RATE_PER_WORKER, "repeats": repeats, "profile": SimConfig().profile, "seed": 0}))
+            print(
+                strict_json.dumps(
+                    {
+                        f"cost_ratio_{sizes[-1]}_vs_{sizes[0]}": ratios,
+                        "rows": rows,
+                        "duration_s": args.duration_s,
+                        "rate_per_worker": RATE_PER_WORKER,
+                        "repeats": repeats,
+                        "profile": SimConfig().profile,
+                        "seed": 0,
+                    }
+                )
+            )
             return
         console.print(scale_table(rows, args.duration_s, repeats))
-        console.print(f"CPU cost per request at {sizes[-1]} workers over {sizes[0]}: "
-                      + ", ".join(f"{system} {r:.2f}x" for system, r in ratios.items()) + " (goal: at most 1.5x)")
-        console.print("ratios are against the first size, measured in this run; requests counts every round offered "
-                      "(the window's arrivals, then the drain that lets them finish).")
+        console.print(
+            f"CPU cost per request at {sizes[-1]} workers over {sizes[0]}: "
+            + ", ".join(f"{system} {r:.2f}x" for system, r in ratios.items())
+            + " (goal: at most 1.5x)"
+        )
+        console.print(
+            "ratios are against the first size, measured in this run; requests counts every round offered "
+            "(the window's arrivals, then the drain that lets them finish)."
+        )
         return
     console.print(speed_table((args.systems or "vllm").split(","), int(args.workers or 4), args.repeats or 3, args.workload))
-    console.print("decode iterations are advanced in coalesced runs between batch-membership changes; "
-                  "the null loop is the same heapq loop with no-op callbacks, measured in this run.")
+    console.print(
+        "decode iterations are advanced in coalesced runs between batch-membership changes; "
+        "the null loop is the same heapq loop with no-op callbacks, measured in this run."
+    )
 
 
 if __name__ == "__main__":

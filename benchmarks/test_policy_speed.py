@@ -46,9 +46,14 @@ def test_state_decision_64(benchmark, cost, policy):
 
 def routing_snapshot(workers=16, decoders=64):
     ws = tuple(
-        WorkerView(worker_id=w, active_requests=int(rng.integers(60, 70)), active_kv_blocks=int(rng.integers(500, 1400)), waiting_requests=2,
-                   decode_contexts=tuple(int(x) for x in rng.integers(2_000, 150_000, decoders)),
-                   match=PrefixMatch(int(rng.integers(0, 300)), int(rng.integers(0, 50)), 0))
+        WorkerView(
+            worker_id=w,
+            active_requests=int(rng.integers(60, 70)),
+            active_kv_blocks=int(rng.integers(500, 1400)),
+            waiting_requests=2,
+            decode_contexts=tuple(int(x) for x in rng.integers(2_000, 150_000, decoders)),
+            match=PrefixMatch(int(rng.integers(0, 300)), int(rng.integers(0, 50)), 0),
+        )
         for w in range(workers)
     )
     req = RouteRequest(seq=7, session_id="s", is_continuation=False, prompt_tokens=48_000, prompt_blocks=188)

@@ -78,8 +78,17 @@ def summary_table(res: dict[str, list[dict[str, Any]]], ref: dict[str, str], ext
         base = res.get(r0) if r0 else None
         g_out = fmt_gain(col(rs, "output_tps"), col(base, "output_tps")) if base and r0 != name else "ref"
         g_slo = fmt_gain(col(rs, "slo_tps"), col(base, "slo_tps")) if base and r0 != name else "ref"
-        row = [name, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "slo_tps")), fmt_ci(col(rs, "ttft_p95_s"), 2),
-               fmt_ci(col(rs, "tbt_mean_s"), 1, 1e3), fmt_ci(col(rs, "decode_concurrency"), 2), fmt_ci(col(rs, "reuse_hbm"), 3), g_out, g_slo]
+        row = [
+            name,
+            fmt_ci(col(rs, "output_tps")),
+            fmt_ci(col(rs, "slo_tps")),
+            fmt_ci(col(rs, "ttft_p95_s"), 2),
+            fmt_ci(col(rs, "tbt_mean_s"), 1, 1e3),
+            fmt_ci(col(rs, "decode_concurrency"), 2),
+            fmt_ci(col(rs, "reuse_hbm"), 3),
+            g_out,
+            g_slo,
+        ]
         for _, key, digits, scale in extra:
             row.append(fmt_ci(col(rs, key), digits, scale))
         rows.append(row)
@@ -96,28 +105,69 @@ def header(title: str, workloads: list[str], note: str = "") -> str:
 def exp_paper() -> str:
     cal = calibrated_slo()
     systems = ["vllm", CA, TA, "coda"]
-    cells = {f"{w}/{s}": (w, s, {"policies": {"state": {"shadow": "fewest_blocks"}}, "slo_pairs": [cal, *SLO_SWEEP]}, None) for w in ("M1", "M2", "M3") for s in systems}
+    cells = {
+        f"{w}/{s}": (w, s, {"policies": {"state": {"shadow": "fewest_blocks"}}, "slo_pairs": [cal, *SLO_SWEEP]}, None)
+        for w in ("M1", "M2", "M3")
+        for s in systems
+    }
     res = run_grid(cells, "paper_single")
     save("paper_single", res)
     key_cal = f"slo_tps@{cal[0]:g}/{cal[1]:g}"
-    out = [header("Table 1 / Table 3 shape (paper-single)", ["M1", "M2", "M3"],
-                  f"profile {DEFAULT_PROFILE}; default SLO TTFT <= 5 s, mean TBT <= 0.1 s; calibrated SLO TTFT <= {cal[0]:.4g} s, TBT <= {cal[1]:g} s.")]
+    out = [
+        header(
+            "Table 1 / Table 3 shape (paper-single)",
+            ["M1", "M2", "M3"],
+            f"profile {DEFAULT_PROFILE}; default SLO TTFT <= 5 s, mean TBT <= 0.1 s; calibrated SLO TTFT <= {cal[0]:.4g} s, TBT <= {cal[1]:g} s.",
+        )
+    ]
     rows = []
     for w in ("M1", "M2", "M3"):
         for s in systems:
             rs = res[f"{w}/{s}"]
-            rows.append([w, s, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "useful_tps")), fmt_ci(col(rs, "slo_tps")), fmt_ci(col(rs, key_cal)),
-                         fmt_ci(col(rs, "tbt_mean_s"), 1, 1e3), fmt_ci(col(rs, "ttft_p95_s"), 2),
-                         f"{mean_of(rs, 'shadow.state.differs') / max(mean_of(rs, 'shadow.state.decisions'), 1):.1%}"])
-    out.append(md_table(["workload", "system", "output tok/s", "useful tok/s", "SLO tok/s", "SLO tok/s (calibrated)", "mean TBT ms", "TTFT p95 s",
-                         "admissions differing from fewest_blocks (shadow)"], rows))
+            rows.append(
+                [
+                    w,
+                    s,
+                    fmt_ci(col(rs, "output_tps")),
+                    fmt_ci(col(rs, "useful_tps")),
+                    fmt_ci(col(rs, "slo_tps")),
+                    fmt_ci(col(rs, key_cal)),
+                    fmt_ci(col(rs, "tbt_mean_s"), 1, 1e3),
+                    fmt_ci(col(rs, "ttft_p95_s"), 2),
+                    f"{mean_of(rs, 'shadow.state.differs') / max(mean_of(rs, 'shadow.state.decisions'), 1):.1%}",
+                ]
+            )
+    out.append(
+        md_table(
+            [
+                "workload",
+                "system",
+                "output tok/s",
+                "useful tok/s",
+                "SLO tok/s",
+                "SLO tok/s (calibrated)",
+                "mean TBT ms",
+                "TTFT p95 s",
+                "admissions differing from fewest_blocks (shadow)",
+            ],
+            rows,
+        )
+    )
     out.append("\nGains, ratio of sums over seeds [jackknife 95% interval]:\n")
     rows = []
     for w in ("M1", "M2", "M3"):
         for s, ref in ((TA, CA), ("coda", TA), ("coda", CA), (CA, "vllm"), (TA, "vllm"), ("coda", "vllm")):
             a, b = res[f"{w}/{s}"], res[f"{w}/{ref}"]
-            rows.append([w, f"{s} vs {ref}", fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "useful_tps"), col(b, "useful_tps")),
-                         fmt_gain(col(a, "slo_tps"), col(b, "slo_tps")), fmt_gain(col(a, key_cal), col(b, key_cal))])
+            rows.append(
+                [
+                    w,
+                    f"{s} vs {ref}",
+                    fmt_gain(col(a, "output_tps"), col(b, "output_tps")),
+                    fmt_gain(col(a, "useful_tps"), col(b, "useful_tps")),
+                    fmt_gain(col(a, "slo_tps"), col(b, "slo_tps")),
+                    fmt_gain(col(a, key_cal), col(b, key_cal)),
+                ]
+            )
     out.append(md_table(["workload", "comparison", "output", "useful", "SLO (default)", "SLO (calibrated)"], rows))
     out.append("\nMechanism probes (means over seeds; decisions inside the measurement window):\n")
     rows = []
@@ -128,14 +178,41 @@ def exp_paper() -> str:
             for r in rs:
                 for k, v in r["state_probe"]["branches"].items():
                     br[k] = br.get(k, 0) + v / len(rs)
-            rows.append([w, s, fmt_ci(col(rs, "decode_concurrency"), 2), fmt_ci(col(rs, "hbm_used_frac_mean"), 3), fmt_ci(col(rs, "resumed_paths.hbm"), 3),
-                         fmt_ci(col(rs, "resumed_paths.dram"), 3), fmt_ci(col(rs, "preemptions"), 0), fmt_ci(col(rs, "waiting_mean"), 1),
-                         fmt_ci(col(rs, "state_probe.mean_extra_blocks_chosen"), 1), fmt_ci(col(rs, "state_probe.admissions_equal_fcfs"), 3),
-                         fmt_ci(col(rs, "state_probe.head_waited_w_max_share"), 3),
-                         "; ".join(f"{k} {v:.1%}" for k, v in sorted(br.items(), key=lambda kv: -kv[1]))])
-    out.append(md_table(["workload", "system", "decode concurrency", "HBM used (mean frac)", "resumed via HBM", "resumed via DRAM", "preemptions",
-                         "waiting (mean)", "extra blocks of admitted", "admissions = FCFS head", "decisions with head waited >= W_max",
-                         "decision branches"], rows))
+            rows.append(
+                [
+                    w,
+                    s,
+                    fmt_ci(col(rs, "decode_concurrency"), 2),
+                    fmt_ci(col(rs, "hbm_used_frac_mean"), 3),
+                    fmt_ci(col(rs, "resumed_paths.hbm"), 3),
+                    fmt_ci(col(rs, "resumed_paths.dram"), 3),
+                    fmt_ci(col(rs, "preemptions"), 0),
+                    fmt_ci(col(rs, "waiting_mean"), 1),
+                    fmt_ci(col(rs, "state_probe.mean_extra_blocks_chosen"), 1),
+                    fmt_ci(col(rs, "state_probe.admissions_equal_fcfs"), 3),
+                    fmt_ci(col(rs, "state_probe.head_waited_w_max_share"), 3),
+                    "; ".join(f"{k} {v:.1%}" for k, v in sorted(br.items(), key=lambda kv: -kv[1])),
+                ]
+            )
+    out.append(
+        md_table(
+            [
+                "workload",
+                "system",
+                "decode concurrency",
+                "HBM used (mean frac)",
+                "resumed via HBM",
+                "resumed via DRAM",
+                "preemptions",
+                "waiting (mean)",
+                "extra blocks of admitted",
+                "admissions = FCFS head",
+                "decisions with head waited >= W_max",
+                "decision branches",
+            ],
+            rows,
+        )
+    )
     out.append("\nSLO regime: SLO tok/s gain of cachewise+ta over cachewise at other SLO pairs (same runs):\n")
     rows = []
     for ttft, tbt in SLO_SWEEP:
@@ -146,13 +223,33 @@ def exp_paper() -> str:
             share = sum(col(b, k)) / sum(col(b, "output_tps"))
             row += [f"{share:.1%}", fmt_gain(col(a, k), col(b, k))]
         rows.append(row)
-    out.append(md_table(["SLO", "M1 cachewise in-SLO share", "M1 TA vs CW", "M2 cachewise in-SLO share", "M2 TA vs CW", "M3 cachewise in-SLO share",
-                         "M3 TA vs CW"], rows))
+    out.append(
+        md_table(
+            [
+                "SLO",
+                "M1 cachewise in-SLO share",
+                "M1 TA vs CW",
+                "M2 cachewise in-SLO share",
+                "M2 TA vs CW",
+                "M3 cachewise in-SLO share",
+                "M3 TA vs CW",
+            ],
+            rows,
+        )
+    )
     return "\n".join(out)
 
 
-def _pair_experiment(name: str, title: str, variants: dict[str, tuple[dict[str, Any], Any]], workloads: list[str], systems: list[str], note: str,
-                     ref_variant: str | None = None, extra: list[tuple[str, str, int, float]] = ()) -> str:
+def _pair_experiment(
+    name: str,
+    title: str,
+    variants: dict[str, tuple[dict[str, Any], Any]],
+    workloads: list[str],
+    systems: list[str],
+    note: str,
+    ref_variant: str | None = None,
+    extra: list[tuple[str, str, int, float]] = (),
+) -> str:
     cells = {}
     for w in workloads:
         for v, (over, tr) in variants.items():
@@ -175,31 +272,60 @@ def _pair_experiment(name: str, title: str, variants: dict[str, tuple[dict[str, 
                     continue
                 for s in systems:
                     a, b = res[f"{w}/{v}/{s}"], res[f"{w}/{ref_variant}/{s}"]
-                    rows.append([f"{w}/{v}/{s}", fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "slo_tps"), col(b, "slo_tps"))])
+                    rows.append(
+                        [
+                            f"{w}/{v}/{s}",
+                            fmt_gain(col(a, "output_tps"), col(b, "output_tps")),
+                            fmt_gain(col(a, "slo_tps"), col(b, "slo_tps")),
+                        ]
+                    )
         out.append(md_table(["cell", "output vs ref variant", "SLO vs ref variant"], rows))
     return "\n".join(out)
 
 
 def exp_load() -> str:
     wls = ["M1", "M2", "M3", "m9", "m11"]
-    return _pair_experiment("load", "Offered load (cachewise = reference of each row pair)", {"default": ({}, None)}, wls, [CA, TA],
-                            f"profile {DEFAULT_PROFILE}; default SLO.",
-                            extra=[("preemptions", "preemptions", 0, 1.0), ("waiting", "waiting_mean", 1, 1.0)])
+    return _pair_experiment(
+        "load",
+        "Offered load (cachewise = reference of each row pair)",
+        {"default": ({}, None)},
+        wls,
+        [CA, TA],
+        f"profile {DEFAULT_PROFILE}; default SLO.",
+        extra=[("preemptions", "preemptions", 0, 1.0), ("waiting", "waiting_mean", 1, 1.0)],
+    )
 
 
 def exp_memory() -> str:
     variants = {f"hbm={g:g}GiB": ({"hbm_kv_gib": g}, None) for g in (20.0, 33.91, 68.0)}
-    return _pair_experiment("memory", "HBM KV capacity (cachewise = reference)", variants, ["M2", "M3"], [CA, TA],
-                            f"profile {DEFAULT_PROFILE} (default HBM KV 33.91 GiB); default SLO.", ref_variant="hbm=33.91GiB",
-                            extra=[("preemptions", "preemptions", 0, 1.0)])
+    return _pair_experiment(
+        "memory",
+        "HBM KV capacity (cachewise = reference)",
+        variants,
+        ["M2", "M3"],
+        [CA, TA],
+        f"profile {DEFAULT_PROFILE} (default HBM KV 33.91 GiB); default SLO.",
+        ref_variant="hbm=33.91GiB",
+        extra=[("preemptions", "preemptions", 0, 1.0)],
+    )
 
 
 def exp_tools() -> str:
-    variants = {"tools x0.25": ({}, lambda w: scale_tools(w, 0.25)), "tools x1": ({}, None), "tools x4": ({}, lambda w: scale_tools(w, 4.0)),
-                "tools constant": ({}, constant_tools)}
-    return _pair_experiment("tools", "Tool-time distribution (cachewise = reference)", variants, ["M2", "M3"], [CA, TA, "cachewise-lru"],
-                            f"profile {DEFAULT_PROFILE}; default SLO; tool intervals scaled (think times kept) or set to the workload's mean tool interval.",
-                            ref_variant="tools x1")
+    variants = {
+        "tools x0.25": ({}, lambda w: scale_tools(w, 0.25)),
+        "tools x1": ({}, None),
+        "tools x4": ({}, lambda w: scale_tools(w, 4.0)),
+        "tools constant": ({}, constant_tools),
+    }
+    return _pair_experiment(
+        "tools",
+        "Tool-time distribution (cachewise = reference)",
+        variants,
+        ["M2", "M3"],
+        [CA, TA, "cachewise-lru"],
+        f"profile {DEFAULT_PROFILE}; default SLO; tool intervals scaled (think times kept) or set to the workload's mean tool interval.",
+        ref_variant="tools x1",
+    )
 
 
 def _slow_link_profiles() -> dict[str, str]:
@@ -212,10 +338,16 @@ def _slow_link_profiles() -> dict[str, str]:
     for f in (4, 16):
         p = dict(base)
         p["name"] = f"{DEFAULT_PROFILE}-h2d-x{f}"
-        p["description"] = base["description"] + f" EXPERIMENT ONLY: H2D and D2H times x{f} (a link {f}x slower), everything else unchanged."
+        p["description"] = (
+            base["description"] + f" EXPERIMENT ONLY: H2D and D2H times x{f} (a link {f}x slower), everything else unchanged."
+        )
         for link in ("h2d", "d2h"):
             p[link] = {"points": [[x, y * f] for x, y in base[link]["points"]]}
-        p["provenance"] = {**base["provenance"], "h2d": f"experiment: default curve times {f}", "d2h": f"experiment: default curve times {f}"}
+        p["provenance"] = {
+            **base["provenance"],
+            "h2d": f"experiment: default curve times {f}",
+            "d2h": f"experiment: default curve times {f}",
+        }
         path = PROFILES / f"{p['name']}.json"
         path.write_text(json.dumps(p, indent=1) + "\n")
         out[f"pcie {f}x slower"] = str(path.relative_to(ROOT))
@@ -225,8 +357,15 @@ def _slow_link_profiles() -> dict[str, str]:
 def exp_pcie() -> str:
     profs = _slow_link_profiles()
     variants = {k: ({"profile": v}, None) for k, v in profs.items()}
-    return _pair_experiment("pcie", "DRAM->HBM restore cost (cachewise = reference)", variants, ["M2", "M3"], [CA, TA],
-                            "profiles: " + ", ".join(f"{k} = {v}" for k, v in profs.items()) + "; default SLO.", ref_variant="pcie 1x")
+    return _pair_experiment(
+        "pcie",
+        "DRAM->HBM restore cost (cachewise = reference)",
+        variants,
+        ["M2", "M3"],
+        [CA, TA],
+        "profiles: " + ", ".join(f"{k} = {v}" for k, v in profs.items()) + "; default SLO.",
+        ref_variant="pcie 1x",
+    )
 
 
 def exp_ta() -> str:
@@ -251,10 +390,20 @@ def exp_ta() -> str:
     res = run_grid(cells, "ta_params")
     save("ta_params", res)
     ref = {k: k.split("/")[0] + "/cachewise" for k in res}
-    out = [header("Tiered-Aging parameters (reference: cachewise on the same workload)", ["M2", "M3"], f"profile {DEFAULT_PROFILE}; default SLO."),
-           summary_table(res, ref, [("extra blocks admitted", "state_probe.mean_extra_blocks_chosen", 1, 1.0),
-                                    ("= FCFS head", "state_probe.admissions_equal_fcfs", 3, 1.0),
-                                    ("= fewest_blocks", "state_probe.admissions_equal_fewest_blocks", 3, 1.0)])]
+    out = [
+        header(
+            "Tiered-Aging parameters (reference: cachewise on the same workload)", ["M2", "M3"], f"profile {DEFAULT_PROFILE}; default SLO."
+        ),
+        summary_table(
+            res,
+            ref,
+            [
+                ("extra blocks admitted", "state_probe.mean_extra_blocks_chosen", 1, 1.0),
+                ("= FCFS head", "state_probe.admissions_equal_fcfs", 3, 1.0),
+                ("= fewest_blocks", "state_probe.admissions_equal_fewest_blocks", 3, 1.0),
+            ],
+        ),
+    ]
     return "\n".join(out)
 
 
@@ -267,15 +416,30 @@ def exp_eviction() -> str:
         cells[f"{w}/cachewise, median residual"] = (w, CA, {"policies": {"eviction": {"params": {"statistic": "median"}}}}, None)
     res = run_grid(cells, "eviction")
     save("eviction", res)
-    pairs = {"cachewise": "cachewise-lru", "cachewise-lru": "cachewise-lru", TA: "ta-lru", "ta-lru": "ta-lru", "vllm": "vllm", "fifo-ta-evict": "vllm",
-             "cachewise, oracle tool times": "cachewise-lru", "cachewise, median residual": "cachewise-lru"}
+    pairs = {
+        "cachewise": "cachewise-lru",
+        "cachewise-lru": "cachewise-lru",
+        TA: "ta-lru",
+        "ta-lru": "ta-lru",
+        "vllm": "vllm",
+        "fifo-ta-evict": "vllm",
+        "cachewise, oracle tool times": "cachewise-lru",
+        "cachewise, median residual": "cachewise-lru",
+    }
     ref = {k: k.split("/")[0] + "/" + pairs[k.split("/")[1]] for k in res}
-    return "\n".join([header("Tool-aware HBM reclaim vs LRU (reference: the same admission policy with LRU)", ["M2", "M3"],
-                             f"profile {DEFAULT_PROFILE}; default SLO. cachewise-lru, ta-lru, fifo-ta-evict are experiment-only recombinations "
-                             "(experiments/common.py VARIANTS); 'oracle tool times' gives the tool-aware reclaim the true remaining "
-                             "tool/think time from the trace (ended sessions: infinite), 'median residual' the median instead of the mean "
-                             "residual of the observed durations (tool_aware's statistic: median; the oracle: experiments/common.py OracleToolAware)."),
-                      summary_table(res, ref, [("resumed via HBM", "resumed_paths.hbm", 3, 1.0), ("preemptions", "preemptions", 0, 1.0)])])
+    return "\n".join(
+        [
+            header(
+                "Tool-aware HBM reclaim vs LRU (reference: the same admission policy with LRU)",
+                ["M2", "M3"],
+                f"profile {DEFAULT_PROFILE}; default SLO. cachewise-lru, ta-lru, fifo-ta-evict are experiment-only recombinations "
+                "(experiments/common.py VARIANTS); 'oracle tool times' gives the tool-aware reclaim the true remaining "
+                "tool/think time from the trace (ended sessions: infinite), 'median residual' the median instead of the mean "
+                "residual of the observed durations (tool_aware's statistic: median; the oracle: experiments/common.py OracleToolAware).",
+            ),
+            summary_table(res, ref, [("resumed via HBM", "resumed_paths.hbm", 3, 1.0), ("preemptions", "preemptions", 0, 1.0)]),
+        ]
+    )
 
 
 def _extended_domain_profile() -> str:
@@ -315,16 +479,33 @@ def exp_kernel() -> str:
     res = run_grid(cells, "kernel")
     save("kernel", res)
     ref = {k: k.rsplit("/", 1)[0] + f"/{TA}" for k in res}
-    notes = "; ".join(f"{lab}: workload {w}{' with every token count x1/13' if tr else ''}, profile {p}{' ' + json.dumps(o) if o else ''}"
-                      for lab, w, p, tr, o in setups)
-    return "\n".join([header("Cohort execution admission by attention kernel (reference: cachewise+ta, the same engine without cohorts)",
-                             sorted({w for _, w, *_ in setups}), notes + "; default SLO."),
-                      summary_table(res, ref, [("eligible steps", "step_probe.eligible_share", 3, 1.0), ("in-domain steps", "step_probe.in_domain_share", 3, 1.0),
-                                               ("split steps", "step_probe.split_share", 4, 1.0),
-                                               ("attention saved / busy time", "step_probe.attn_saved_share_of_busy", 4, 1.0),
-                                               ("attention / decode time", "step_probe.attn_share_of_decode_time", 3, 1.0),
-                                               ("pure-decode share of busy", "step_probe.decode_time_share", 3, 1.0),
-                                               ("batch p50", "step_probe.batch_p50", 1, 1.0), ("max/min p50", "step_probe.ratio_p50", 2, 1.0)])])
+    notes = "; ".join(
+        f"{lab}: workload {w}{' with every token count x1/13' if tr else ''}, profile {p}{' ' + json.dumps(o) if o else ''}"
+        for lab, w, p, tr, o in setups
+    )
+    return "\n".join(
+        [
+            header(
+                "Cohort execution admission by attention kernel (reference: cachewise+ta, the same engine without cohorts)",
+                sorted({w for _, w, *_ in setups}),
+                notes + "; default SLO.",
+            ),
+            summary_table(
+                res,
+                ref,
+                [
+                    ("eligible steps", "step_probe.eligible_share", 3, 1.0),
+                    ("in-domain steps", "step_probe.in_domain_share", 3, 1.0),
+                    ("split steps", "step_probe.split_share", 4, 1.0),
+                    ("attention saved / busy time", "step_probe.attn_saved_share_of_busy", 4, 1.0),
+                    ("attention / decode time", "step_probe.attn_share_of_decode_time", 3, 1.0),
+                    ("pure-decode share of busy", "step_probe.decode_time_share", 3, 1.0),
+                    ("batch p50", "step_probe.batch_p50", 1, 1.0),
+                    ("max/min p50", "step_probe.ratio_p50", 2, 1.0),
+                ],
+            ),
+        ]
+    )
 
 
 def exp_mechanism() -> str:
@@ -347,13 +528,28 @@ def exp_mechanism() -> str:
     res = run_grid(cells, "mechanism")
     save("mechanism", res)
     ref = {k: k.split("/")[0] + "/cachewise (fewest blocks, no aging, no guard)" for k in res}
-    return "\n".join([header("What in Tiered-Aging loses to fewest-blocks: the cost unit or the guard (reference: cachewise)", ["M2", "M3"],
-                             f"profile {DEFAULT_PROFILE}; default SLO. cw-guarded and cw-aged-blocks are experiment-only policies "
-                             "(experiments/common.py VARIANTS: tiered_aging with the cost in blocks), all with tool-aware reclaim except vllm."),
-                      summary_table(res, ref, [("TTFT max s", "ttft_max_s", 0, 1.0), ("TTFT > 60 s or unfinished", "ttft_over_60s", 1, 1.0),
-                                               ("extra blocks admitted", "state_probe.mean_extra_blocks_chosen", 1, 1.0),
-                                               ("= FCFS head", "state_probe.admissions_equal_fcfs", 3, 1.0),
-                                               ("HBM used", "hbm_used_frac_mean", 3, 1.0), ("offered", "offered", 0, 1.0)])])
+    return "\n".join(
+        [
+            header(
+                "What in Tiered-Aging loses to fewest-blocks: the cost unit or the guard (reference: cachewise)",
+                ["M2", "M3"],
+                f"profile {DEFAULT_PROFILE}; default SLO. cw-guarded and cw-aged-blocks are experiment-only policies "
+                "(experiments/common.py VARIANTS: tiered_aging with the cost in blocks), all with tool-aware reclaim except vllm.",
+            ),
+            summary_table(
+                res,
+                ref,
+                [
+                    ("TTFT max s", "ttft_max_s", 0, 1.0),
+                    ("TTFT > 60 s or unfinished", "ttft_over_60s", 1, 1.0),
+                    ("extra blocks admitted", "state_probe.mean_extra_blocks_chosen", 1, 1.0),
+                    ("= FCFS head", "state_probe.admissions_equal_fcfs", 3, 1.0),
+                    ("HBM used", "hbm_used_frac_mean", 3, 1.0),
+                    ("offered", "offered", 0, 1.0),
+                ],
+            ),
+        ]
+    )
 
 
 def exp_eviction_slow() -> str:
@@ -367,9 +563,16 @@ def exp_eviction_slow() -> str:
     res = run_grid(cells, "eviction_slow")
     save("eviction_slow", res)
     ref = {k: k.split("/")[0] + "/cachewise-lru" for k in res}
-    return "\n".join([header("Tool-aware reclaim vs LRU with a 16x slower DRAM->HBM link (reference: cachewise-lru)", ["M2", "M3"],
-                             f"profile {prof}; default SLO."),
-                      summary_table(res, ref, [("resumed via HBM", "resumed_paths.hbm", 3, 1.0)])])
+    return "\n".join(
+        [
+            header(
+                "Tool-aware reclaim vs LRU with a 16x slower DRAM->HBM link (reference: cachewise-lru)",
+                ["M2", "M3"],
+                f"profile {prof}; default SLO.",
+            ),
+            summary_table(res, ref, [("resumed via HBM", "resumed_paths.hbm", 3, 1.0)]),
+        ]
+    )
 
 
 def exp_kernel_ceiling() -> str:
@@ -398,19 +601,43 @@ def exp_kernel_ceiling() -> str:
     for k in res:
         w = k.split("/")[0]
         ref[k] = f"{w}/cachewise+ta, FA2" if "coda" in k or "cachewise+ta" in k else f"{w}/vllm, FA2"
-    return "\n".join([header("Ceiling of cohort splitting under the A100 FA2 model (paper contexts)", ["M2", "M3"],
-                             f"profiles a100-qwen3coder30b-fp8-fa2 and {nob} (domain stretched to 256K, residual bounds 0); default SLO. "
-                             "'skew penalty' = attention time above a near-uniform batch of the same size and total context "
-                             "(what no split or routing can remove more of), as a share of busy time and of the uniform attention time."),
-                      summary_table(res, ref, [("split steps", "step_probe.split_share", 4, 1.0),
-                                               ("attention saved / busy", "step_probe.attn_saved_share_of_busy", 4, 1.0),
-                                               ("skew penalty / busy", "step_probe.skew_penalty_share_of_busy", 4, 1.0),
-                                               ("skew penalty / uniform attention", "step_probe.skew_penalty_of_attention", 3, 1.0),
-                                               ("attention / decode time", "step_probe.attn_share_of_decode_time", 3, 1.0)])])
+    return "\n".join(
+        [
+            header(
+                "Ceiling of cohort splitting under the A100 FA2 model (paper contexts)",
+                ["M2", "M3"],
+                f"profiles a100-qwen3coder30b-fp8-fa2 and {nob} (domain stretched to 256K, residual bounds 0); default SLO. "
+                "'skew penalty' = attention time above a near-uniform batch of the same size and total context "
+                "(what no split or routing can remove more of), as a share of busy time and of the uniform attention time.",
+            ),
+            summary_table(
+                res,
+                ref,
+                [
+                    ("split steps", "step_probe.split_share", 4, 1.0),
+                    ("attention saved / busy", "step_probe.attn_saved_share_of_busy", 4, 1.0),
+                    ("skew penalty / busy", "step_probe.skew_penalty_share_of_busy", 4, 1.0),
+                    ("skew penalty / uniform attention", "step_probe.skew_penalty_of_attention", 3, 1.0),
+                    ("attention / decode time", "step_probe.attn_share_of_decode_time", 3, 1.0),
+                ],
+            ),
+        ]
+    )
 
 
-EXPERIMENTS = {"paper": exp_paper, "load": exp_load, "memory": exp_memory, "tools": exp_tools, "pcie": exp_pcie, "ta": exp_ta,
-               "eviction": exp_eviction, "kernel": exp_kernel, "mechanism": exp_mechanism, "kernel_ceiling": exp_kernel_ceiling, "eviction_slow": exp_eviction_slow}
+EXPERIMENTS = {
+    "paper": exp_paper,
+    "load": exp_load,
+    "memory": exp_memory,
+    "tools": exp_tools,
+    "pcie": exp_pcie,
+    "ta": exp_ta,
+    "eviction": exp_eviction,
+    "kernel": exp_kernel,
+    "mechanism": exp_mechanism,
+    "kernel_ceiling": exp_kernel_ceiling,
+    "eviction_slow": exp_eviction_slow,
+}
 
 
 if __name__ == "__main__":

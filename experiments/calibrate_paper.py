@@ -52,18 +52,29 @@ def variant(base: str, terms: str, folder: Path) -> str:
 def report(profile: str, label: str, seeds: list[int], sweep: SweepOptions) -> None:
     print(f"CacheWise, profile {label}, seeds {seeds}, window {PRESET.warmup_s:g}-{PRESET.duration_s:g} s")
     print(f"{'':4} {'output tok/s':>24} {'useful/output':>22} {'mean TBT ms':>22} {'decoders':>9}")
-    cells = [Cell(f"{wl.label} seed {s}", {"profile": profile_digest(profile), "workload": wl.label, "seed": s}, partial(run, profile, wl.label, s),
-                  weight=PRESET.duration_s) for wl in PRESET.workloads for s in seeds]
+    cells = [
+        Cell(
+            f"{wl.label} seed {s}",
+            {"profile": profile_digest(profile), "workload": wl.label, "seed": s},
+            partial(run, profile, wl.label, s),
+            weight=PRESET.duration_s,
+        )
+        for wl in PRESET.workloads
+        for s in seeds
+    ]
     results = run_cells(cells, sweep, title=f"calibrate {label}")
     for i, wl in enumerate(PRESET.workloads):
         paper = CACHEWISE[wl.label]
-        rows = results[i * len(seeds):(i + 1) * len(seeds)]
+        rows = results[i * len(seeds) : (i + 1) * len(seeds)]
         m = {k: statistics.mean(float("nan") if r[k] is None else r[k] for r in rows) for k in rows[0]}
         tbt_p = (paper.tbt_mean_s or float("nan")) * 1e3
         ratio_p = paper.useful_per_output or float("nan")
-        print(f"{wl.label:4} {m['output_tps']:8.1f} vs {paper.output_tps:6.1f} ({m['output_tps'] / paper.output_tps - 1:+6.1%}) "
-              f"{m['useful_ratio']:7.2f} vs {ratio_p:5.1f} ({m['useful_ratio'] / ratio_p - 1:+6.1%}) "
-              f"{m['tbt_ms']:7.1f} vs {tbt_p:5.1f} ({m['tbt_ms'] / tbt_p - 1:+6.1%}) {m['concurrency']:9.2f}", flush=True)
+        print(
+            f"{wl.label:4} {m['output_tps']:8.1f} vs {paper.output_tps:6.1f} ({m['output_tps'] / paper.output_tps - 1:+6.1%}) "
+            f"{m['useful_ratio']:7.2f} vs {ratio_p:5.1f} ({m['useful_ratio'] / ratio_p - 1:+6.1%}) "
+            f"{m['tbt_ms']:7.1f} vs {tbt_p:5.1f} ({m['tbt_ms'] / tbt_p - 1:+6.1%}) {m['concurrency']:9.2f}",
+            flush=True,
+        )
 
 
 def main() -> int:

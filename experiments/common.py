@@ -131,7 +131,9 @@ def constant_tools(wl: Workload) -> Workload:
     sessions = []
     for s in wl.sessions:
         rounds = [
-            dataclasses_replace_round(r, tool_duration_s=mean, tools=[ToolCall(name=t.name, duration_s=mean) for t in r.tools]) if r.tools else r
+            dataclasses_replace_round(r, tool_duration_s=mean, tools=[ToolCall(name=t.name, duration_s=mean) for t in r.tools])
+            if r.tools
+            else r
             for r in s.rounds
         ]
         sessions.append(Session(session_id=s.session_id, start_s=s.start_s, rounds=rounds, prefix_group=s.prefix_group, tenant=s.tenant))
@@ -347,7 +349,7 @@ class RouteProbe(SimObserver):
         kv = np.array([w.active_kv_blocks for w in ws], dtype=float)
         self.excess_load += snap.workers[chosen].active_requests - loads.min()
         self.spread_req += loads.max() - loads.min()
-        self.spread_kv += (kv.max() - kv.min())
+        self.spread_kv += kv.max() - kv.min()
         self.kv_max_over_mean += kv.max() / kv.mean() if kv.mean() > 0 else 1.0
         rule = self.coda.explain(snap)
         if rule.rule == "context compatible":
@@ -380,19 +382,48 @@ class RouteProbe(SimObserver):
 
 
 # --- one cell -------------------------------------------------------------------------------
-METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tbt_p50_s", "tbt_p95_s",
-           "tbt_mean_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s", "reuse_hbm", "reuse_store", "decode_concurrency", "preemptions", "offered",
-           "completed", "unfinished")
+METRICS = (
+    "output_tps",
+    "slo_tps",
+    "useful_tps",
+    "request_tps",
+    "goodput",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "ttft_p99_s",
+    "tbt_p50_s",
+    "tbt_p95_s",
+    "tbt_mean_s",
+    "e2e_p50_s",
+    "e2e_p95_s",
+    "e2e_p99_s",
+    "reuse_hbm",
+    "reuse_store",
+    "decode_concurrency",
+    "preemptions",
+    "offered",
+    "completed",
+    "unfinished",
+)
 
 
-def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, probes: Sequence[str] = ("state", "step"),
-             slo_pairs: Sequence[tuple[float, float]] = (), **overrides: Any) -> dict[str, Any]:
+def run_cell(
+    workload: Workload,
+    system: str,
+    seed: int,
+    *,
+    workers: int = 1,
+    probes: Sequence[str] = ("state", "step"),
+    slo_pairs: Sequence[tuple[float, float]] = (),
+    **overrides: Any,
+) -> dict[str, Any]:
     """One simulation with read-only probes; returns metrics, probe reports and per-worker shares.
     ``system``: a preset or a name of ``VARIANTS``; ``policies`` in ``overrides`` lays a block over it."""
     preset, block = VARIANTS.get(system, (system, {}))
     policies = PoliciesOverride.model_validate(block).then(PoliciesOverride.model_validate(overrides.pop("policies", {})))
     cfg = SimConfig(system=preset, workers=workers, seed=seed, warmup_s=overrides.pop("warmup_s", WARMUP_S)).with_overrides(
-        policies=policies, **overrides)
+        policies=policies, **overrides
+    )
     observers: list[Any] = []
     step = route = None
     cost = build_cost_model(load_profile(cfg.profile))
@@ -417,7 +448,9 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
     out["wall_s"] = wall
     out["resumed_paths"] = summ["resumed_paths"]
     out["shadow"] = summ["shadow"]
-    out["hbm_used_frac_mean"] = float(np.mean(res.sim.recorder.samples["hbm_used_frac"])) if res.sim.recorder.samples["hbm_used_frac"] else None
+    out["hbm_used_frac_mean"] = (
+        float(np.mean(res.sim.recorder.samples["hbm_used_frac"])) if res.sim.recorder.samples["hbm_used_frac"] else None
+    )
     w = res.sim.window
     samples = res.sim.recorder.samples
     ts = np.array(samples["t_s"])
@@ -443,8 +476,16 @@ def run_cell(workload: Workload, system: str, seed: int, *, workers: int = 1, pr
         tot = sum(per.values()) or 1
         shares = sorted((per[i] / tot for i in range(workers)), reverse=True)
         out["worker_output_shares"] = shares
-    out["config"] = {"system": system, "seed": seed, "workers": workers, "profile": cfg.profile, "hbm_kv_gib": cfg.hbm_kv_gib,
-                     "policies": sim.policies.spec.describe(), "slo": cfg.slo.model_dump(), "warmup_s": cfg.warmup_s}
+    out["config"] = {
+        "system": system,
+        "seed": seed,
+        "workers": workers,
+        "profile": cfg.profile,
+        "hbm_kv_gib": cfg.hbm_kv_gib,
+        "policies": sim.policies.spec.describe(),
+        "slo": cfg.slo.model_dump(),
+        "warmup_s": cfg.warmup_s,
+    }
     return out
 
 
@@ -543,14 +584,21 @@ def _identity(fn: Callable[..., Any] | None) -> str | None:
     return f"{fn.__module__}.{fn.__qualname__}: {source} {bound!r}"
 
 
-def _grid_cell(build: Callable[[str, int], Workload], label: str, transform: Callable[[Workload], Workload] | None, system: str, seed: int,
-               over: dict[str, Any]) -> dict[str, Any]:
+def _grid_cell(
+    build: Callable[[str, int], Workload],
+    label: str,
+    transform: Callable[[Workload], Workload] | None,
+    system: str,
+    seed: int,
+    over: dict[str, Any],
+) -> dict[str, Any]:
     wl = build(label, seed)
     return run_cell(transform(wl) if transform is not None else wl, system, seed, **over)
 
 
-def run_grid(rows: Mapping[str, GridRow], name: str, seeds: Sequence[int] = SEEDS,
-             build: Callable[[str, int], Workload] = paper_workload) -> dict[str, list[dict[str, Any]]]:
+def run_grid(
+    rows: Mapping[str, GridRow], name: str, seeds: Sequence[int] = SEEDS, build: Callable[[str, int], Workload] = paper_workload
+) -> dict[str, list[dict[str, Any]]]:
     """Every row on every seed as one sweep (``SWEEP``: local processes or Ray, finished cells
     kept and resumed); ``build(label, seed)`` makes a row's workload. A cell's key holds its row,
     seed, workload (label, builder and transform), overrides, cost profile's content and this
@@ -560,9 +608,22 @@ def run_grid(rows: Mapping[str, GridRow], name: str, seeds: Sequence[int] = SEED
     for row, (label, system, over, transform) in rows.items():
         profile = profile_digest(over.get("profile") or SimConfig.model_fields["profile"].default)
         for seed in seeds:
-            config = {"cell": "experiment", "experiment": name, "row": row, "workload": label, "build": _identity(build),
-                      "transform": _identity(transform), "system": system, "variant": VARIANTS.get(system), "overrides": dict(over),
-                      "seed": seed, "profile": profile, "harness": harness}
-            cells.append(Cell(f"{row} seed {seed}", config, functools.partial(_grid_cell, build, label, transform, system, seed, dict(over))))
+            config = {
+                "cell": "experiment",
+                "experiment": name,
+                "row": row,
+                "workload": label,
+                "build": _identity(build),
+                "transform": _identity(transform),
+                "system": system,
+                "variant": VARIANTS.get(system),
+                "overrides": dict(over),
+                "seed": seed,
+                "profile": profile,
+                "harness": harness,
+            }
+            cells.append(
+                Cell(f"{row} seed {seed}", config, functools.partial(_grid_cell, build, label, transform, system, seed, dict(over)))
+            )
     flat = iter(run_cells(cells, SWEEP, title=name))
     return {row: [next(flat) for _ in seeds] for row in rows}

@@ -68,19 +68,37 @@ def main() -> int:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     slo = tuple(float(x) for x in args.slo.split(","))
-    print(f"paper-single workloads, seeds {seeds}, window {PRESET.warmup_s:g}-{PRESET.duration_s:g} s, calibrated SLO TTFT <= {slo[0]:g} s, "
-          f"TBT <= {slo[1] * 1e3:g} ms; Tiered-Aging (cachewise+ta) over CacheWise, ratios of sums over seeds\n")
+    print(
+        f"paper-single workloads, seeds {seeds}, window {PRESET.warmup_s:g}-{PRESET.duration_s:g} s, calibrated SLO TTFT <= {slo[0]:g} s, "
+        f"TBT <= {slo[1] * 1e3:g} ms; Tiered-Aging (cachewise+ta) over CacheWise, ratios of sums over seeds\n"
+    )
     print("| workload | variant | output | SLO (default) | SLO (calibrated) |\n|---|---|---|---|---|")
     systems = ("cachewise", "cachewise+ta")
-    grid = [(label, variant, seed, system) for label in args.workloads.split(",") for variant in args.variants.split(",") for seed in seeds
-            for system in systems]
-    cells = [Cell(f"{label} {variant} {system} seed {seed}", {"workload": label, "variant": variant, "seed": seed, "system": system, "slo": slo},
-                  partial(run, label, seed, system, variant, slo), weight=PRESET.duration_s) for label, variant, seed, system in grid]
+    grid = [
+        (label, variant, seed, system)
+        for label in args.workloads.split(",")
+        for variant in args.variants.split(",")
+        for seed in seeds
+        for system in systems
+    ]
+    cells = [
+        Cell(
+            f"{label} {variant} {system} seed {seed}",
+            {"workload": label, "variant": variant, "seed": seed, "system": system, "slo": slo},
+            partial(run, label, seed, system, variant, slo),
+            weight=PRESET.duration_s,
+        )
+        for label, variant, seed, system in grid
+    ]
     by = dict(zip(grid, run_cells(cells, sweep_options(args, None), title="faithful factors")))
     for label in args.workloads.split(","):
         for variant in args.variants.split(","):
-            sums = {system: {k: sum(by[(label, variant, seed, system)][k] for seed in seeds) for k in ("output_tps", "slo_tps", "slo_tps_calibrated")}
-                    for system in systems}
+            sums = {
+                system: {
+                    k: sum(by[(label, variant, seed, system)][k] for seed in seeds) for k in ("output_tps", "slo_tps", "slo_tps_calibrated")
+                }
+                for system in systems
+            }
             ta, cw = sums["cachewise+ta"], sums["cachewise"]
             cols = [f"{ta[k] / cw[k] - 1:+.1%}" if cw[k] else "-" for k in ("output_tps", "slo_tps", "slo_tps_calibrated")]
             print(f"| {label} | {variant} | " + " | ".join(cols) + " |", flush=True)

@@ -64,7 +64,9 @@ def fig_load() -> Path:
     ax.set_ylabel("Tiered-Aging vs fewest-blocks (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle("Tiered-Aging vs CacheWise's fewest-blocks by load (M1, M2, M3, m9, m11; gains = ratio of sums, jackknife 95% CI)", fontsize=10)
+    fig.suptitle(
+        "Tiered-Aging vs CacheWise's fewest-blocks by load (M1, M2, M3, m9, m11; gains = ratio of sums, jackknife 95% CI)", fontsize=10
+    )
     fig.text(0.5, 0.005, FOOT, ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     p = FIG / "ta_vs_cw_load.png"
@@ -107,7 +109,10 @@ def fig_mechanism() -> Path:
     axes[1].legend(fontsize=8)
     axes[1].grid(axis="y", alpha=0.3)
     axes[1].set_title("what the throughput costs: waiting of the worst-served request", fontsize=9)
-    fig.suptitle("M3 (a quarter of the 7 req/s sessions): the starvation guard, then aging, not the cost unit, separate Tiered-Aging from fewest-blocks", fontsize=10)
+    fig.suptitle(
+        "M3 (a quarter of the 7 req/s sessions): the starvation guard, then aging, not the cost unit, separate Tiered-Aging from fewest-blocks",
+        fontsize=10,
+    )
     fig.text(0.5, 0.005, FOOT + "; 'guard' = W_max 20 s starvation guard, 'aged' = cost/(1 + wait/5 s)", ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     p = FIG / "ta_mechanism_m3.png"

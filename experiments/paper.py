@@ -193,10 +193,16 @@ def paper_cell(preset: PaperPreset, wl_def: PaperWorkload, cfg: SimConfig) -> di
     w = result.sim.window
     profile = result.sim.profile
     return {
-        "system": cfg.system, "workload": wl_def.label, "seed": cfg.seed, "summary": result.summary(),
+        "system": cfg.system,
+        "workload": wl_def.label,
+        "seed": cfg.seed,
+        "summary": result.summary(),
         "records": [{k: r.get(k) for k in RECORD_FIELDS} for r in result.records],
-        "window": [w.start_s, w.end_s], "gaps": [vals, weights],
-        "routes": None if obs is None else {"decisions": obs.decisions, "differs": obs.differs, "chosen_d": obs.chosen_d, "shadow_d": obs.shadow_d},
+        "window": [w.start_s, w.end_s],
+        "gaps": [vals, weights],
+        "routes": None
+        if obs is None
+        else {"decisions": obs.decisions, "differs": obs.differs, "chosen_d": obs.chosen_d, "shadow_d": obs.shadow_d},
         "profile": {"name": profile.name, "kind": profile.kind, "description": profile.description},
     }
 
@@ -214,7 +220,9 @@ def window_metrics(run: Run, window: Window, ttft_s: float, tbt_s: float) -> dic
     records = run.records
     if window == run.window:
         return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=run.gaps)
-    inside = [r for r in records if r["tbt_mean_s"] is not None and r["output_tokens"] > 1 and window.start_s <= r["ready_s"] <= window.end_s]
+    inside = [
+        r for r in records if r["tbt_mean_s"] is not None and r["output_tokens"] > 1 and window.start_s <= r["ready_s"] <= window.end_s
+    ]
     gaps = (np.array([r["tbt_mean_s"] for r in inside], dtype=float), np.array([r["output_tokens"] - 1 for r in inside], dtype=float))
     return summarize(records, window, ttft_slo_s=ttft_s, tbt_slo_s=tbt_s, gaps=gaps)
 
@@ -224,8 +232,10 @@ def calibrate_slo(preset: PaperPreset, runs: list[Run]) -> SloFit | None:
     within SLO on each workload (pooled over seeds), in the primary window."""
     if not preset.slo_targets:
         return None
-    samples = {label: [SloSample.of(r.records, r.window) for r in runs if r.system == preset.slo_system and r.workload == label]
-               for label, _ in preset.slo_targets}
+    samples = {
+        label: [SloSample.of(r.records, r.window) for r in runs if r.system == preset.slo_system and r.workload == label]
+        for label, _ in preset.slo_targets
+    }
     targets = {label: CACHEWISE[paper].slo_share for label, paper in preset.slo_targets if CACHEWISE[paper].slo_share is not None}
     return fit_slo(samples, targets)
 
@@ -239,11 +249,20 @@ def preset_cells(preset: PaperPreset, seeds: list[int], base: SimConfig) -> list
     for wl_def in preset.workloads:
         for seed in seeds:
             for system in preset.systems:
-                cfg = base.with_overrides(system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s, policies=preset.shadows())
-                config = {"cell": "paper", "sim": cfg.model_dump(mode="json"), "profile": profile, "harness": harness,
-                          "workload": {**asdict(wl_def), "duration_s": preset.duration_s, "seed": seed},
-                          "route_distance": bool(preset.shadow_router and system == "coda")}
-                out.append(Cell(f"{wl_def.label} {system} seed {seed}", config, partial(paper_cell, preset, wl_def, cfg), weight=preset.duration_s))
+                cfg = base.with_overrides(
+                    system=system, workers=preset.workers, seed=seed, warmup_s=preset.warmup_s, policies=preset.shadows()
+                )
+                config = {
+                    "cell": "paper",
+                    "sim": cfg.model_dump(mode="json"),
+                    "profile": profile,
+                    "harness": harness,
+                    "workload": {**asdict(wl_def), "duration_s": preset.duration_s, "seed": seed},
+                    "route_distance": bool(preset.shadow_router and system == "coda"),
+                }
+                out.append(
+                    Cell(f"{wl_def.label} {system} seed {seed}", config, partial(paper_cell, preset, wl_def, cfg), weight=preset.duration_s)
+                )
     return out
 
 
@@ -251,8 +270,23 @@ def run_preset(preset: PaperPreset, seeds: list[int], base: SimConfig, sweep: Sw
     return [Run.of(cell) for cell in run_cells(preset_cells(preset, seeds, base), sweep, title=preset.name)]
 
 
-TABLE_METRICS = ("output_tps", "useful_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s",
-                 "e2e_p50_s", "e2e_p95_s", "tbt_mean_s", "reuse_hbm", "reuse_store", "decode_concurrency")
+TABLE_METRICS = (
+    "output_tps",
+    "useful_tps",
+    "slo_tps",
+    "request_tps",
+    "goodput",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "tbt_p50_s",
+    "tbt_p95_s",
+    "e2e_p50_s",
+    "e2e_p95_s",
+    "tbt_mean_s",
+    "reuse_hbm",
+    "reuse_store",
+    "decode_concurrency",
+)
 
 
 def _aggregate(runs: list[Run], key: Callable[[Run], dict[str, Any]]) -> dict[str, Any]:
@@ -279,7 +313,10 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
             if cal:
                 long_cal = [window_metrics(r, r.window, *cal) for r in sel]
                 short_cal = [window_metrics(r, short_window(r), *cal) for r in sel]
-                cell["calibrated"] = {"slo_tps": mean_ci(c["slo_tps"] for c in long_cal), "goodput": mean_ci(c["goodput"] for c in long_cal)}
+                cell["calibrated"] = {
+                    "slo_tps": mean_ci(c["slo_tps"] for c in long_cal),
+                    "goodput": mean_ci(c["goodput"] for c in long_cal),
+                }
                 cell["window_10min"]["slo_tps_calibrated"] = mean_ci(c["slo_tps"] for c in short_cal)
                 sums[key]["slo_tps_calibrated"] = [c["slo_tps"] for c in long_cal]
                 sums[key]["slo_tps_calibrated_10min"] = [c["slo_tps"] for c in short_cal]
@@ -296,7 +333,9 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
         for system in preset.systems:
             c = sums[f"{wl.label}/{system}"]
             gains[f"{wl.label}/{system}"] = {
-                ref: _gains(c, sums[f"{wl.label}/{ref}"]) for ref in ("vllm", "cachewise", "smetric") if ref in preset.systems and ref != system
+                ref: _gains(c, sums[f"{wl.label}/{ref}"])
+                for ref in ("vllm", "cachewise", "smetric")
+                if ref in preset.systems and ref != system
             }
     profile = runs[0].profile
     return {
@@ -306,10 +345,21 @@ def build_report(preset: PaperPreset, runs: list[Run], base: SimConfig) -> dict[
         "systems": list(preset.systems),
         "seeds": sorted({r.seed for r in runs}),
         "warmup_s": preset.warmup_s,
-        "windows_s": {"primary": [preset.warmup_s, preset.duration_s], "10min": [preset.warmup_s, min(preset.warmup_s + SHORT_WINDOW_S, preset.duration_s)]},
+        "windows_s": {
+            "primary": [preset.warmup_s, preset.duration_s],
+            "10min": [preset.warmup_s, min(preset.warmup_s + SHORT_WINDOW_S, preset.duration_s)],
+        },
         "slo_default": {"ttft_s": base.slo.ttft_s, "tbt_s": base.slo.tbt_s},
-        "slo_calibrated": {"ttft_s": fit.ttft_s, "tbt_s": fit.tbt_s, "calibrated_on": preset.slo_system, "target_shares": fit.targets,
-                           "shares": fit.shares, "source": SOURCE} if fit else None,
+        "slo_calibrated": {
+            "ttft_s": fit.ttft_s,
+            "tbt_s": fit.tbt_s,
+            "calibrated_on": preset.slo_system,
+            "target_shares": fit.targets,
+            "shares": fit.shares,
+            "source": SOURCE,
+        }
+        if fit
+        else None,
         "slo_gain_grid": _gain_grid(preset, runs),
         "paper_baseline": _paper_baseline(preset, cells),
         "profile": profile,
@@ -351,8 +401,12 @@ def _gain_grid(preset: PaperPreset, runs: list[Run]) -> dict[str, Any]:
     samples = {(r.workload, r.system): [] for r in runs}
     for r in runs:
         samples[(r.workload, r.system)].append(SloSample.of(r.records, r.window))
-    ratios = {f"{wl.label}/{system}": gain_grid(samples[(wl.label, system)], samples[(wl.label, ref)], GRID_TTFT_S, GRID_TBT_S)
-              for wl in preset.workloads for system in preset.systems if system != ref}
+    ratios = {
+        f"{wl.label}/{system}": gain_grid(samples[(wl.label, system)], samples[(wl.label, ref)], GRID_TTFT_S, GRID_TBT_S)
+        for wl in preset.workloads
+        for system in preset.systems
+        if system != ref
+    }
     return {"vs": ref, "ttft_s": list(GRID_TTFT_S), "tbt_s": list(GRID_TBT_S), "ratios": ratios}
 
 
@@ -367,15 +421,25 @@ def _paper_baseline(preset: PaperPreset, cells: dict[str, dict[str, Any]]) -> li
             continue
         d = cell["default"]
         out = d["output_tps"]["mean"]
-        sim = {"output_tps": out, "tbt_mean_s": d["tbt_mean_s"]["mean"],
-               "useful_per_output": d["useful_tps"]["mean"] / out if out else None,  # the same seeds: a ratio of sums
-               "slo_tps": cell["calibrated"]["slo_tps"]["mean"] if "calibrated" in cell else None}
-        pub = {"output_tps": paper.output_tps, "tbt_mean_s": paper.tbt_mean_s, "useful_per_output": paper.useful_per_output, "slo_tps": paper.slo_tps}
+        sim = {
+            "output_tps": out,
+            "tbt_mean_s": d["tbt_mean_s"]["mean"],
+            "useful_per_output": d["useful_tps"]["mean"] / out if out else None,  # the same seeds: a ratio of sums
+            "slo_tps": cell["calibrated"]["slo_tps"]["mean"] if "calibrated" in cell else None,
+        }
+        pub = {
+            "output_tps": paper.output_tps,
+            "tbt_mean_s": paper.tbt_mean_s,
+            "useful_per_output": paper.useful_per_output,
+            "slo_tps": paper.slo_tps,
+        }
         for metric, value in pub.items():
             if value is None or sim[metric] is None:
                 continue
             err = sim[metric] / value - 1.0
-            rows.append({"workload": wl.label, "metric": metric, "paper": value, "sim": sim[metric], "error": err, "within": abs(err) <= TOLERANCE})
+            rows.append(
+                {"workload": wl.label, "metric": metric, "paper": value, "sim": sim[metric], "error": err, "within": abs(err) <= TOLERANCE}
+            )
     return rows
 
 
@@ -412,18 +476,30 @@ def markdown(report: dict[str, Any]) -> str:
     cal = report.get("slo_calibrated")
     if cal:
         shares = ", ".join(f"{k} {cal['shares'][k]:.1%} (paper {t:.1%})" for k, t in cal["target_shares"].items())
-        lines.append(f"Calibrated SLO: TTFT <= {cal['ttft_s']:.3g} s, mean TBT <= {cal['tbt_s'] * 1e3:.0f} ms, the pair at which "
-                     f"{cal['calibrated_on']} keeps the paper's share of its output within SLO: {shares}.")
+        lines.append(
+            f"Calibrated SLO: TTFT <= {cal['ttft_s']:.3g} s, mean TBT <= {cal['tbt_s'] * 1e3:.0f} ms, the pair at which "
+            f"{cal['calibrated_on']} keeps the paper's share of its output within SLO: {shares}."
+        )
     if report.get("paper_baseline"):
-        lines += ["", f"CacheWise against the paper ({SOURCE}); errors over {TOLERANCE:.0%} are marked:", "",
-                  "| workload | metric | paper | simulated | error |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"CacheWise against the paper ({SOURCE}); errors over {TOLERANCE:.0%} are marked:",
+            "",
+            "| workload | metric | paper | simulated | error |",
+            "|---|---|---|---|---|",
+        ]
         for row in report["paper_baseline"]:
             scale, unit = (1e3, " ms") if row["metric"] == "tbt_mean_s" else (1.0, "")
-            lines.append(f"| {row['workload']} | {row['metric']} | {row['paper'] * scale:.1f}{unit} | {row['sim'] * scale:.1f}{unit} | "
-                         f"{row['error']:+.1%}{'' if row['within'] else ' (miss)'} |")
+            lines.append(
+                f"| {row['workload']} | {row['metric']} | {row['paper'] * scale:.1f}{unit} | {row['sim'] * scale:.1f}{unit} | "
+                f"{row['error']:+.1%}{'' if row['within'] else ' (miss)'} |"
+            )
     lines += ["", "Workloads: " + "; ".join(f"{k} = {v}" for k, v in report["workloads"].items()), ""]
-    head = ("| workload | system | output tok/s | useful tok/s | SLO tok/s | " + ("SLO tok/s (calibrated) | " if cal else "")
-            + "goodput | TTFT p95 s | mean TBT ms | 10-min output tok/s | 10-min mean TBT ms |")
+    head = (
+        "| workload | system | output tok/s | useful tok/s | SLO tok/s | "
+        + ("SLO tok/s (calibrated) | " if cal else "")
+        + "goodput | TTFT p95 s | mean TBT ms | 10-min output tok/s | 10-min mean TBT ms |"
+    )
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for key, cell in report["cells"].items():
         wl, system = key.split("/", 1)
@@ -433,38 +509,69 @@ def markdown(report: dict[str, Any]) -> str:
             row += f"{_fmt(cell['calibrated']['slo_tps'])} | "
         tbt = d.get("tbt_mean_s")
         short = cell["window_10min"]
-        row += (f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | {_ms(short['tbt_mean_s'])} |")
+        row += f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | {_ms(short['tbt_mean_s'])} |"
         lines.append(row)
-    lines += ["", "Gains (ratios of sums over seeds, as changes, with jackknife 95% intervals over seeds):", "",
-              "| workload | system | vs | output | useful | SLO | " + ("SLO (calibrated) | 10-min SLO (calibrated) | " if cal else "") + "10-min output |",
-              "|---|---|---|---|---|---|---|" + ("---|---|" if cal else "")]
+    lines += [
+        "",
+        "Gains (ratios of sums over seeds, as changes, with jackknife 95% intervals over seeds):",
+        "",
+        "| workload | system | vs | output | useful | SLO | "
+        + ("SLO (calibrated) | 10-min SLO (calibrated) | " if cal else "")
+        + "10-min output |",
+        "|---|---|---|---|---|---|---|" + ("---|---|" if cal else ""),
+    ]
     for key, refs in report["gains"].items():
         wl, system = key.split("/", 1)
         for ref, g in refs.items():
-            cols = ["output_tps", "useful_tps", "slo_tps"] + (["slo_tps_calibrated", "slo_tps_calibrated_10min"] if cal else []) + ["output_tps_10min"]
+            cols = (
+                ["output_tps", "useful_tps", "slo_tps"]
+                + (["slo_tps_calibrated", "slo_tps_calibrated_10min"] if cal else [])
+                + ["output_tps_10min"]
+            )
             lines.append(f"| {wl} | {system} | {ref} | " + " | ".join(_gain_cell(g, m) for m in cols) + " |")
     grid = report.get("slo_gain_grid")
     if grid:
         lines += ["", f"SLO tok/s over {grid['vs']} across SLO thresholds (rows: mean TBT bound; columns: TTFT bound):"]
         for key, rows in grid["ratios"].items():
-            lines += ["", f"{key} vs {grid['vs']}:", "",
-                      "| TBT \\ TTFT | " + " | ".join(f"{t:g} s" for t in grid["ttft_s"]) + " |", "|---|" + "---|" * len(grid["ttft_s"])]
+            lines += [
+                "",
+                f"{key} vs {grid['vs']}:",
+                "",
+                "| TBT \\ TTFT | " + " | ".join(f"{t:g} s" for t in grid["ttft_s"]) + " |",
+                "|---|" + "---|" * len(grid["ttft_s"]),
+            ]
             for tbt, row in zip(grid["tbt_s"], rows):
                 lines.append(f"| {tbt * 1e3:.0f} ms | " + " | ".join("-" if x is None else f"{x - 1:+.1%}" for x in row) + " |")
-    shadow_rows = [(k, c["differs_from_fewest_blocks"]) for k, c in report["cells"].items() if c.get("differs_from_fewest_blocks") is not None]
+    shadow_rows = [
+        (k, c["differs_from_fewest_blocks"]) for k, c in report["cells"].items() if c.get("differs_from_fewest_blocks") is not None
+    ]
     if shadow_rows:
-        lines += ["", "Admission choices (in the window) where `fewest_blocks` (CacheWise), evaluated in shadow on the same snapshot, "
-                  "would have admitted another request or none:", "",
-                  "| workload/system | differs |", "|---|---|"]
+        lines += [
+            "",
+            "Admission choices (in the window) where `fewest_blocks` (CacheWise), evaluated in shadow on the same snapshot, "
+            "would have admitted another request or none:",
+            "",
+            "| workload/system | differs |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {v:.1%} |" for k, v in shadow_rows]
     route_rows = [(k, c["routing_vs_smetric"]) for k, c in report["cells"].items() if c.get("routing_vs_smetric")]
     if route_rows:
-        lines += ["", "Routing decisions where `coda` differs from `smetric` evaluated in shadow on the same snapshot:", "",
-                  "| workload/system | decisions | differs | mean distance coda | mean distance smetric | reduction |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Routing decisions where `coda` differs from `smetric` evaluated in shadow on the same snapshot:",
+            "",
+            "| workload/system | decisions | differs | mean distance coda | mean distance smetric | reduction |",
+            "|---|---|---|---|---|---|",
+        ]
         for k, v in route_rows:
+
             def f(x: float | None, pct: bool = False) -> str:
                 return "-" if x is None else (f"{x:.1%}" if pct else f"{x:.3f}")
-            lines.append(f"| {k} | {v['decisions']} | {f(v['differs_frac'], True)} | {f(v['mean_distance_coda'])} | {f(v['mean_distance_smetric'])} | {f(v['distance_reduction'], True)} |")
+
+            lines.append(
+                f"| {k} | {v['decisions']} | {f(v['differs_frac'], True)} | {f(v['mean_distance_coda'])} | {f(v['mean_distance_smetric'])} | {f(v['distance_reduction'], True)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -479,7 +586,9 @@ def plots(preset: PaperPreset, runs: list[Run], report: dict[str, Any], out: Pat
     first_seed = min(r.seed for r in runs)
     fig, axes = plt.subplots(len(preset.workloads), 3, figsize=(13, 3.6 * len(preset.workloads)), squeeze=False)
     for i, wl in enumerate(preset.workloads):
-        for j, (field, label) in enumerate((("ttft_s", "TTFT (s)"), ("tbt_mean_s", "mean TBT per request (s)"), ("e2e_s", "E2E latency (s)"))):
+        for j, (field, label) in enumerate(
+            (("ttft_s", "TTFT (s)"), ("tbt_mean_s", "mean TBT per request (s)"), ("e2e_s", "E2E latency (s)"))
+        ):
             ax = axes[i][j]
             for r in runs:
                 if r.workload != wl.label or r.seed != first_seed:
@@ -522,18 +631,50 @@ def plots(preset: PaperPreset, runs: list[Run], report: dict[str, Any], out: Pat
         written.append(p)
 
     systems = list(preset.systems)
-    bars([("output_tps", "output tokens/s"), ("useful_tps", "useful tokens/s"), ("slo_tps", "SLO-compliant output tokens/s")], systems,
-         "throughput.png", "Throughput (95% intervals over seeds)")
+    bars(
+        [("output_tps", "output tokens/s"), ("useful_tps", "useful tokens/s"), ("slo_tps", "SLO-compliant output tokens/s")],
+        systems,
+        "throughput.png",
+        "Throughput (95% intervals over seeds)",
+    )
     if preset.workers > 1:
         main = [s for s in systems if not s.startswith("coda-")]
-        bars([("output_tps", "output tokens/s"), ("request_tps", "completed requests/s"), ("slo_tps", "SLO-compliant output tokens/s")], main,
-             "fig11_throughput.png", "Figure 11 shape: throughput per system")
-        bars([("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p95_s", "TTFT p95 (s)"), ("tbt_p50_s", "TBT p50 (s)"), ("tbt_p95_s", "TBT p95 (s)"),
-              ("e2e_p50_s", "E2E p50 (s)"), ("e2e_p95_s", "E2E p95 (s)")], main, "fig12_latency.png", "Figure 12 shape: latency percentiles")
+        bars(
+            [("output_tps", "output tokens/s"), ("request_tps", "completed requests/s"), ("slo_tps", "SLO-compliant output tokens/s")],
+            main,
+            "fig11_throughput.png",
+            "Figure 11 shape: throughput per system",
+        )
+        bars(
+            [
+                ("ttft_p50_s", "TTFT p50 (s)"),
+                ("ttft_p95_s", "TTFT p95 (s)"),
+                ("tbt_p50_s", "TBT p50 (s)"),
+                ("tbt_p95_s", "TBT p95 (s)"),
+                ("e2e_p50_s", "E2E p50 (s)"),
+                ("e2e_p95_s", "E2E p95 (s)"),
+            ],
+            main,
+            "fig12_latency.png",
+            "Figure 12 shape: latency percentiles",
+        )
         abl = [s for s in ("smetric", "coda-route-only", "coda-admit-only", "coda") if s in systems]
-        bars([("output_tps", "output tokens/s"), ("slo_tps", "SLO-compliant output tokens/s")], abl, "fig14_ablation.png", "Figure 14 shape: ablation")
-        bars([("reuse_hbm", "prefix reuse from HBM (share of prompt tokens)"), ("reuse_store", "prefix reuse from the KV store"),
-              ("decode_concurrency", "mean decoding requests per worker")], main, "fig16_hits.png", "Figure 16 shape: hit rates and decode concurrency")
+        bars(
+            [("output_tps", "output tokens/s"), ("slo_tps", "SLO-compliant output tokens/s")],
+            abl,
+            "fig14_ablation.png",
+            "Figure 14 shape: ablation",
+        )
+        bars(
+            [
+                ("reuse_hbm", "prefix reuse from HBM (share of prompt tokens)"),
+                ("reuse_store", "prefix reuse from the KV store"),
+                ("decode_concurrency", "mean decoding requests per worker"),
+            ],
+            main,
+            "fig16_hits.png",
+            "Figure 16 shape: hit rates and decode concurrency",
+        )
     return written
 
 
@@ -557,8 +698,11 @@ def main(argv: list[str] | None = None) -> int:
     from coda.config.load import read_config, validated
     from coda.errors import CodaError
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.paper", description="A paper-shaped evaluation: every system of the "
-                                 "preset on its workloads and seeds; report.md, report.json and figures in --out.")
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.paper",
+        description="A paper-shaped evaluation: every system of the "
+        "preset on its workloads and seeds; report.md, report.json and figures in --out.",
+    )
     ap.add_argument("name", choices=sorted(PRESETS), help="the preset")
     ap.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="the first seed")

@@ -49,7 +49,12 @@ def multi_grid(cells: dict[str, tuple[str, str, dict[str, Any]]], name: str) -> 
 
 
 def header(title: str, workloads: list[str], note: str = "") -> str:
-    lines = [f"## {title}", "", f"Seeds {', '.join(map(str, SEEDS))}; {WORKERS} workers, one shared DRAM store; warm-up 1,200 s; " + note, ""]
+    lines = [
+        f"## {title}",
+        "",
+        f"Seeds {', '.join(map(str, SEEDS))}; {WORKERS} workers, one shared DRAM store; warm-up 1,200 s; " + note,
+        "",
+    ]
     lines += [f"- {describe_workload(w)}" for w in workloads]
     return "\n".join(lines) + "\n"
 
@@ -63,16 +68,33 @@ def route_rows(res: dict[str, list[dict[str, Any]]], names: list[str]) -> list[l
             for k, v in r["route_probe"]["kinds"].items():
                 kinds[k] = kinds.get(k, 0.0) + v / len(rs)
         shares = [r["worker_output_shares"][0] for r in rs]
-        rows.append([n, f"{mean_of(rs, 'route_probe.differs_from_smetric'):.1%}", _f(mean_of(rs, "route_probe.mean_distance_chosen")),
-                     _f(mean_of(rs, "route_probe.mean_distance_smetric")), fmt_ci(col(rs, "route_probe.mean_load_above_min"), 2),
-                     fmt_ci(col(rs, "route_probe.mean_load_spread"), 2), fmt_ci(col(rs, "route_probe.mean_kv_max_over_mean"), 2),
-                     fmt_ci(shares, 3), "; ".join(f"{k} {v:.1%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))])
+        rows.append(
+            [
+                n,
+                f"{mean_of(rs, 'route_probe.differs_from_smetric'):.1%}",
+                _f(mean_of(rs, "route_probe.mean_distance_chosen")),
+                _f(mean_of(rs, "route_probe.mean_distance_smetric")),
+                fmt_ci(col(rs, "route_probe.mean_load_above_min"), 2),
+                fmt_ci(col(rs, "route_probe.mean_load_spread"), 2),
+                fmt_ci(col(rs, "route_probe.mean_kv_max_over_mean"), 2),
+                fmt_ci(shares, 3),
+                "; ".join(f"{k} {v:.1%}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])),
+            ]
+        )
     return rows
 
 
-ROUTE_HEAD = ["cell", "decisions differing from smetric (shadow)", "mean distance, chosen (differing, both with decoders)", "same, smetric's choice",
-              "chosen load - min load", "load spread (max - min requests)", "busiest / mean active KV", "largest worker share of output",
-              "which coda rule would decide (coda router re-evaluated on the snapshot)"]
+ROUTE_HEAD = [
+    "cell",
+    "decisions differing from smetric (shadow)",
+    "mean distance, chosen (differing, both with decoders)",
+    "same, smetric's choice",
+    "chosen load - min load",
+    "load spread (max - min requests)",
+    "busiest / mean active KV",
+    "largest worker share of output",
+    "which coda rule would decide (coda router re-evaluated on the snapshot)",
+]
 
 
 def _f(x: float | None) -> str:
@@ -84,24 +106,66 @@ def exp_paper() -> str:
     cells = {f"{w}/{s}": (w, s, {}) for w in wls for s in SYSTEMS}
     res = multi_grid(cells, "paper_multi")
     save("paper_multi", res)
-    out = [header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8-roofline; default SLO.")]
+    out = [
+        header("Figures 11 / 12 / 14 / 16 and Table 2 shape (paper-multi)", wls, "profile a100-qwen3coder30b-fp8-roofline; default SLO.")
+    ]
     rows = []
     for w in wls:
         for s in SYSTEMS:
             rs = res[f"{w}/{s}"]
-            rows.append([w, s, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "request_tps"), 3), fmt_ci(col(rs, "slo_tps")),
-                         fmt_ci(col(rs, "ttft_p50_s"), 2), fmt_ci(col(rs, "ttft_p95_s"), 2), fmt_ci(col(rs, "tbt_p50_s"), 1, 1e3),
-                         fmt_ci(col(rs, "tbt_p95_s"), 1, 1e3), fmt_ci(col(rs, "e2e_p50_s"), 1), fmt_ci(col(rs, "e2e_p95_s"), 1),
-                         fmt_ci(col(rs, "reuse_hbm"), 3), fmt_ci(col(rs, "reuse_store"), 3), fmt_ci(col(rs, "decode_concurrency"), 2)])
-    out.append(md_table(["workload", "system", "output tok/s", "requests/s", "SLO tok/s", "TTFT p50 s", "TTFT p95 s", "TBT p50 ms", "TBT p95 ms",
-                         "E2E p50 s", "E2E p95 s", "HBM reuse", "store reuse", "decode conc. per worker"], rows))
+            rows.append(
+                [
+                    w,
+                    s,
+                    fmt_ci(col(rs, "output_tps")),
+                    fmt_ci(col(rs, "request_tps"), 3),
+                    fmt_ci(col(rs, "slo_tps")),
+                    fmt_ci(col(rs, "ttft_p50_s"), 2),
+                    fmt_ci(col(rs, "ttft_p95_s"), 2),
+                    fmt_ci(col(rs, "tbt_p50_s"), 1, 1e3),
+                    fmt_ci(col(rs, "tbt_p95_s"), 1, 1e3),
+                    fmt_ci(col(rs, "e2e_p50_s"), 1),
+                    fmt_ci(col(rs, "e2e_p95_s"), 1),
+                    fmt_ci(col(rs, "reuse_hbm"), 3),
+                    fmt_ci(col(rs, "reuse_store"), 3),
+                    fmt_ci(col(rs, "decode_concurrency"), 2),
+                ]
+            )
+    out.append(
+        md_table(
+            [
+                "workload",
+                "system",
+                "output tok/s",
+                "requests/s",
+                "SLO tok/s",
+                "TTFT p50 s",
+                "TTFT p95 s",
+                "TBT p50 ms",
+                "TBT p95 ms",
+                "E2E p50 s",
+                "E2E p95 s",
+                "HBM reuse",
+                "store reuse",
+                "decode conc. per worker",
+            ],
+            rows,
+        )
+    )
     out.append("\nGains of coda, ratio of sums over seeds [jackknife 95% interval]:\n")
     rows = []
     for w in wls:
         for ref in ["vllm", "smetric", "cachewise", "dynamo", "coda-route-only", "coda-admit-only"]:
             a, b = res[f"{w}/coda"], res[f"{w}/{ref}"]
-            rows.append([w, f"coda vs {ref}", fmt_gain(col(a, "output_tps"), col(b, "output_tps")), fmt_gain(col(a, "request_tps"), col(b, "request_tps")),
-                         fmt_gain(col(a, "slo_tps"), col(b, "slo_tps"))])
+            rows.append(
+                [
+                    w,
+                    f"coda vs {ref}",
+                    fmt_gain(col(a, "output_tps"), col(b, "output_tps")),
+                    fmt_gain(col(a, "request_tps"), col(b, "request_tps")),
+                    fmt_gain(col(a, "slo_tps"), col(b, "slo_tps")),
+                ]
+            )
         best = max((s for s in ["vllm", "smetric", "cachewise", "dynamo"]), key=lambda s: sum(col(res[f"{w}/{s}"], "output_tps")))
         bslo = max((s for s in ["vllm", "smetric", "cachewise", "dynamo"]), key=lambda s: sum(col(res[f"{w}/{s}"], "slo_tps")))
         rows.append([w, f"strongest baseline: output {best}, SLO {bslo}", "", "", ""])
@@ -142,16 +206,30 @@ def exp_router() -> str:
         return f"{w}/smetric"
 
     ref = {k: reference(k) for k in res}
-    out = [header("The router alone (engine admission fixed)", wls,
-                  "profile a100-qwen3coder30b-fp8-roofline unless the cell says 'FA2 kernel model' (a100-qwen3coder30b-fp8-fa2: batch "
-                  "composition changes attention time there, it does not in the analytic model); default SLO. smetric+fb / coda-route+fb = "
-                  "the router with CacheWise engines (fewest_blocks + tool-aware reclaim), experiment-only recombinations.")]
+    out = [
+        header(
+            "The router alone (engine admission fixed)",
+            wls,
+            "profile a100-qwen3coder30b-fp8-roofline unless the cell says 'FA2 kernel model' (a100-qwen3coder30b-fp8-fa2: batch "
+            "composition changes attention time there, it does not in the analytic model); default SLO. smetric+fb / coda-route+fb = "
+            "the router with CacheWise engines (fewest_blocks + tool-aware reclaim), experiment-only recombinations.",
+        )
+    ]
     rows = []
     for k, rs in res.items():
         b = res[ref[k]]
-        rows.append([k, fmt_ci(col(rs, "output_tps")), fmt_ci(col(rs, "slo_tps")), fmt_ci(col(rs, "ttft_p95_s"), 2), fmt_ci(col(rs, "reuse_hbm"), 3),
-                     fmt_ci(col(rs, "preemptions"), 0), "ref" if ref[k] == k else fmt_gain(col(rs, "output_tps"), col(b, "output_tps")),
-                     "ref" if ref[k] == k else fmt_gain(col(rs, "slo_tps"), col(b, "slo_tps"))])
+        rows.append(
+            [
+                k,
+                fmt_ci(col(rs, "output_tps")),
+                fmt_ci(col(rs, "slo_tps")),
+                fmt_ci(col(rs, "ttft_p95_s"), 2),
+                fmt_ci(col(rs, "reuse_hbm"), 3),
+                fmt_ci(col(rs, "preemptions"), 0),
+                "ref" if ref[k] == k else fmt_gain(col(rs, "output_tps"), col(b, "output_tps")),
+                "ref" if ref[k] == k else fmt_gain(col(rs, "slo_tps"), col(b, "slo_tps")),
+            ]
+        )
     out.append(md_table(["cell", "output tok/s", "SLO tok/s", "TTFT p95 s", "HBM reuse", "preemptions", "gain output", "gain SLO"], rows))
     out.append("")
     out.append(md_table(ROUTE_HEAD, route_rows(res, list(res))))
@@ -166,9 +244,16 @@ def _speedup(wl: Any, factor: float) -> Any:
     from coda.workload.schema import Session, Workload
     from experiments.common import dataclasses_replace_round
 
-    sessions = [Session(session_id=s.session_id, start_s=s.start_s / factor, prefix_group=s.prefix_group, tenant=s.tenant,
-                        rounds=[dataclasses_replace_round(r, at_s=None if r.at_s is None else r.at_s / factor) for r in s.rounds])
-                for s in wl.sessions]
+    sessions = [
+        Session(
+            session_id=s.session_id,
+            start_s=s.start_s / factor,
+            prefix_group=s.prefix_group,
+            tenant=s.tenant,
+            rounds=[dataclasses_replace_round(r, at_s=None if r.at_s is None else r.at_s / factor) for r in s.rounds],
+        )
+        for s in wl.sessions
+    ]
     return Workload(sessions=sessions, meta={**wl.meta, "speedup": factor}, block_tokens=wl.block_tokens)
 
 
@@ -194,18 +279,46 @@ def exp_concentration() -> str:
             cells[f"{v}/{system}"] = (v, system, {"workers": WORKERS, "probes": ("route",), "warmup_s": warmup}, None)
     res = run_grid(cells, "concentration", seeds=[0], build=azure_replay)
     save("concentration", res)
-    out = [f"## Load concentration without affinity ({AZURE.name}, one-round requests)", "",
-           f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, open-loop replay with timestamps divided by the speed-up; "
-           "seed 0 (the replay is deterministic); warm-up = first third of the replay; default SLO.", ""]
+    out = [
+        f"## Load concentration without affinity ({AZURE.name}, one-round requests)",
+        "",
+        f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, open-loop replay with timestamps divided by the speed-up; "
+        "seed 0 (the replay is deterministic); warm-up = first third of the replay; default SLO.",
+        "",
+    ]
     rows = []
     for name, rs in res.items():
         r = rs[0]
         rp = r["route_probe"]
-        rows.append([name, f"{r['output_tps']:.1f}", f"{r['slo_tps']:.1f}", f"{r['ttft_p95_s']:.2f}", f"{rp['mean_load_above_min']:.2f}",
-                     f"{rp['mean_load_spread']:.2f}", f"{rp['mean_kv_max_over_mean']:.2f}", f"{r['worker_output_shares'][0]:.3f}",
-                     "; ".join(f"{k} {v:.1%}" for k, v in sorted(rp["kinds"].items(), key=lambda kv: -kv[1]))])
-    out.append(md_table(["cell", "output tok/s", "SLO tok/s", "TTFT p95 s", "chosen load - min load", "load spread (max - min requests)",
-                         "busiest / mean active KV", "largest worker share of output", "which coda rule decides"], rows))
+        rows.append(
+            [
+                name,
+                f"{r['output_tps']:.1f}",
+                f"{r['slo_tps']:.1f}",
+                f"{r['ttft_p95_s']:.2f}",
+                f"{rp['mean_load_above_min']:.2f}",
+                f"{rp['mean_load_spread']:.2f}",
+                f"{rp['mean_kv_max_over_mean']:.2f}",
+                f"{r['worker_output_shares'][0]:.3f}",
+                "; ".join(f"{k} {v:.1%}" for k, v in sorted(rp["kinds"].items(), key=lambda kv: -kv[1])),
+            ]
+        )
+    out.append(
+        md_table(
+            [
+                "cell",
+                "output tok/s",
+                "SLO tok/s",
+                "TTFT p95 s",
+                "chosen load - min load",
+                "load spread (max - min requests)",
+                "busiest / mean active KV",
+                "largest worker share of output",
+                "which coda rule decides",
+            ],
+            rows,
+        )
+    )
     return "\n".join(out)
 
 

@@ -80,7 +80,9 @@ def fit_slo(samples: Mapping[str, Sequence[SloSample]], targets: Mapping[str, fl
     return SloFit(float(TTFT_GRID_S[j]), float(TBT_GRID_S[i]), {k: float(v[i, j]) for k, v in shares.items()}, dict(targets))
 
 
-def gain_grid(system: Sequence[SloSample], reference: Sequence[SloSample], ttfts: Sequence[float], tbts: Sequence[float]) -> list[list[float | None]]:
+def gain_grid(
+    system: Sequence[SloSample], reference: Sequence[SloSample], ttfts: Sequence[float], tbts: Sequence[float]
+) -> list[list[float | None]]:
     """SLO-throughput ratio (sum over seeds) of ``system`` over ``reference`` at each (TBT, TTFT) pair."""
     rows = []
     for tbt in tbts:

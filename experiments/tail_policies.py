@@ -127,9 +127,12 @@ def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
         seeds = sorted({k[1] for k in runs if k[0] == label})
         rows = {c: [runs[(label, s, c)] for s in seeds if (label, s, c) in runs] for c in CANDIDATES}
         rows = {c: rs for c, rs in rows.items() if rs}
-        lines += [f"## {label} (seeds {', '.join(map(str, seeds))})", "",
-                  "| candidate | seeds | output tok/s | vs cachewise | SLO tok/s | goodput | p99 slowdown | p99 TTFT s | max TTFT s | starved | target |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {label} (seeds {', '.join(map(str, seeds))})",
+            "",
+            "| candidate | seeds | output tok/s | vs cachewise | SLO tok/s | goodput | p99 slowdown | p99 TTFT s | max TTFT s | starved | target |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         pareto_rows = []
         for c, rs in rows.items():
             col = {m: [r[m] for r in rs] for m in METRICS}
@@ -146,9 +149,11 @@ def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
                     ok_out = (hi if hi is not None else r) >= 1.0
                     ok_tail = vllm_tail is not None and (mean_ci(col["slowdown_p99"])["mean"] or 0) <= vllm_tail
                     check = "met" if ok_out and ok_tail else ("output" if ok_tail else "tail" if ok_out else "both") + " missed"
-            lines.append(f"| {c} | {len(rs)} | {fmt_ci(col['output_tps'], 1)} | {gain} | {fmt_ci(col['slo_tps'], 1)} | {fmt_ci(col['goodput'], 3)} | "
-                         f"{fmt_ci(col['slowdown_p99'], 1)} | {fmt_ci(col['ttft_p99_s'], 0)} | {fmt_ci(col['ttft_max_s'], 0)} | "
-                         f"{fmt_ci(col['stalled'], 0)} | {check} |")
+            lines.append(
+                f"| {c} | {len(rs)} | {fmt_ci(col['output_tps'], 1)} | {gain} | {fmt_ci(col['slo_tps'], 1)} | {fmt_ci(col['goodput'], 3)} | "
+                f"{fmt_ci(col['slowdown_p99'], 1)} | {fmt_ci(col['ttft_p99_s'], 0)} | {fmt_ci(col['ttft_max_s'], 0)} | "
+                f"{fmt_ci(col['stalled'], 0)} | {check} |"
+            )
             point: dict[str, Any] = {"system": c}
             for m in ("output_tps", "slowdown_p99", "ttft_p99_s"):
                 ci = mean_ci(col[m])
@@ -169,7 +174,9 @@ def main() -> int:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--out", type=Path, default=Path("runs/tail"))
-    ap.add_argument("--data-dir", default=os.environ.get(DATA_ENV), help=f"folder holding traces/, for {' and '.join(TRACES)} (default: ${DATA_ENV})")
+    ap.add_argument(
+        "--data-dir", default=os.environ.get(DATA_ENV), help=f"folder holding traces/, for {' and '.join(TRACES)} (default: ${DATA_ENV})"
+    )
     ap.add_argument("--report-only", action="store_true", help="report the cells already finished under --out, running none")
     add_sweep_arguments(ap)
     args = ap.parse_args()
@@ -179,8 +186,10 @@ def main() -> int:
         return 2
     traces = [w for w in args.workloads.split(",") if w in TRACES]
     if traces and not args.data_dir:
-        print(f"error: --workloads {','.join(traces)} read public traces: set {DATA_ENV} (or --data-dir) to the folder holding traces/",
-              file=sys.stderr)
+        print(
+            f"error: --workloads {','.join(traces)} read public traces: set {DATA_ENV} (or --data-dir) to the folder holding traces/",
+            file=sys.stderr,
+        )
         return 2
     sweep = cells(args.workloads.split(","), [int(s) for s in args.seeds.split(",")], args.candidates.split(","), Path(args.data_dir or ""))
     args.out.mkdir(parents=True, exist_ok=True)

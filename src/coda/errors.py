@@ -62,10 +62,18 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
 # The extra (pyproject.toml) that installs each optional dependency: a command that needs one the
 # install left out says what to install, in one line, instead of a traceback.
 EXTRA_OF = {
-    "typer": "all", "rich": "all", "scipy": "all",
+    "typer": "all",
+    "rich": "all",
+    "scipy": "all",
     "numba": "sim",
-    "starlette": "gateway", "uvicorn": "gateway", "httpx": "gateway", "httpx_sse": "gateway", "prometheus_client": "gateway", "zmq": "gateway",
-    "tokenizers": "gateway", "redis": "gateway",
+    "starlette": "gateway",
+    "uvicorn": "gateway",
+    "httpx": "gateway",
+    "httpx_sse": "gateway",
+    "prometheus_client": "gateway",
+    "zmq": "gateway",
+    "tokenizers": "gateway",
+    "redis": "gateway",
     "matplotlib": "plots",
     "torch": "measure",
     "ray": "ray",

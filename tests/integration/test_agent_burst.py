@@ -22,9 +22,30 @@ ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("burst")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--fake", "--configs", "plain,coda-gateway", "--loads", "1",
-           "--repeats", "2", "--knee-sessions-per-s", "1.5", "--window-s", "3", "--drain-s", "5", "--cold-share", "0.2", "--tool-scale", "0.01",
-           "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "agent_burst.py"),
+        "--fake",
+        "--configs",
+        "plain,coda-gateway",
+        "--loads",
+        "1",
+        "--repeats",
+        "2",
+        "--knee-sessions-per-s",
+        "1.5",
+        "--window-s",
+        "3",
+        "--drain-s",
+        "5",
+        "--cold-share",
+        "0.2",
+        "--tool-scale",
+        "0.01",
+        "--out",
+        str(out),
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), out
@@ -83,8 +104,23 @@ def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
 
 
 def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "agent_burst.py"), "--simulate", "vllm-cpu-tiny", "--configs", "plain,vllm-router,coda",
-           "--repeats", "2", "--sim-sweep", "1,2", "--window-s", "5", "--out", str(tmp_path), "--json"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "agent_burst.py"),
+        "--simulate",
+        "vllm-cpu-tiny",
+        "--configs",
+        "plain,vllm-router,coda",
+        "--repeats",
+        "2",
+        "--sim-sweep",
+        "1,2",
+        "--window-s",
+        "5",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)

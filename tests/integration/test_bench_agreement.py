@@ -36,8 +36,12 @@ def agreement_workload(seed: int = 0) -> Workload:
     sessions = []
     for i in range(5):
         rounds = [
-            Round(new_input_tokens=int(rng.integers(2500, 3500) if k == 0 else rng.integers(2000, 3000)), output_tokens=int(rng.integers(80, 160)),
-                  kind="user" if k == 0 else "tool_followup", tool_duration_s=round(float(rng.uniform(0.5, 1.0)), 3))
+            Round(
+                new_input_tokens=int(rng.integers(2500, 3500) if k == 0 else rng.integers(2000, 3000)),
+                output_tokens=int(rng.integers(80, 160)),
+                kind="user" if k == 0 else "tool_followup",
+                tool_duration_s=round(float(rng.uniform(0.5, 1.0)), 3),
+            )
             for k in range(8)
         ]
         sessions.append(Session(session_id=f"agree-{i}", start_s=1.5 * i, rounds=rounds))
@@ -58,8 +62,21 @@ def replay(tmp: Path) -> tuple[dict, dict, Path, Path]:
     sim = coda_json("sim", "--workload", str(path), "--workers", "1", "--seed", "0", "--out", str(tmp / "sim"))
     warmup, end = sim["window_s"]
     with FakeEngineProcess("--speedup", "1") as engine:
-        bench = coda_json("bench", "--endpoint", engine.url, "--workload", str(path), "--warmup-s", str(warmup), "--duration", str(end),
-                          "--drain-s", "30", "--out", str(tmp / "bench"))
+        bench = coda_json(
+            "bench",
+            "--endpoint",
+            engine.url,
+            "--workload",
+            str(path),
+            "--warmup-s",
+            str(warmup),
+            "--duration",
+            str(end),
+            "--drain-s",
+            "30",
+            "--out",
+            str(tmp / "bench"),
+        )
         bench["engine_late_max_s"] = engine_late_s(engine.url)
     return sim, bench, tmp / "sim", tmp / "bench"
 
@@ -82,7 +99,9 @@ def test_bench_on_the_fake_engine_replays_what_the_simulator_simulates(tmp_path)
         s = sim_records[(r["session_id"], r["round"])]  # the engine hit the prefixes the simulator hit
         assert r["hbm_hit_tokens"] == s["hbm_hit_tokens"] + s["dram_hit_tokens"] + s["ssd_hit_tokens"]
         # the chunk gaps add up to the decode time that the ITL spreads over the tokens
-        assert len(r["gaps_s"]) == r["output_tokens"] - 1 and sum(r["gaps_s"]) == pytest.approx(r["finish_s"] - r["first_token_s"], abs=1e-5)
+        assert len(r["gaps_s"]) == r["output_tokens"] - 1 and sum(r["gaps_s"]) == pytest.approx(
+            r["finish_s"] - r["first_token_s"], abs=1e-5
+        )
     # ITL, what the timing benchmark compares, has one definition in both
     assert sim["itl_p50_s"] == pytest.approx(itl_median(list(sim_records.values()), sim["window_s"]))
     assert bench["itl_p50_s"] == pytest.approx(itl_median(bench_records, bench["window_s"]))

@@ -35,7 +35,9 @@ def engine():
 
 
 def test_json_contract_and_files(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--out", str(tmp_path), "--json")
+    proc = coda(
+        "bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--out", str(tmp_path), "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert JSON_KEYS <= out.keys() and out["offered"] == out["completed"] > 0 and out["goodput"] > 0
@@ -51,8 +53,22 @@ def test_json_contract_and_files(engine, tmp_path):
 
 
 def test_the_completions_api_sends_the_same_tokens_as_a_prompt_string(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url + "/v1", "--workload", SMALL, "--time-scale", "0.05", "--max-sessions", "2", "--api", "completions",
-                "--out", str(tmp_path), "--json")
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url + "/v1",
+        "--workload",
+        SMALL,
+        "--time-scale",
+        "0.05",
+        "--max-sessions",
+        "2",
+        "--api",
+        "completions",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["completed"] > 0
     for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines()):
@@ -61,8 +77,10 @@ def test_the_completions_api_sends_the_same_tokens_as_a_prompt_string(engine, tm
 
 def test_options_come_from_a_config_file_and_flags_win(engine, tmp_path):
     cfg = tmp_path / "bench.yaml"
-    cfg.write_text(f"endpoint: {engine.url}\nworkload: '{SMALL}'\nout: {tmp_path / 'out'}\ntime_scale: 0.05\ndrain_s: 20\n"
-                   "max_sessions: 2\nslo: {ttft_s: 2.5, tbt_s: 0.05}\n")
+    cfg.write_text(
+        f"endpoint: {engine.url}\nworkload: '{SMALL}'\nout: {tmp_path / 'out'}\ntime_scale: 0.05\ndrain_s: 20\n"
+        "max_sessions: 2\nslo: {ttft_s: 2.5, tbt_s: 0.05}\n"
+    )
     proc = coda("bench", "--config", str(cfg), "--slo-tbt-s", "0.2", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -74,8 +92,25 @@ def test_options_come_from_a_config_file_and_flags_win(engine, tmp_path):
 
 
 def test_sweep_repeats_each_rate_and_reports_the_knee(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--sweep", "2,6",
-                "--repeats", "3", "--out", str(tmp_path), "--json", timeout=300)
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url,
+        "--workload",
+        SMALL,
+        "--time-scale",
+        "0.05",
+        "--drain-s",
+        "20",
+        "--sweep",
+        "2,6",
+        "--repeats",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--json",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert [r["rate"] for r in res["rows"]] == [2.0, 6.0] and all(r["repeats"] == 3 for r in res["rows"])
@@ -97,11 +132,28 @@ def max_overlap(records: list[dict]) -> int:
 
 
 def test_sweep_concurrency_runs_n_sessions_at_a_time_and_reports_the_knee(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--sweep-concurrency", "1,3",
-                "--out", str(tmp_path), "--json", timeout=300)
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url,
+        "--workload",
+        SMALL,
+        "--time-scale",
+        "0.05",
+        "--drain-s",
+        "20",
+        "--sweep-concurrency",
+        "1,3",
+        "--out",
+        str(tmp_path),
+        "--json",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
-    assert res["axis"] == "concurrency" and [r["concurrency"] for r in res["rows"]] == [1, 3] and all(r["repeats"] == 3 for r in res["rows"])
+    assert (
+        res["axis"] == "concurrency" and [r["concurrency"] for r in res["rows"]] == [1, 3] and all(r["repeats"] == 3 for r in res["rows"])
+    )
     assert res["knee_concurrency"] in (1, 3) and "itl_p50_s" in res["rows"][0]
     peaks = {}
     for level in (1, 3):
@@ -110,17 +162,35 @@ def test_sweep_concurrency_runs_n_sessions_at_a_time_and_reports_the_knee(engine
             records = [json.loads(line) for line in (path / "requests.jsonl").read_text().splitlines()]
             peaks.setdefault(level, []).append(max_overlap(records))
             if level == 1:  # one session after another: each starts once the previous one has ended
-                sessions = sorted({r["session_id"] for r in records}, key=lambda sid: min(r["ready_s"] for r in records if r["session_id"] == sid))
+                sessions = sorted(
+                    {r["session_id"] for r in records}, key=lambda sid: min(r["ready_s"] for r in records if r["session_id"] == sid)
+                )
                 for a, b in zip(sessions, sessions[1:]):
-                    assert min(r["ready_s"] for r in records if r["session_id"] == b) >= max(r["end_s"] for r in records if r["session_id"] == a)
+                    assert min(r["ready_s"] for r in records if r["session_id"] == b) >= max(
+                        r["end_s"] for r in records if r["session_id"] == a
+                    )
     assert peaks[1] == [1, 1, 1] and max(peaks[3]) == 3
     header = (tmp_path / "sweep.csv").read_text().splitlines()[0].split(",")
     assert header == list(res["rows"][0])  # the JSON's columns
 
 
 def test_csv_prints_the_summary_with_the_json_columns(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--max-concurrency", "2", "--drain-s", "20",
-                "--out", str(tmp_path), "--csv")
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url,
+        "--workload",
+        SMALL,
+        "--time-scale",
+        "0.05",
+        "--max-concurrency",
+        "2",
+        "--drain-s",
+        "20",
+        "--out",
+        str(tmp_path),
+        "--csv",
+    )
     assert proc.returncode == 0, proc.stderr
     (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -130,8 +200,23 @@ def test_csv_prints_the_summary_with_the_json_columns(engine, tmp_path):
 
 
 def test_scrape_metrics_samples_the_engine_over_the_whole_run(engine, tmp_path):
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--time-scale", "0.05", "--drain-s", "20", "--scrape-metrics",
-                "--scrape-interval-s", "0.2", "--out", str(tmp_path), "--json")
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url,
+        "--workload",
+        SMALL,
+        "--time-scale",
+        "0.05",
+        "--drain-s",
+        "20",
+        "--scrape-metrics",
+        "--scrape-interval-s",
+        "0.2",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     server = json.loads(proc.stdout)["server"][engine.url]
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
@@ -152,8 +237,19 @@ def test_scrape_metrics_samples_the_engine_over_the_whole_run(engine, tmp_path):
 def test_an_engine_without_metrics_stops_a_scraping_run_before_it_starts(engine, tmp_path):
     with busy_port() as sock:
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed again below: nothing listens there
-    proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--out", str(tmp_path), "--scrape-metrics", "--metrics-endpoint", dead,
-                timeout=60)
+    proc = coda(
+        "bench",
+        "--endpoint",
+        engine.url,
+        "--workload",
+        SMALL,
+        "--out",
+        str(tmp_path),
+        "--scrape-metrics",
+        "--metrics-endpoint",
+        dead,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: --scrape-metrics:") and dead in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "summary.json").exists()
 
@@ -166,8 +262,24 @@ def requests_seen(url: str) -> float:
 
 def test_ctrl_c_writes_what_was_measured(engine, tmp_path):
     before = requests_seen(engine.url)
-    proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "bench", "--endpoint", engine.url, "--workload", "synth:rate=20,duration=600,seed=2",
-                             "--out", str(tmp_path), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coda.cli",
+            "bench",
+            "--endpoint",
+            engine.url,
+            "--workload",
+            "synth:rate=20,duration=600,seed=2",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_until(lambda: proc.poll() is not None or requests_seen(engine.url) > before, "the bench's first request reaches the engine")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -194,10 +306,31 @@ def busy_port() -> socket.socket:
         (("bench", "--workload", SMALL, "--out", "x"), "--endpoint is required"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", "synth:rate=-1,duration=5", "--out", "x"), "rate must be > 0"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--api", "grpc"), "api"),
-        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "2,4", "--repeats", "2"), "--repeats must be >= 3"),
+        (
+            ("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "2,4", "--repeats", "2"),
+            "--repeats must be >= 3",
+        ),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "fast"), "comma-separated"),
-        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep-concurrency", "1,2.5"), "integer concurrencies"),
-        (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep", "1,2", "--sweep-concurrency", "1,2"), "two sweeps"),
+        (
+            ("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--sweep-concurrency", "1,2.5"),
+            "integer concurrencies",
+        ),
+        (
+            (
+                "bench",
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--workload",
+                SMALL,
+                "--out",
+                "x",
+                "--sweep",
+                "1,2",
+                "--sweep-concurrency",
+                "1,2",
+            ),
+            "two sweeps",
+        ),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--max-concurrency", "0"), "max_concurrency"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--json", "--csv"), "choose one"),
         (("bench", "--endpoint", "http://127.0.0.1:9", "--workload", SMALL, "--out", "x", "--profile", "bogus"), "unknown profile 'bogus'"),

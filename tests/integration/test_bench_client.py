@@ -178,7 +178,9 @@ def test_retry_after_is_honoured_then_the_request_and_its_session_are_rejected(s
 
 def test_an_abandoned_session_offers_only_the_rounds_that_would_be_ready_in_the_window(server):
     server.reset(lambda s: status(529, **{"Retry-After": "0"}))
-    gappy = Session(session_id="gappy", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=40.0) for _ in range(4)])
+    gappy = Session(
+        session_id="gappy", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=40.0) for _ in range(4)]
+    )
     replay, summary = bench(server.url, [gappy], duration_s=100.0, max_attempts=1)
     recs = sorted(replay.records, key=lambda r: r["round"])
     # Rejected at about 0 s; served instantly, rounds 1 and 2 would be ready 40 and 80 s later, round 3
@@ -253,6 +255,7 @@ def test_bad_responses_fail_with_a_reason_and_the_run_goes_on(server):
 
 def raw_stream(*parts: bytes) -> Response:
     """An SSE body sent as exactly these writes (so an event or a line can be split across reads)."""
+
     async def gen():
         for part in parts:
             yield part
@@ -264,11 +267,16 @@ def raw_stream(*parts: bytes) -> Response:
 def test_sse_joins_multi_line_data_skips_comments_and_reads_usage_from_the_final_event(server):
     first = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "w0 w1"}, "finish_reason": None}]}, indent=1)
     multi = "".join(f"data: {line}\r\n" for line in first.splitlines())  # one JSON object over many data: lines, CRLF
-    body = (": a comment the parser must skip\n\n" + "event: message\nid: 1\nretry: 100\n" + multi + "\r\n"
-            + 'data: {"choices": [{"index": 0, "delta": {"content": " w2"},\ndata:  "finish_reason": "length"}]}\n\n'
-            + ": keep-alive\n"
-            + 'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}\n\n'
-            + "data: [DONE]\n\n").encode()
+    body = (
+        ": a comment the parser must skip\n\n"
+        + "event: message\nid: 1\nretry: 100\n"
+        + multi
+        + "\r\n"
+        + 'data: {"choices": [{"index": 0, "delta": {"content": " w2"},\ndata:  "finish_reason": "length"}]}\n\n'
+        + ": keep-alive\n"
+        + 'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}\n\n'
+        + "data: [DONE]\n\n"
+    ).encode()
     cuts = [5, 40, len(multi) - 3, len(body) - 20]  # writes that split lines and events mid-way
     server.reset(lambda s: raw_stream(*(body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]))))
     replay, summary = bench(server.url, sessions(("s", 1)))
@@ -299,10 +307,14 @@ BEHAVIOURS = {
 
 
 @settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(plans=st.lists(st.lists(st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1, max_size=4), min_size=1, max_size=3),
-                      min_size=1, max_size=4))
+@given(
+    plans=st.lists(
+        st.lists(st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1, max_size=4), min_size=1, max_size=3), min_size=1, max_size=4
+    )
+)
 def test_every_offered_round_ends_exactly_once_and_tokens_are_conserved(server, plans):
     """plans[session][round] = the answers to that round's successive attempts (then ok)."""
+
     def script(s: Seen) -> Response:
         rnd = (len(s.body["messages"]) - 1) // 2  # round k's prompt: the first user message, then k (assistant, user) pairs
         answers = plans[int(s.session[1:])][rnd]
@@ -310,8 +322,10 @@ def test_every_offered_round_ends_exactly_once_and_tokens_are_conserved(server, 
         return BEHAVIOURS[answers[tries]]() if tries < len(answers) else ok(3)
 
     server.reset(script)
-    sess = [Session(session_id=f"s{i}", start_s=0.0, rounds=[Round(new_input_tokens=10 + j, output_tokens=3) for j in range(len(p))])
-            for i, p in enumerate(plans)]
+    sess = [
+        Session(session_id=f"s{i}", start_s=0.0, rounds=[Round(new_input_tokens=10 + j, output_tokens=3) for j in range(len(p))])
+        for i, p in enumerate(plans)
+    ]
     replay, summary = bench(server.url, sess, max_attempts=3, backoff_base_s=0.001)
     recs = replay.records
     assert len(recs) == summary["offered"] == sum(len(p) for p in plans)  # every round offered once
@@ -328,8 +342,12 @@ def test_every_offered_round_ends_exactly_once_and_tokens_are_conserved(server, 
 
 def test_task_metrics_and_slowdown_when_a_cost_profile_is_given(server):
     server.reset(lambda s: ok(3, delay_s=0.05))
-    gappy = [Session(session_id=f"t{i}", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=0.2) for _ in range(3)])
-             for i in range(2)]
+    gappy = [
+        Session(
+            session_id=f"t{i}", start_s=0.0, rounds=[Round(new_input_tokens=20, output_tokens=3, tool_duration_s=0.2) for _ in range(3)]
+        )
+        for i in range(2)
+    ]
     replay, summary = bench(server.url, gappy, profile="vllm-cpu-tiny")
     assert (summary["tasks"], summary["tasks_censored"], summary["stalled"]) == (2, 0, 0)
     # three rounds, each at least the scripted 50 ms before its first token, and two 200 ms tool calls between them

@@ -65,7 +65,16 @@ def test_every_object_validates_against_the_kubernetes_schemas(overlay):
         for version in (OLDEST, latest_version()):
             kubernetes_validate.validate(doc, version, strict=True)
         validated.append(doc["kind"])
-    assert sorted(validated) == ["ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget", "Service", "Service", "Service", "StatefulSet"]
+    assert sorted(validated) == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+        "Service",
+        "StatefulSet",
+    ]
 
 
 def test_the_servicemonitors_select_the_services_and_their_metrics_ports():
@@ -101,7 +110,8 @@ def test_the_gateway_config_is_valid_and_names_every_vllm_pod_on_the_ports_vllm_
 
     pods = [f"{sts['metadata']['name']}-{i}.{headless['metadata']['name']}" for i in range(sts["spec"]["replicas"])]
     assert [(b.url, b.kv_events, b.kv_events_replay) for b in cfg.backends] == [
-        (f"http://{pod}:{ports['http']}", f"tcp://{pod}:{ports['kv-events']}", f"tcp://{pod}:{ports['kv-replay']}") for pod in pods]
+        (f"http://{pod}:{ports['http']}", f"tcp://{pod}:{ports['kv-events']}", f"tcp://{pod}:{ports['kv-replay']}") for pod in pods
+    ]
     assert cfg.indexer.tokenizer == "engine" and cfg.indexer.block_tokens == int(args["block-size"])
     assert [b.max_num_seqs for b in cfg.backends] == [int(args["max-num-seqs"])] * len(pods)  # the seats the gateway counts are vLLM's
     assert cfg.host == "0.0.0.0"

@@ -59,7 +59,9 @@ def test_openai_chat_streams_exact_token_counts(engine, client):
 
 
 def test_openai_chat_tool_calls_stream_and_not(client):
-    tools = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object", "properties": {"input": {"type": "string"}}}}}]
+    tools = [
+        {"type": "function", "function": {"name": "Bash", "parameters": {"type": "object", "properties": {"input": {"type": "string"}}}}}
+    ]
     messages = [{"role": "user", "content": "run the tests"}]
     resp = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=5)
     call = resp.choices[0].message.tool_calls[0]
@@ -93,8 +95,9 @@ def test_prefix_reuse_is_what_the_token_blocks_share(engine, client):
 def test_completions_responses_and_messages(engine, client):
     done = client.completions.create(model=MODEL, prompt="def main ( ) :", max_tokens=4)
     assert len(done.choices[0].text.split()) == 4 and done.usage.prompt_tokens == 5
-    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt="def main ( ) :", max_tokens=4, stream=True)
-                       if c.choices)
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(model=MODEL, prompt="def main ( ) :", max_tokens=4, stream=True) if c.choices
+    )
     assert streamed == done.choices[0].text
 
     resp = client.responses.create(model=MODEL, input="summarize the diff", instructions="be brief", max_output_tokens=6)
@@ -107,7 +110,12 @@ def test_completions_responses_and_messages(engine, client):
             final = ev.response
     assert deltas == final.output_text == resp.output_text
 
-    body = {"model": MODEL, "max_tokens": 5, "system": "you are terse", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 5,
+        "system": "you are terse",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
+    }
     msg = httpx.post(engine.url + "/v1/messages", json=body).json()
     assert msg["type"] == "message" and msg["stop_reason"] == "max_tokens" and len(msg["content"][0]["text"].split()) == 5
     events, text = [], ""
@@ -131,9 +139,17 @@ def test_models_health_tokenize_and_vllm_metric_names(engine):
     tokens = httpx.post(engine.url + "/tokenize", json={"prompt": "a b c"}).json()
     assert tokens["count"] == 3 and tokens["tokens"] == tok.token_ids(["a", "b", "c"])
     text = httpx.get(engine.url + "/metrics").text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                 "vllm:e2e_request_latency_seconds_bucket", "vllm:generation_tokens_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:generation_tokens_total",
+    ):
         assert f"\n{name}{{" in text, name
     assert metric(engine.url, "vllm:prefix_cache_hits_total") > 0  # the reuse test above hit
 
@@ -178,5 +194,7 @@ def test_disconnect_aborts_the_request_and_frees_its_kv(engine):
     wait_until(lambda: metric(engine.url, "vllm:num_requests_running") == 0, "the engine aborts the request whose client went away")
     assert metric(engine.url, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(engine.url, "vllm:generation_tokens_total") - before < 3000  # it stopped at the next step, not at max_tokens
-    aborted = [ln for ln in httpx.get(engine.url + "/metrics").text.splitlines() if ln.startswith("vllm:request_success_total") and "abort" in ln]
+    aborted = [
+        ln for ln in httpx.get(engine.url + "/metrics").text.splitlines() if ln.startswith("vllm:request_success_total") and "abort" in ln
+    ]
     assert aborted and float(aborted[0].rsplit(" ", 1)[1]) >= 1

@@ -34,8 +34,13 @@ def engines():
 def gateway(tmp: Path, engines, **cfg) -> Iterator[Proc]:
     path = tmp / "coda.yaml"
     # least_loaded spreads the queued requests one per worker (coda would group them by context length)
-    base = {"backends": [e.url for e in engines], "telemetry": {"scrape_interval_s": 0.05}, "auth": {"admin_key": ADMIN, **cfg.pop("auth", {})},
-            "decision_log": str(tmp / "decisions.jsonl"), "policies": {"router": "least_loaded", "ingress": cfg.pop("ingress")}}
+    base = {
+        "backends": [e.url for e in engines],
+        "telemetry": {"scrape_interval_s": 0.05},
+        "auth": {"admin_key": ADMIN, **cfg.pop("auth", {})},
+        "decision_log": str(tmp / "decisions.jsonl"),
+        "policies": {"router": "least_loaded", "ingress": cfg.pop("ingress")},
+    }
     path.write_text(yaml.safe_dump({**base, **cfg}))
     with running("serve", "--config", str(path), "--port", "0") as gw:
         yield gw
@@ -47,7 +52,9 @@ def client(url: str, key: str = "k", retries: int = 0) -> openai.OpenAI:
 
 def hold(c: openai.OpenAI, tag: str, max_tokens: int = 3000):
     """A long streaming request, started and held open (first token received)."""
-    s = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"long task {tag}"}], max_tokens=max_tokens, stream=True)
+    s = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"long task {tag}"}], max_tokens=max_tokens, stream=True
+    )
     next(iter(s))
     return s
 
@@ -55,8 +62,10 @@ def hold(c: openai.OpenAI, tag: str, max_tokens: int = 3000):
 def background(c: openai.OpenAI, content: str, max_tokens: int) -> threading.Thread:
     """A request sent from a thread: the gateway answers only once the engine produces its first
     byte, which for a queued request is after the requests ahead of it."""
-    t = threading.Thread(target=lambda: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                                                  max_tokens=max_tokens), daemon=True)
+    t = threading.Thread(
+        target=lambda: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=max_tokens),
+        daemon=True,
+    )
     t.start()
     return t
 
@@ -91,8 +100,14 @@ def test_overload_529_with_retry_after_that_the_openai_client_honours(tmp_path, 
         assert err.body["code"] == "overloaded" and "every worker is at its load limit" in err.body["message"]
         # a retrying client gets its 529 while the workers are held, waits the 2 s it was told, then succeeds
         done: list = []
-        retrying = threading.Thread(target=lambda: done.append(client(gw.url, retries=3).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "one more"}], max_tokens=2)), daemon=True)
+        retrying = threading.Thread(
+            target=lambda: done.append(
+                client(gw.url, retries=3).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "one more"}], max_tokens=2
+                )
+            ),
+            daemon=True,
+        )
         retrying.start()
         wait_until(lambda: metric(gw.url, rejects) == 2, "the retrying client's first attempt is rejected")
         for s in held:
@@ -133,8 +148,11 @@ def test_defer_holds_then_503_with_retry_after(tmp_path, engines):
 
 def test_tenant_over_its_share_gets_429_while_another_tenant_is_served(tmp_path, engines):
     # kv_high 0 presses the dual gate's KV side always (the fake engines' caches stay nearly empty), so the queues decide
-    cfg = {"auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"weight": 1}, "b": {"weight": 1}},
-           "ingress": {"name": "tenant_share", "params": {"queue_high": 1, "slack": 0.0, "kv_high": 0.0}}}
+    cfg = {
+        "auth": {"api_keys": {"key-a": "a", "key-b": "b"}},
+        "tenants": {"a": {"weight": 1}, "b": {"weight": 1}},
+        "ingress": {"name": "tenant_share", "params": {"queue_high": 1, "slack": 0.0, "kv_high": 0.0}},
+    }
     with gateway(tmp_path, engines, **cfg) as gw:
         a, b = client(gw.url, "key-a"), client(gw.url, "key-b")
         held = [hold(b, "b0"), hold(a, "a0")]

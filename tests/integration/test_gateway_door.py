@@ -98,8 +98,10 @@ def test_unique_large_session_ids_cost_memory_only_until_the_session_ttl(tmp_pat
                 assert c.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-session-id": sid}).status_code == 200
         s = state(gw)
         assert s["active_sessions"] > 0 and all(len(x["session"]) == 32 for x in s["recent_sessions"])  # digests, not the ids
-        wait_until(lambda: (lambda st: st["active_sessions"] == 0 and st["sessions_tracked"] == 0 and st["session_cache_mib"] == 0)(state(gw)),
-                   lambda: f"session tables after the TTL: {state(gw)}")
+        wait_until(
+            lambda: (lambda st: st["active_sessions"] == 0 and st["sessions_tracked"] == 0 and st["session_cache_mib"] == 0)(state(gw)),
+            lambda: f"session tables after the TTL: {state(gw)}",
+        )
         wait_until(lambda: rss_mib(gw.pid) < baseline + 24, lambda: f"RSS {rss_mib(gw.pid):.1f} MiB against {baseline:.1f} MiB before")
     logged = records(tmp_path / "access.jsonl") + records(tmp_path / "decisions.jsonl")
     assert logged and max(len(json.dumps(r)) for r in logged) < 4096  # no client string is logged whole
@@ -119,7 +121,9 @@ def test_logs_reach_their_files_while_the_gateway_idles(tmp_path, engine):
         for i in range(5):
             assert chat(gw.url, "t", f"s{i}").status_code == 200
         for log in ("decisions.jsonl", "access.jsonl"):
-            wait_until(lambda log=log: len(records(tmp_path / log)) == 5, lambda log=log: f"{log}: {len(records(tmp_path / log))} of 5 records")
+            wait_until(
+                lambda log=log: len(records(tmp_path / log)) == 5, lambda log=log: f"{log}: {len(records(tmp_path / log))} of 5 records"
+            )
         gw.popen.kill()
         gw.popen.wait(60)
     assert [r["rid"] for r in records(tmp_path / "access.jsonl")] == [1, 2, 3, 4, 5]
@@ -143,11 +147,15 @@ def test_clients_that_leave_after_the_headers_are_logged_once_each_without_flood
         host, port = gw.url.removeprefix("http://").split(":")
         for _ in range(n):
             with socket.create_connection((host, int(port))) as s:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                s.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 assert s.recv(12).startswith(b"HTTP/1.1 200")
-        wait_until(lambda: len(records(tmp_path / "access.jsonl")) == n and state(gw)["inflight_requests"] == 0,
-                   lambda: f"{len(records(tmp_path / 'access.jsonl'))} of {n} records")
+        wait_until(
+            lambda: len(records(tmp_path / "access.jsonl")) == n and state(gw)["inflight_requests"] == 0,
+            lambda: f"{len(records(tmp_path / 'access.jsonl'))} of {n} records",
+        )
         logged = records(tmp_path / "access.jsonl")
         assert {r["outcome"] for r in logged} == {"client_disconnected"} and {r["status"] for r in logged} == {200}
         assert gw.stop() == 0
@@ -156,13 +164,17 @@ def test_clients_that_leave_after_the_headers_are_logged_once_each_without_flood
 
 
 @contextlib.contextmanager
-def draining(tmp: Path, engine: FakeEngineProcess, drain_timeout_s: float, max_tokens: int) -> Iterator[tuple[Proc, openai.OpenAI, Iterator]]:
+def draining(
+    tmp: Path, engine: FakeEngineProcess, drain_timeout_s: float, max_tokens: int
+) -> Iterator[tuple[Proc, openai.OpenAI, Iterator]]:
     """A gateway with one stream under way, sent SIGTERM; yields the gateway, a client and the
     stream's remaining chunks, then checks the gateway exited 0 without a traceback."""
     gw = spawn("serve", "--config", config(tmp, engine, drain_timeout_s=drain_timeout_s), "--port", "0")
     try:
         c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
-        stream = iter(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=max_tokens, stream=True))
+        stream = iter(
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=max_tokens, stream=True)
+        )
         assert next(stream).choices
         gw.popen.send_signal(signal.SIGTERM)
         yield gw, c, stream

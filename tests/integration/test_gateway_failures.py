@@ -109,7 +109,9 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
         gw = spawn("serve", "--config", write_config(tmp_path, backends=[engine.url], drain_timeout_s=20), "--port", "0")
         try:
             c = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=60)
-            stream = iter(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=500, stream=True))
+            stream = iter(
+                c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=500, stream=True)
+            )
             assert next(stream).choices
             gw.popen.send_signal(signal.SIGTERM)
             chunks = list(stream)
@@ -123,13 +125,17 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
 
 def test_kv_events_reach_the_indexer(tmp_path):
     pub, replay = free_port(), free_port()
-    with FakeEngineProcess("--speedup", "50", "--chunk-tokens", "16", "--kv-events", f"tcp://*:{pub}",
-                           "--kv-events-replay", f"tcp://*:{replay}") as engine:
+    with FakeEngineProcess(
+        "--speedup", "50", "--chunk-tokens", "16", "--kv-events", f"tcp://*:{pub}", "--kv-events-replay", f"tcp://*:{replay}"
+    ) as engine:
         backend = {"url": engine.url, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{replay}"}
         log = tmp_path / "decisions.jsonl"
         cfg = write_config(tmp_path, backends=[backend], indexer={"tokenizer": "words", "block_tokens": 16}, decision_log=str(log))
         # a request served before the gateway starts: its blocks arrive through the replay socket
-        httpx.post(engine.url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "early " * 64}], "max_tokens": 2})
+        httpx.post(
+            engine.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "early " * 64}], "max_tokens": 2},
+        )
         context = " ".join(f"w{i}" for i in range(120))
         with running("serve", "--config", cfg, "--port", "0") as gw:
             wait_until(lambda: state(gw.url)["workers"][0]["indexed_blocks"]["hbm:0"] >= 4, lambda: state(gw.url)["workers"][0])
@@ -137,8 +143,12 @@ def test_kv_events_reach_the_indexer(tmp_path):
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context}], max_tokens=2)
             wait_until(lambda: state(gw.url)["workers"][0]["kv_events"]["batches"] >= 2)
             # another session with the same context: the indexer knows the engine holds its prefix
-            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context + " and more"}], max_tokens=2,
-                                      extra_headers={"x-session-id": "other"})
+            c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": context + " and more"}],
+                max_tokens=2,
+                extra_headers={"x-session-id": "other"},
+            )
             ev = state(gw.url)["workers"][0]["kv_events"]
             assert ev["replays"] >= 1 and ev["bad_messages"] == 0
         records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -150,8 +160,14 @@ def test_kv_events_that_never_arrive_are_flagged_and_routing_uses_the_gateway_s_
     with FakeEngineProcess("--speedup", "50", "--chunk-tokens", "16") as engine:
         backend = {"url": engine.url, "name": "w0", "kv_events": f"tcp://127.0.0.1:{silent}"}
         log = tmp_path / "decisions.jsonl"
-        cfg = write_config(tmp_path, backends=[backend], indexer={"tokenizer": "words", "block_tokens": 16}, decision_log=str(log),
-                           kv_events={"expect_within_s": 0.5}, telemetry={"health_interval_s": 0.2})
+        cfg = write_config(
+            tmp_path,
+            backends=[backend],
+            indexer={"tokenizer": "words", "block_tokens": 16},
+            decision_log=str(log),
+            kv_events={"expect_within_s": 0.5},
+            telemetry={"health_interval_s": 0.2},
+        )
         with running("serve", "--config", cfg, "--port", "0") as gw:
             ready = httpx.get(gw.url + "/ready").json()
             assert ready["kv_events_missing"] == []  # no request yet: nothing is expected
@@ -163,10 +179,18 @@ def test_kv_events_that_never_arrive_are_flagged_and_routing_uses_the_gateway_s_
             assert ready.status_code == 200 and ready.json()["kv_events_missing"] == [{"worker": "w0", "endpoint": backend["kv_events"]}]
             assert 'coda_worker_kv_events_missing{worker="w0"} 1.0' in httpx.get(gw.url + "/metrics").text
             # meanwhile the gateway indexes what it sends: another session with the same context finds its prefix
-            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context + " and more"}], max_tokens=2,
-                                      extra_headers={"x-session-id": "other"})
-            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": context + " and other"}], max_tokens=2,
-                                      extra_headers={"x-session-id": "third"})
+            c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": context + " and more"}],
+                max_tokens=2,
+                extra_headers={"x-session-id": "other"},
+            )
+            c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": context + " and other"}],
+                max_tokens=2,
+                extra_headers={"x-session-id": "third"},
+            )
             stderr = gw.stderr()
         records = [json.loads(line) for line in log.read_text().splitlines()]
         # the first request went out while events were expected, so nothing indexed it; the second, after the flag, was indexed

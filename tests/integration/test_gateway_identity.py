@@ -33,14 +33,36 @@ def test_sessions_are_recognised_from_what_agent_clients_send(tmp_path: Path):
             first = client.responses.create(model=MODEL, input="write a tokenizer for the config format", max_output_tokens=4)
             client.responses.create(model=MODEL, previous_response_id=first.id, max_output_tokens=4,
                                     input=[{"type": "message", "role": "user", "content": "now add tests"}])
-            claude = httpx.post(gw.url + "/v1/messages", timeout=60, headers={
-                "anthropic-version": "2023-06-01", "x-app": "cli", "user-agent": "claude-cli/2.1.90 (external, cli)",
-                "X-Claude-Code-Session-Id": SID}, json={
-                "model": MODEL, "max_tokens": 4, "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": SID})},
-                "system": [{"type": "text", "text": "You are Claude Code."}], "messages": [{"role": "user", "content": "fix it"}]})
-            codex = httpx.post(gw.url + "/v1/responses", timeout=60, headers={"originator": "codex_cli_rs", "session_id": "conv-7"}, json={
-                "model": MODEL, "instructions": "You are Codex.", "input": [{"type": "message", "role": "user", "content": "ship it"}],
-                "prompt_cache_key": "conv-7", "store": False, "max_output_tokens": 4})
+            claude = httpx.post(
+                gw.url + "/v1/messages",
+                timeout=60,
+                headers={
+                    "anthropic-version": "2023-06-01",
+                    "x-app": "cli",
+                    "user-agent": "claude-cli/2.1.90 (external, cli)",
+                    "X-Claude-Code-Session-Id": SID,
+                },
+                json={
+                    "model": MODEL,
+                    "max_tokens": 4,
+                    "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": SID})},
+                    "system": [{"type": "text", "text": "You are Claude Code."}],
+                    "messages": [{"role": "user", "content": "fix it"}],
+                },
+            )
+            codex = httpx.post(
+                gw.url + "/v1/responses",
+                timeout=60,
+                headers={"originator": "codex_cli_rs", "session_id": "conv-7"},
+                json={
+                    "model": MODEL,
+                    "instructions": "You are Codex.",
+                    "input": [{"type": "message", "role": "user", "content": "ship it"}],
+                    "prompt_cache_key": "conv-7",
+                    "store": False,
+                    "max_output_tokens": 4,
+                },
+            )
             assert claude.status_code == 200 and codex.status_code == 200
             wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 4, what="four decision records")
     recs = [json.loads(line) for line in log.read_text().splitlines()]

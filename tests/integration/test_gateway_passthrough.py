@@ -53,7 +53,9 @@ class Recorder:
                     for c in chunks:
                         yield c
                 return StreamingResponse(gen(), media_type="text/event-stream", headers={"x-backend": "rec"})
-            return Response(b'{"echo":  true,"n":1.50}', media_type="application/json", headers={"x-backend": "rec", "keep-alive": "timeout=5"})
+            return Response(
+                b'{"echo":  true,"n":1.50}', media_type="application/json", headers={"x-backend": "rec", "keep-alive": "timeout=5"}
+            )
 
         async def models(_: Request) -> Response:
             return JSONResponse({"object": "list", "data": [{"id": "rec", "object": "model", "max_model_len": 1000}]})
@@ -78,8 +80,16 @@ def setup(tmp_path_factory):
             time.sleep(0.01)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         cfg = tmp_path_factory.mktemp("pt") / "coda.yaml"
-        cfg.write_text(yaml.safe_dump({"backends": [{"url": url, "api_key": "backend-secret"}], "max_body_bytes": 50_000,
-                                       "auth": {"api_keys": {"key-a": "a", "key-b": "b"}}, "tenants": {"a": {"cache_salt": "salt-a"}}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "backends": [{"url": url, "api_key": "backend-secret"}],
+                    "max_body_bytes": 50_000,
+                    "auth": {"api_keys": {"key-a": "a", "key-b": "b"}},
+                    "tenants": {"a": {"cache_salt": "salt-a"}},
+                }
+            )
+        )
         with running("serve", "--config", str(cfg), "--port", "0") as gw:
             gw.backend_url = url
             yield gw, rec
@@ -93,20 +103,29 @@ RAW = b'{ "model":"rec",\n  "messages":[{"role":"user","content":"caf\\u00e9 \xe
 
 def test_body_and_response_bytes_cross_unchanged(setup):
     gw, rec = setup
-    r = httpx.post(gw.url + "/v1/chat/completions", content=RAW, headers={"authorization": "Bearer key-b", "content-type": "application/json"})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions", content=RAW, headers={"authorization": "Bearer key-b", "content-type": "application/json"}
+    )
     assert r.status_code == 200 and r.content == b'{"echo":  true,"n":1.50}'
     assert r.headers["x-backend"] == "rec" and r.headers["x-coda-worker"] and "keep-alive" not in r.headers
     raw, headers = rec.requests[-1]
     assert raw == RAW
-    stream = httpx.post(gw.url + "/v1/chat/completions", json={"model": "rec", "messages": [], "stream": True},
-                        headers={"authorization": "Bearer key-b"})
+    stream = httpx.post(
+        gw.url + "/v1/chat/completions", json={"model": "rec", "messages": [], "stream": True}, headers={"authorization": "Bearer key-b"}
+    )
     assert stream.content == b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
 
 
 def test_hop_by_hop_headers_and_the_clients_key_stay_behind(setup):
     gw, rec = setup
-    headers = {"authorization": "Bearer key-b", "connection": "keep-alive, x-hop", "x-hop": "1", "te": "trailers", "x-session-id": "s-1",
-               "x-custom": "kept"}
+    headers = {
+        "authorization": "Bearer key-b",
+        "connection": "keep-alive, x-hop",
+        "x-hop": "1",
+        "te": "trailers",
+        "x-session-id": "s-1",
+        "x-custom": "kept",
+    }
     assert httpx.post(gw.url + "/v1/chat/completions", content=RAW, headers=headers).status_code == 200
     _, got = rec.requests[-1]
     assert got["authorization"] == "Bearer backend-secret"  # the backend's key, not the client's
@@ -125,7 +144,9 @@ def test_refused_requests_never_reach_the_backend(setup):
     gw, rec = setup
     before = len(rec.requests)
     key = {"authorization": "Bearer key-b"}
-    long = httpx.post(gw.url + "/v1/chat/completions", json={"model": "rec", "messages": [{"role": "user", "content": "y" * 20_000}]}, headers=key)
+    long = httpx.post(
+        gw.url + "/v1/chat/completions", json={"model": "rec", "messages": [{"role": "user", "content": "y" * 20_000}]}, headers=key
+    )
     assert long.status_code == 400 and "maximum context length is 1000" in long.json()["error"]["message"]
     big = httpx.post(gw.url + "/v1/chat/completions", content=b"{" + b" " * 60_000 + b"}", headers=key)
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
@@ -137,8 +158,12 @@ def test_refused_requests_never_reach_the_backend(setup):
 def test_client_disconnect_aborts_the_upstream_request(setup):
     gw, rec = setup
     rec.aborted.clear()
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json={"model": "rec", "messages": [], "stream": True, "hold": True},
-                      headers={"authorization": "Bearer key-b"}) as r:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json={"model": "rec", "messages": [], "stream": True, "hold": True},
+        headers={"authorization": "Bearer key-b"},
+    ) as r:
         next(r.iter_raw())
     assert rec.aborted.wait(5), "the backend kept streaming after the client left"
 

@@ -100,16 +100,23 @@ def test_chat_with_tools_round_trips_unchanged_streaming_and_not(cluster):
 
     streamed, streamed_direct = collect(client(gw.url)), collect(client(engines[1].url, key="unused"))
     assert stream_summary(streamed) == stream_summary(streamed_direct) and len(streamed) > 3
-    call = "".join(ch["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for ch in streamed if ch["choices"] and ch["choices"][0]["delta"].get("tool_calls"))
+    call = "".join(
+        ch["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+        for ch in streamed
+        if ch["choices"] and ch["choices"][0]["delta"].get("tool_calls")
+    )
     assert json.loads(call)["input"]  # the streamed arguments reassemble into the JSON the engine produced
     assert streamed[-1]["usage"]["completion_tokens"] == 12
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"model": MODEL, "prompt": "def main():", "max_tokens": 5, "stream": True}),
-    ("/v1/responses", {"model": MODEL, "input": "hello", "max_output_tokens": 5, "tools": TOOLS}),
-    ("/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": "def main():", "max_tokens": 5, "stream": True}),
+        ("/v1/responses", {"model": MODEL, "input": "hello", "max_output_tokens": 5, "tools": TOOLS}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+    ],
+)
 def test_other_apis_pass_through(cluster, path, body):
     gw, engines, _ = cluster
     via = httpx.post(gw.url + path, json=body, headers={"authorization": "Bearer key-b"}, timeout=20)
@@ -144,7 +151,9 @@ def test_session_sticks_to_the_worker_holding_its_context(cluster):
     msgs = [{"role": "user", "content": " ".join(["context"] * 200)}]
     workers = []
     for turn in range(5):
-        raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=4, extra_headers={"x-session-id": "sticky"})
+        raw = c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=msgs, max_tokens=4, extra_headers={"x-session-id": "sticky"}
+        )
         workers.append(raw.headers["x-coda-worker"])
         reply = raw.parse().choices[0].message.content
         msgs = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": f"tool output {turn} " * 20}]
@@ -182,7 +191,9 @@ def test_client_mistakes_get_openai_errors_never_500(cluster):
         assert r.status_code == status, (path, r.text)
         assert text in r.json()["error"]["message"] and r.json()["error"]["type"]
     # the engine's own 4xx passes through unchanged (a bad parameter the gateway does not check)
-    r = httpx.post(gw.url + "/v1/chat/completions", headers=auth, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions", headers=auth, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}
+    )
     assert r.status_code == 400 and "n must be 1" in r.json()["error"]["message"]
 
 
@@ -190,8 +201,9 @@ def test_health_ready_metrics_and_debug_state(cluster):
     gw, _, tmp = cluster
     assert httpx.get(gw.url + "/health").status_code == 200
     assert httpx.get(gw.url + "/ready").json()["healthy_workers"] == 2
-    client(gw.url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                           extra_headers={"x-session-id": "secret-session-42"})
+    client(gw.url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_headers={"x-session-id": "secret-session-42"}
+    )
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'coda_ingress_decisions_total{action="admit",policy="admit_all",reason="ok"}' in metrics
     assert 'coda_tenant_output_tokens_total{tenant="a"}' in metrics
@@ -207,8 +219,14 @@ def test_per_backend_latency_metrics_and_the_access_log(cluster):
     gw, engines, _ = cluster
     c = client(gw.url)
     secret = "a prompt that must not be logged"
-    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=3, stream=True,
-                                                      stream_options={"include_usage": True}, extra_headers={"x-session-id": "logged-1"})
+    raw = c.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": secret}],
+        max_tokens=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-session-id": "logged-1"},
+    )
     worker = raw.headers["x-coda-worker"]
     chunks = list(raw.parse())
     with pytest.raises(openai.NotFoundError):
@@ -216,6 +234,7 @@ def test_per_backend_latency_metrics_and_the_access_log(cluster):
     metrics = httpx.get(gw.url + "/metrics").text
     for name in ("coda_backend_ttft_seconds_count", "coda_backend_e2e_seconds_count"):
         assert f'{name}{{worker="{worker}"}}' in metrics  # per backend, labelled by its configured label only
+
     def logged() -> list[dict]:
         return [json.loads(line) for line in gw.stderr().splitlines() if line.startswith("{")]
 
@@ -235,8 +254,15 @@ def test_concurrent_requests_all_complete(cluster):
 
     def one(i: int) -> None:
         try:
-            chunks = list(client(gw.url).chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"task {i}"}], max_tokens=8, stream=True, extra_headers={"x-session-id": f"s{i}"}))
+            chunks = list(
+                client(gw.url).chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"task {i}"}],
+                    max_tokens=8,
+                    stream=True,
+                    extra_headers={"x-session-id": f"s{i}"},
+                )
+            )
             assert chunks[-1].choices[0].finish_reason == "length"
         except BaseException as err:  # noqa: BLE001  (reported below)
             errors.append(err)

@@ -204,8 +204,13 @@ def test_a_replica_killed_mid_stream_fails_only_its_streams(tmp_path, engines, r
             sid = f"agent-{i}"
             c = client(procs[i % 3].url)
             try:
-                raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": f"task {i}"}],
-                                                                  max_tokens=2000, stream=True, extra_headers={"x-session-id": sid})
+                raw = c.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"task {i}"}],
+                    max_tokens=2000,
+                    stream=True,
+                    extra_headers={"x-session-id": sid},
+                )
                 assert raw.headers["x-coda-worker"] == home(sid)
                 stream = iter(raw.parse())
                 chunks = [next(stream)]
@@ -250,8 +255,13 @@ def metric(gw: Proc, name: str) -> float:
 def test_a_store_that_dies_is_served_through_fail_open_and_caught_up_when_it_returns(tmp_path, engines, redis_server):  # noqa: F811
     with replicas(tmp_path, engines, redis_server) as procs:
         c0 = client(procs[0].url)
-        held = c0.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=3000, stream=True,
-                                          extra_headers={"x-session-id": "kept"})
+        held = c0.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "long"}],
+            max_tokens=3000,
+            stream=True,
+            extra_headers={"x-session-id": "kept"},
+        )
         next(iter(held))
         wait_until(lambda: float(tables(redis_server).get("r0", {}).get(f"n|{home('kept')}", 0)) == 1, "the stream is in r0's table")
         redis_server.kill()
@@ -289,8 +299,12 @@ def test_a_store_that_dies_defers_requests_fail_closed_until_it_returns(tmp_path
 
 
 def test_a_malformed_store_url_is_one_line_and_exit_2_and_an_unreachable_one_is_served_through(tmp_path, engines):
-    bad = subprocess.run([sys.executable, "-m", "coda.cli", "serve", "--backend", engines[0].url, "--store", "http://127.0.0.1:6379"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "coda.cli", "serve", "--backend", engines[0].url, "--store", "http://127.0.0.1:6379"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "store.url" in bad.stderr and "redis://" in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     with running("serve", "--backend", engines[0].url, "--port", "0", "--store", f"redis://127.0.0.1:{free_port()}/0") as gw:

@@ -68,7 +68,9 @@ def test_ten_minute_window_and_gain_grid(single):
     assert short["tbt_mean_s"]["mean"] == pytest.approx(sum(pooled) / 2, rel=1e-6)
     grid = rep["slo_gain_grid"]
     assert grid["vs"] == "cachewise" and set(grid["ratios"]) == {"M2/vllm", "M2/coda"}
-    assert len(grid["ratios"]["M2/vllm"]) == len(grid["tbt_s"]) and all(len(row) == len(grid["ttft_s"]) for row in grid["ratios"]["M2/vllm"])
+    assert len(grid["ratios"]["M2/vllm"]) == len(grid["tbt_s"]) and all(
+        len(row) == len(grid["ttft_s"]) for row in grid["ratios"]["M2/vllm"]
+    )
 
 
 def test_shadow_differences_per_system(single):
@@ -92,8 +94,15 @@ def test_markdown_and_figures(single, tmp_path):
 
 
 def test_multi_report_records_routing_distance_against_smetric():
-    preset = PaperPreset(name="mini-multi", workers=3, workloads=(PaperWorkload("Q", 5),), systems=("smetric", "coda"),
-                         duration_s=600, warmup_s=200, shadow_router="smetric")
+    preset = PaperPreset(
+        name="mini-multi",
+        workers=3,
+        workloads=(PaperWorkload("Q", 5),),
+        systems=("smetric", "coda"),
+        duration_s=600,
+        warmup_s=200,
+        shadow_router="smetric",
+    )
     base = SimConfig(system="vllm")
     runs = run_preset(preset, [0], base)
     rep = build_report(preset, runs, base)

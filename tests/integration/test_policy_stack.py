@@ -74,9 +74,16 @@ def env_with(site: Path) -> dict[str, str]:
 def test_a_policy_from_another_package_runs_in_coda_sim_and_coda_serve(tmp_path):
     site = example_package(tmp_path)
     cfg = tmp_path / "sim.yaml"
-    cfg.write_text(yaml.safe_dump({"workload": "synth:rate=2,duration=300,seed=1", "workers": 2, "policies": {"router": "fewest_kv_blocks"}}))
-    proc = subprocess.run([sys.executable, "-m", "coda.cli", "sim", "--config", str(cfg), "--json", "--out", str(tmp_path / "sim")],
-                          capture_output=True, text=True, timeout=300, env=env_with(site))
+    cfg.write_text(
+        yaml.safe_dump({"workload": "synth:rate=2,duration=300,seed=1", "workers": 2, "policies": {"router": "fewest_kv_blocks"}})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "coda.cli", "sim", "--config", str(cfg), "--json", "--out", str(tmp_path / "sim")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env_with(site),
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["config"]["policies"]["router"]["name"] == "fewest_kv_blocks" and summary["completed"] > 0
@@ -85,8 +92,15 @@ def test_a_policy_from_another_package_runs_in_coda_sim_and_coda_serve(tmp_path)
 
     with FakeEngineProcess("--speedup", "50") as e0, FakeEngineProcess("--speedup", "50") as e1:
         serve_cfg = tmp_path / "coda.yaml"
-        serve_cfg.write_text(yaml.safe_dump({"backends": [{"url": e0.url, "name": "first"}, {"url": e1.url, "name": "second"}],
-                                             "auth": {"admin_key": "admin"}, "policies": {"router": {"name": "fewest_kv_blocks"}}}))
+        serve_cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "backends": [{"url": e0.url, "name": "first"}, {"url": e1.url, "name": "second"}],
+                    "auth": {"admin_key": "admin"},
+                    "policies": {"router": {"name": "fewest_kv_blocks"}},
+                }
+            )
+        )
         with running("serve", "--config", str(serve_cfg), "--port", "0", env=env_with(site)) as gw:
             state = httpx.get(gw.url + "/debug/state", headers={"authorization": "Bearer admin"}).json()
             assert state["router"] == "fewest_kv_blocks"

@@ -26,20 +26,64 @@ def test_the_residency_benchmark_compares_an_engines_cached_tokens_with_the_simu
     # the engine holds what vLLM's 250 blocks hold: 249 usable, one is vLLM's null block
     kv_gib = (BLOCKS - 0.5) * build_cost_model(load_profile(str(PROFILE))).kv_bytes(BLOCK) / 2**30
     config = tmp_path / "engine.yaml"
-    config.write_text(yaml.safe_dump({"chunk_tokens": BLOCK, "max_num_seqs": SEATS, "max_num_batched_tokens": BUDGET, "num_gpu_blocks": BLOCKS,
-                                      "dram": False, "drain_s": 30}))
-    with FakeEngineProcess("--profile", str(PROFILE), "--chunk-tokens", str(BLOCK), "--max-num-seqs", str(SEATS),
-                           "--max-num-batched-tokens", str(BUDGET), "--hbm-kv-gib", str(kv_gib), "--no-dram") as engine:
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "residency.py"), "--endpoint", engine.url, "--profile", str(PROFILE),
-                               "--sim-config", str(config), "--duration", "10", "--json", "--keep", str(tmp_path / "run")],
-                              capture_output=True, text=True, timeout=600)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "chunk_tokens": BLOCK,
+                "max_num_seqs": SEATS,
+                "max_num_batched_tokens": BUDGET,
+                "num_gpu_blocks": BLOCKS,
+                "dram": False,
+                "drain_s": 30,
+            }
+        )
+    )
+    with FakeEngineProcess(
+        "--profile",
+        str(PROFILE),
+        "--chunk-tokens",
+        str(BLOCK),
+        "--max-num-seqs",
+        str(SEATS),
+        "--max-num-batched-tokens",
+        str(BUDGET),
+        "--hbm-kv-gib",
+        str(kv_gib),
+        "--no-dram",
+    ) as engine:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "residency.py"),
+                "--endpoint",
+                engine.url,
+                "--profile",
+                str(PROFILE),
+                "--sim-config",
+                str(config),
+                "--duration",
+                "10",
+                "--json",
+                "--keep",
+                str(tmp_path / "run"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"agreement_share", "hbm_ready_real", "hbm_ready_sim", "requests", "resumed", "workload", "profile"} <= rep.keys()
-    real = {(r["session_id"], r["round"]): r for r in map(json.loads, (tmp_path / "run" / "engine" / "requests.jsonl").read_text().splitlines())
-            if r["state"] == "completed"}
-    sim = {(r["session_id"], r["round"]): r for r in map(json.loads, (tmp_path / "run" / "sim" / "requests.jsonl").read_text().splitlines())
-           if r["state"] == "completed"}
+    real = {
+        (r["session_id"], r["round"]): r
+        for r in map(json.loads, (tmp_path / "run" / "engine" / "requests.jsonl").read_text().splitlines())
+        if r["state"] == "completed"
+    }
+    sim = {
+        (r["session_id"], r["round"]): r
+        for r in map(json.loads, (tmp_path / "run" / "sim" / "requests.jsonl").read_text().splitlines())
+        if r["state"] == "completed"
+    }
     both = real.keys() & sim.keys()
     assert rep["requests"] == len(both) > 20 and rep["real_only"] == len(real) - len(both)
     # every compared request judged as the report says: the engine's cached tokens against the simulated HBM hits

@@ -42,7 +42,14 @@ def coda(*args: str) -> str:
 
 
 def test_non_finite_numbers_are_written_as_null():
-    obj = {"inf": math.inf, "nan": math.nan, "np": np.float64(-np.inf), "arr": np.array([1.5, np.nan]), "int": np.int64(3), "path": Path("/x")}
+    obj = {
+        "inf": math.inf,
+        "nan": math.nan,
+        "np": np.float64(-np.inf),
+        "arr": np.array([1.5, np.nan]),
+        "int": np.int64(3),
+        "path": Path("/x"),
+    }
     assert strict(strict_json.dumps(obj)) == {"inf": None, "nan": None, "np": None, "arr": [1.5, None], "int": 3, "path": "/x"}
     assert strict(strict_json.dumps(obj, indent=2)) == strict(strict_json.dumps(obj))
 
@@ -52,7 +59,11 @@ def test_sim_and_compare_outputs_are_strict_json(tmp_path):
     strict((tmp_path / "sim" / "summary.json").read_text())
     strict((tmp_path / "sim" / "occupancy.json").read_text())
     strict_lines(tmp_path / "sim" / "requests.jsonl")
-    res = strict(coda("compare", "--workload", "synth:rate=1,duration=120,seed=1", "--systems", "vllm,coda", "--json", "--out", str(tmp_path / "cmp")))
+    res = strict(
+        coda(
+            "compare", "--workload", "synth:rate=1,duration=120,seed=1", "--systems", "vllm,coda", "--json", "--out", str(tmp_path / "cmp")
+        )
+    )
     assert [r["system"] for r in res["rows"]] == ["vllm", "coda"]  # type: ignore[index]
     strict((tmp_path / "cmp" / "compare.json").read_text())
 
@@ -64,8 +75,11 @@ def test_the_gateway_decision_log_and_bench_outputs_are_strict_json(tmp_path):
         cfg = tmp_path / "coda.yaml"
         cfg.write_text(yaml.safe_dump({"backends": [engine.url], "decision_log": str(log)}))
         with running("serve", "--config", str(cfg), "--port", "0") as gw:
-            r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "coda-fake", "messages": [{"role": "user", "content": "hi"}],
-                                                                   "max_tokens": 4}, timeout=30)
+            r = httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "coda-fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
         # the log is flushed when the gateway stops
         (record,) = strict_lines(log)

@@ -87,16 +87,39 @@ def test_a_real_ray_cluster_runs_the_cells_to_the_serial_result(serial, tmp_path
     assert run_files(tmp_path) == run_files(out)
 
 
-@pytest.mark.parametrize(("flags", "says"), [(("--jobs", "0"), "--jobs must be at least 1"), (("--jobs", "2", "--ray"), "--jobs and --ray: give one")])
+@pytest.mark.parametrize(
+    ("flags", "says"), [(("--jobs", "0"), "--jobs must be at least 1"), (("--jobs", "2", "--ray"), "--jobs and --ray: give one")]
+)
 def test_bad_sweep_options_are_one_line_exit_2(flags, says):
-    proc = subprocess.run([sys.executable, "-m", "coda.cli", "compare", "--workload", SMALL, *flags], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coda.cli", "compare", "--workload", SMALL, *flags], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and says in proc.stderr, proc.stderr
 
 
 def test_a_workload_no_cell_can_read_is_one_line_exit_2_before_any_run(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"bad": 1}\n')
-    proc = subprocess.run([sys.executable, "-m", "coda.cli", "compare", "--workload", str(bad), "--format", "coda", "--systems", "vllm,coda",
-                           "--jobs", "2", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coda.cli",
+            "compare",
+            "--workload",
+            str(bad),
+            "--format",
+            "coda",
+            "--systems",
+            "vllm,coda",
+            "--jobs",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "bad.jsonl" in proc.stderr, proc.stderr
     assert not (tmp_path / "out" / "cells").exists()

@@ -17,14 +17,27 @@ def chain(shared: int, session: int, own: int) -> list[int]:
 
 
 chains = st.builds(chain, st.integers(0, 12), st.sampled_from(SESSIONS), st.integers(0, 6))
-ops = st.lists(st.tuples(st.sampled_from(["insert", "release", "evict", "discard", "put", "probe"]), chains, st.integers(1, 8)), max_size=60)
+ops = st.lists(
+    st.tuples(st.sampled_from(["insert", "release", "evict", "discard", "put", "probe"]), chains, st.integers(1, 8)), max_size=60
+)
 
 
 @settings(max_examples=400)
 @given(ops)
-@example([("insert", chain(8, 1, 2), 1), ("probe", chain(8, 2, 0), 1), ("release", chain(0, 1, 0), 1), ("evict", chain(8, 2, 0), 3),
-          ("put", chain(8, 3, 1), 1), ("probe", chain(6, 1, 0), 1), ("put", chain(0, 1, 9), 1), ("put", chain(0, 2, 9), 1),
-          ("put", chain(0, 3, 9), 1), ("probe", chain(8, 1, 0), 1)])  # the shared prompt's tail evicted from HBM, then pushed out of the store
+@example(
+    [
+        ("insert", chain(8, 1, 2), 1),
+        ("probe", chain(8, 2, 0), 1),
+        ("release", chain(0, 1, 0), 1),
+        ("evict", chain(8, 2, 0), 3),
+        ("put", chain(8, 3, 1), 1),
+        ("probe", chain(6, 1, 0), 1),
+        ("put", chain(0, 1, 9), 1),
+        ("put", chain(0, 2, 9), 1),
+        ("put", chain(0, 3, 9), 1),
+        ("probe", chain(8, 1, 0), 1),
+    ]
+)  # the shared prompt's tail evicted from HBM, then pushed out of the store
 def test_remembered_runs_equal_a_fresh_scan(steps):
     versions = Versions()
     for _ in range(1 + max(SESSIONS)):

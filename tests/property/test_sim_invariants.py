@@ -74,13 +74,29 @@ def largest_chunks(wl: Workload, chunk: int) -> int:
     run_max=st.sampled_from([1, 7, 1024]),
     system=st.sampled_from(["vllm", "cachewise", "coda", "dynamo"]),
 )
-def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max, system):
+def test_every_request_completes_with_tokens_conserved_and_kv_in_bounds(
+    sessions, workers, spare, max_seqs, budget, dram, dram_chunks, ssd, shadow, run_max, system
+):
     wl = build(sessions)
     need = largest_chunks(wl, 64)
-    cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
-                    max_num_batched_tokens=budget, dram=dram, dram_kv_gib=dram_chunks * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=20 * CHUNK_GIB * 4,
-                    cpu_shadow=shadow, warmup_s=0, drain_s=1e6, decode_run_max=run_max, per_worker_tiers=False, system=system,
-                    policies={"eviction": {"params": {"window_chunks": 8}}} if system in ("cachewise", "coda") else None)
+    cfg = SimConfig(
+        workers=workers,
+        chunk_tokens=64,
+        hbm_kv_gib=(need + spare) * CHUNK_GIB,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        dram=dram,
+        dram_kv_gib=dram_chunks * CHUNK_GIB * 4,
+        ssd=ssd,
+        ssd_kv_gib=20 * CHUNK_GIB * 4,
+        cpu_shadow=shadow,
+        warmup_s=0,
+        drain_s=1e6,
+        decode_run_max=run_max,
+        per_worker_tiers=False,
+        system=system,
+        policies={"eviction": {"params": {"window_chunks": 8}}} if system in ("cachewise", "coda") else None,
+    )
     sim = Simulation(wl, cfg)
     for w in sim.workers:
         w.sim_requests = sim.requests
@@ -148,9 +164,16 @@ def test_snapshots_do_not_depend_on_hidden_trace_fields(sessions, stop_at, perm_
 
 
 @settings(max_examples=40)
-@given(sessions=sessions_st, spare=st.integers(0, 20), max_seqs=st.integers(1, 4), w_max=st.sampled_from([0.5, 2.0, 20.0]),
-       hold=st.booleans(), admission=st.sampled_from(["promote_one", "every_slot"]), tau=st.sampled_from([5.0, 60.0]),
-       cost_unit=st.sampled_from(["seconds", "blocks"]))
+@given(
+    sessions=sessions_st,
+    spare=st.integers(0, 20),
+    max_seqs=st.integers(1, 4),
+    w_max=st.sampled_from([0.5, 2.0, 20.0]),
+    hold=st.booleans(),
+    admission=st.sampled_from(["promote_one", "every_slot"]),
+    tau=st.sampled_from([5.0, 60.0]),
+    cost_unit=st.sampled_from(["seconds", "blocks"]),
+)
 def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare, max_seqs, w_max, hold, admission, tau, cost_unit):
     """Once a waiting request has waited W_max, no younger request on its worker is admitted before
     it while it fits (the paper's guard over the feasible set), whatever the aging and the cost
@@ -159,8 +182,15 @@ def test_tiered_aging_never_bypasses_a_request_older_than_w_max(sessions, spare,
     wl = build(sessions)
     need = largest_chunks(wl, 64)
     params = {"w_max_s": w_max, "hold_queue": hold, "admission": admission, "tau_s": tau, "cost_unit": cost_unit}
-    cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=(need + spare) * CHUNK_GIB, max_num_seqs=max_seqs,
-                    warmup_s=0, policies={"state": {"params": params}})
+    cfg = SimConfig(
+        system="coda",
+        workers=1,
+        chunk_tokens=64,
+        hbm_kv_gib=(need + spare) * CHUNK_GIB,
+        max_num_seqs=max_seqs,
+        warmup_s=0,
+        policies={"state": {"params": params}},
+    )
     sim = Simulation(wl, cfg)
     w = sim.workers[0]
     orig = w._admit
@@ -197,8 +227,16 @@ def fresh_views(sim: Simulation, chain: list[int]) -> tuple[WorkerView, ...]:
             h = lead(w.hbm.resident, 0)
             d = lead(w.dram.chunks, h) if w.dram is not None else 0
             match = PrefixMatch(h, d, lead(w.ssd.chunks, h + d) if w.ssd is not None else 0)
-        views.append(WorkerView(w.id, len(w.running) + w.n_restoring + len(w.waiting), w.active_tokens // sim.C, len(w.waiting),
-                                w.decode_contexts() if "decode_contexts" in sim.worker_fields else (), match))
+        views.append(
+            WorkerView(
+                w.id,
+                len(w.running) + w.n_restoring + len(w.waiting),
+                w.active_tokens // sim.C,
+                len(w.waiting),
+                w.decode_contexts() if "decode_contexts" in sim.worker_fields else (),
+                match,
+            )
+        )
     return tuple(views)
 
 
@@ -213,11 +251,20 @@ def fresh_loads(sim: Simulation, req) -> tuple[WorkerLoad, ...]:
         return n
 
     ages = "queue_age" in sim.ingress.policy.signals
-    return tuple(WorkerLoad(worker_id=w.id, queue_depth=len(w.waiting), kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
-                            queue_age_s=sim.ingress.queue_age_s(w.id, sim.loop.now) if ages else 0.0,
-                            inflight_requests=len(w.running) + w.n_restoring + len(w.waiting),
-                            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0), new_tokens=req.orig_prompt_tokens - resident(w) * sim.C,
-                            max_num_seqs=w.max_num_seqs, kv_capacity_tokens=w.hbm.capacity * w.C) for w in sim.workers)
+    return tuple(
+        WorkerLoad(
+            worker_id=w.id,
+            queue_depth=len(w.waiting),
+            kv_usage=(w.hbm.used - len(w.hbm.lru)) / w.hbm.capacity,
+            queue_age_s=sim.ingress.queue_age_s(w.id, sim.loop.now) if ages else 0.0,
+            inflight_requests=len(w.running) + w.n_restoring + len(w.waiting),
+            inflight_tokens=sim.ingress.inflight_tokens.get(w.id, 0),
+            new_tokens=req.orig_prompt_tokens - resident(w) * sim.C,
+            max_num_seqs=w.max_num_seqs,
+            kv_capacity_tokens=w.hbm.capacity * w.C,
+        )
+        for w in sim.workers
+    )
 
 
 @settings(max_examples=30)
@@ -233,9 +280,20 @@ def fresh_loads(sim: Simulation, req) -> tuple[WorkerLoad, ...]:
 )
 def test_cached_snapshots_equal_a_fresh_build(sessions, workers, system, dram, ssd, per_worker, indexer, spare):
     wl = build(sessions)
-    cfg = SimConfig(workers=workers, chunk_tokens=64, hbm_kv_gib=(largest_chunks(wl, 64) + spare) * CHUNK_GIB, dram=dram,
-                    dram_kv_gib=30 * CHUNK_GIB * 4, ssd=ssd, ssd_kv_gib=30 * CHUNK_GIB * 4, per_worker_tiers=per_worker,
-                    indexer=indexer, system=system, warmup_s=0, drain_s=1e6)
+    cfg = SimConfig(
+        workers=workers,
+        chunk_tokens=64,
+        hbm_kv_gib=(largest_chunks(wl, 64) + spare) * CHUNK_GIB,
+        dram=dram,
+        dram_kv_gib=30 * CHUNK_GIB * 4,
+        ssd=ssd,
+        ssd_kv_gib=30 * CHUNK_GIB * 4,
+        per_worker_tiers=per_worker,
+        indexer=indexer,
+        system=system,
+        warmup_s=0,
+        drain_s=1e6,
+    )
     checked = check_snapshots(sim := Simulation(wl, cfg))
     sim.run()
     assert checked["route"] == checked["ingress"] == wl.num_requests

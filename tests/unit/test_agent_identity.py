@@ -15,7 +15,9 @@ S1, S2 = "4f0a3c1e-8d2b-4e61-9a57-0c3d2b1a9e88", "b4e5aaaa-9a3e-47c4-84ad-3a70f3
 T = "team"
 
 
-def key(path: str, headers: dict[str, str], body: dict, chains: ResponseChains | None = None, tenant: str = T) -> tuple[str | None, str | None]:
+def key(
+    path: str, headers: dict[str, str], body: dict, chains: ResponseChains | None = None, tenant: str = T
+) -> tuple[str | None, str | None]:
     return session_of(tenant, path, Headers(headers), body, chains or ResponseChains())
 
 
@@ -24,21 +26,38 @@ def claude_code(sid: str, version: str, messages: list[dict]) -> tuple[dict[str,
     (``user_<hash>_account_<uuid>_session_<uuid>``), since then that field is a JSON string, and
     from v2.1.86 the ``X-Claude-Code-Session-Id`` header carries it too."""
     major = tuple(int(x) for x in version.split("."))
-    user_id = (json.dumps({"device_id": "9f" * 32, "account_uuid": "", "session_id": sid}) if major >= (2, 1, 78)
-               else f"user_{'9f' * 32}_account__session_{sid}")
-    headers = {"anthropic-version": "2023-06-01", "x-app": "cli", "user-agent": f"claude-cli/{version} (external, cli)",
-               "anthropic-beta": "claude-code-20250219", "content-type": "application/json"}
+    user_id = (
+        json.dumps({"device_id": "9f" * 32, "account_uuid": "", "session_id": sid})
+        if major >= (2, 1, 78)
+        else f"user_{'9f' * 32}_account__session_{sid}"
+    )
+    headers = {
+        "anthropic-version": "2023-06-01",
+        "x-app": "cli",
+        "user-agent": f"claude-cli/{version} (external, cli)",
+        "anthropic-beta": "claude-code-20250219",
+        "content-type": "application/json",
+    }
     if major >= (2, 1, 86):
         headers["X-Claude-Code-Session-Id"] = sid
-    body = {"model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": True, "metadata": {"user_id": user_id},
-            "system": [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}], "messages": messages}
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 32000,
+        "stream": True,
+        "metadata": {"user_id": user_id},
+        "system": [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}],
+        "messages": messages,
+    }
     return headers, body
 
 
 def test_claude_code_every_version_names_its_session():
     round1 = [{"role": "user", "content": [{"type": "text", "text": "fix the failing test"}]}]
-    round2 = [*round1, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "pytest"}}]},
-              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1 failed"}]}]
+    round2 = [
+        *round1,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "pytest"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1 failed"}]},
+    ]
     keys = set()
     for version, source in (("2.1.69", "metadata.user_id"), ("2.1.80", "metadata.user_id"), ("2.1.90", "x-claude-code-session-id")):
         for messages in (round1, round2):
@@ -52,21 +71,38 @@ def test_claude_code_every_version_names_its_session():
 def codex(sid: str, input_items: list[dict], headers: bool = True, legacy: bool = False) -> tuple[dict[str, str], dict]:
     """A Codex CLI /v1/responses request: the conversation id in the ``session_id`` header (older
     releases also ``conversation_id``) and as ``prompt_cache_key``."""
-    h = {"originator": "codex_cli_rs", "user-agent": "codex_cli_rs/0.46.0", "openai-beta": "responses=experimental",
-         "accept": "text/event-stream"}
+    h = {
+        "originator": "codex_cli_rs",
+        "user-agent": "codex_cli_rs/0.46.0",
+        "openai-beta": "responses=experimental",
+        "accept": "text/event-stream",
+    }
     if headers:
         h["session_id"] = sid
         if legacy:
             h["conversation_id"] = sid
-    body = {"model": "gpt-5-codex", "instructions": "You are Codex, based on GPT-5.", "input": input_items, "tools": [],
-            "tool_choice": "auto", "parallel_tool_calls": False, "store": False, "stream": True, "include": [], "prompt_cache_key": sid}
+    body = {
+        "model": "gpt-5-codex",
+        "instructions": "You are Codex, based on GPT-5.",
+        "input": input_items,
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "store": False,
+        "stream": True,
+        "include": [],
+        "prompt_cache_key": sid,
+    }
     return h, body
 
 
 def test_codex_names_its_conversation_in_a_header_and_in_prompt_cache_key():
     turn1 = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "add a CLI flag"}]}]
-    turn2 = [*turn1, {"type": "function_call", "name": "shell", "arguments": "{\"command\":[\"ls\"]}", "call_id": "call_1"},
-             {"type": "function_call_output", "call_id": "call_1", "output": "src tests"}]
+    turn2 = [
+        *turn1,
+        {"type": "function_call", "name": "shell", "arguments": '{"command":["ls"]}', "call_id": "call_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "src tests"},
+    ]
     assert key("/v1/responses", *codex(S1, turn1)) == (session_key(T, S1), "session_id")
     assert key("/v1/responses", *codex(S1, turn2, legacy=True)) == (session_key(T, S1), "session_id")
     # a proxy in between that drops headers with underscores (nginx does by default): the body still names it
@@ -110,7 +146,10 @@ def test_responses_api_chains_continue_the_session_of_the_answer_they_follow():
     assert key("/v1/responses", {}, then, chains) == (k1, "previous_response_id")
     assert key("/v1/responses", {}, then, chains, tenant="other")[1] == "prefix"  # another tenant cannot continue it
     # the Responses API's own conversation object names it as well
-    assert key("/v1/responses", {}, {"model": "m", "conversation": {"id": "conv_7"}, "input": "hi"}) == (session_key(T, "conv_7"), "conversation")
+    assert key("/v1/responses", {}, {"model": "m", "conversation": {"id": "conv_7"}, "input": "hi"}) == (
+        session_key(T, "conv_7"),
+        "conversation",
+    )
 
 
 def test_the_order_client_ids_then_coda_header_then_prefix_hash():

@@ -31,7 +31,9 @@ def test_weights_are_read_once_per_step(cost):
     separate = cost.step_s([(512, 0)], []) + cost.step_s((), [8000] * 8)
     assert mixed < separate
     # the shared part is exactly one step overhead + one weight read
-    assert separate - mixed == pytest.approx(cost.profile.overheads.step_s + cost.dense_s(8) + cost.dense_s(512) - cost.dense_s(520), rel=1e-9)
+    assert separate - mixed == pytest.approx(
+        cost.profile.overheads.step_s + cost.dense_s(8) + cost.dense_s(512) - cost.dense_s(520), rel=1e-9
+    )
 
 
 def test_prefill_attention_is_quadratic(cost):

@@ -94,7 +94,11 @@ def test_tensor_parallelism_splits_kv_and_weights_per_rank():
 
 # --- model geometry ------------------------------------------------------------------------------
 def test_config_json_gives_the_published_parameter_counts():
-    for path, total, active in ((LLAMA, 8.03e9, 8.03e9), (QWEN, 30.5e9, 3.35e9), (MODELS_DIR / "Qwen3-235B-A22B-Instruct-2507-FP8.json", 235.1e9, 22.2e9)):
+    for path, total, active in (
+        (LLAMA, 8.03e9, 8.03e9),
+        (QWEN, 30.5e9, 3.35e9),
+        (MODELS_DIR / "Qwen3-235B-A22B-Instruct-2507-FP8.json", 235.1e9, 22.2e9),
+    ):
         g = read_config(path)
         t, a = g.params()
         assert t == pytest.approx(total, rel=0.01) and a == pytest.approx(active, rel=0.01), path.name
@@ -140,8 +144,10 @@ def test_qwen3_operators_predict_llama_on_the_same_gpu():
     assert err["gemm"]["median"] <= 0.20 and err["elementwise"]["median"] <= 0.20
 
 
-@pytest.mark.parametrize("src,model,setup", [("rtxpro6000-llama31-8b", LLAMA, "RTXPRO6000_Llama-3.1-8B"),
-                                             ("rtxpro6000-qwen3-30b-a3b", QWEN, "RTXPRO6000_Qwen3-30B-A3B")])
+@pytest.mark.parametrize(
+    "src,model,setup",
+    [("rtxpro6000-llama31-8b", LLAMA, "RTXPRO6000_Llama-3.1-8B"), ("rtxpro6000-qwen3-30b-a3b", QWEN, "RTXPRO6000_Qwen3-30B-A3B")],
+)
 def test_tp1_operators_predict_tp2(src, model, setup):
     err = _predict(src, model, 2, setup)
     for family, e in err.items():
@@ -151,8 +157,11 @@ def test_tp1_operators_predict_tp2(src, model, setup):
 def test_derive_cli_writes_a_profile_and_refuses_bad_flags(tmp_path):
     run = [sys.executable, "-m", "coda.cli", "profile", "derive"]
     out = tmp_path / "p.json"
-    ok = subprocess.run([*run, "--gpu", "rtx4090-llama31-8b", "--model-config", str(QWEN), "--tp", "2", "--out", str(out), "--json"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [*run, "--gpu", "rtx4090-llama31-8b", "--model-config", str(QWEN), "--tp", "2", "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     p = load_profile(out)
     assert p.kind == "operators" and p.tp == 2 and p.geometry.name == "Qwen3-30B-A3B"
@@ -165,8 +174,20 @@ def test_derive_predicts_a_model_outside_the_shared_data(tmp_path):
     """A dense model no setup measured (Mistral-7B's shape): wider layers cost more per step, and its
     KV follows its heads."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                                  "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32768, "torch_dtype": "bfloat16"}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "mistral",
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_attention_heads": 32,
+                "num_hidden_layers": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 32768,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     src = load_profile("rtxpro6000-llama31-8b")
     mistral = build_cost_model(Profile.model_validate(derive(src, read_config(config), 1)))
     llama = build_cost_model(src)
@@ -176,12 +197,18 @@ def test_derive_predicts_a_model_outside_the_shared_data(tmp_path):
     assert mistral.step_s((), ctx) == pytest.approx(llama.step_s((), ctx), rel=0.1)
     wide = json.loads(config.read_text()) | {"intermediate_size": 28672}
     config.write_text(json.dumps(wide))
-    assert build_cost_model(Profile.model_validate(derive(src, read_config(config), 1))).step_s([(2048, 0)], ()) > llama.step_s([(2048, 0)], ())
+    assert build_cost_model(Profile.model_validate(derive(src, read_config(config), 1))).step_s([(2048, 0)], ()) > llama.step_s(
+        [(2048, 0)], ()
+    )
 
 
 def test_fit_cli_names_a_missing_setup(tmp_path):
     run = [sys.executable, "-m", "coda.cli", "profile", "fit", "--out", str(tmp_path / "p.json")]
     bad = subprocess.run([*run, "--operators", str(tmp_path), "--setup", "NOPE_Model"], capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --setup NOPE_Model: no NOPE_Model_meta.yaml") and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("error: --setup NOPE_Model: no NOPE_Model_meta.yaml")
+        and "Traceback" not in bad.stderr
+    )
     missing = subprocess.run([*run, "--operators", str(tmp_path / "absent"), "--setup", "X"], capture_output=True, text=True)
     assert missing.returncode == 2 and "no such folder" in missing.stderr

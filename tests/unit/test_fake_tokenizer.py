@@ -49,5 +49,7 @@ def test_seeds_token_ids_and_hashes_are_the_same_in_another_process():
             "print(t.seed_of('s1', 0, 'input'), t.token_ids(w)[:3], t.block_hashes(w, 16))")
     here = tok.words(tok.seed_of("s1", 0, "input"), 40)
     expected = f"{tok.seed_of('s1', 0, 'input')} {tok.token_ids(here)[:3]} {tok.block_hashes(here, 16)}"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True
+    )
     assert out.stdout.strip() == expected

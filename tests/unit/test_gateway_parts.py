@@ -110,13 +110,25 @@ def test_cache_salt_keeps_every_other_byte():
     salted = with_cache_salt(raw, body, "tenant-a")
     assert salted == b'{"cache_salt":"tenant-a",' + raw.lstrip()[1:]
     assert msgspec.json.decode(salted) == {**body, "cache_salt": "tenant-a"}
-    assert msgspec.json.decode(with_cache_salt(b'{"cache_salt":"mine","a":1}', {"cache_salt": "mine", "a": 1}, "t")) == {"cache_salt": "t:mine", "a": 1}
+    assert msgspec.json.decode(with_cache_salt(b'{"cache_salt":"mine","a":1}', {"cache_salt": "mine", "a": 1}, "t")) == {
+        "cache_salt": "t:mine",
+        "a": 1,
+    }
     assert msgspec.json.decode(with_cache_salt(b"{}", {}, "t")) == {"cache_salt": "t"}
 
 
 def test_hop_by_hop_headers_are_stripped():
-    raw = [(b"Host", b"gw"), (b"Connection", b"keep-alive, X-Trace"), (b"X-Trace", b"1"), (b"Keep-Alive", b"timeout=5"), (b"TE", b"trailers"),
-           (b"Transfer-Encoding", b"chunked"), (b"Content-Length", b"10"), (b"X-Session-Id", b"s"), (b"Authorization", b"Bearer k")]
+    raw = [
+        (b"Host", b"gw"),
+        (b"Connection", b"keep-alive, X-Trace"),
+        (b"X-Trace", b"1"),
+        (b"Keep-Alive", b"timeout=5"),
+        (b"TE", b"trailers"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Content-Length", b"10"),
+        (b"X-Session-Id", b"s"),
+        (b"Authorization", b"Bearer k"),
+    ]
     assert strip_hop_by_hop(raw, NOT_FORWARDED) == [(b"X-Session-Id", b"s"), (b"Authorization", b"Bearer k")]
     assert (b"Content-Length", b"10") in strip_hop_by_hop(raw, HOP_BY_HOP)
 
@@ -125,8 +137,10 @@ def test_usage_from_the_final_event_of_a_stream_or_the_json_body():
     chat = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n'
     assert stream_usage(chat) == (12, 5)
     assert stream_usage(b"ge more text\n\n" + chat.replace(b"\n", b"\r\n")) == (12, 5)  # a tail cut mid-event, CRLF line ends
-    anthropic = (b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":7,"output_tokens":3}}\n\n'
-                 b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    anthropic = (
+        b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":7,"output_tokens":3}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
     assert stream_usage(anthropic) == (7, 3)
     assert stream_usage(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n') is None
     assert stream_usage(b'data: {"usage": {"prompt_tokens": 1') is None  # cut off
@@ -162,8 +176,13 @@ vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching=
 def test_parse_vllm_metrics():
     values = parse_metrics(METRICS)
     # a metric whose name extends a wanted one (waiting_by_reason) is not it; the KV capacity sums the ranks' caches
-    assert values == {"vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 2.0, "vllm:kv_cache_usage_perc": 0.375,
-                      "vllm:prefix_cache_queries": 100.0, "kv_capacity_tokens": 32 * 1500}
+    assert values == {
+        "vllm:num_requests_running": 4.0,
+        "vllm:num_requests_waiting": 2.0,
+        "vllm:kv_cache_usage_perc": 0.375,
+        "vllm:prefix_cache_queries": 100.0,
+        "kv_capacity_tokens": 32 * 1500,
+    }
     w = Worker(0, BackendConfig(url=URL), WorkerTiers(0, "hbm:0"))
     apply_metrics(w, values, 5.0)
     assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at, w.kv_capacity_tokens) == (2, 4, 0.375, 5.0, 48_000)
@@ -174,7 +193,11 @@ def test_parse_vllm_metrics():
 
 
 def chat(*texts: str) -> dict:
-    return {"model": "m", "tools": [{"type": "function", "function": {"name": "f"}}], "messages": [{"role": "user", "content": t} for t in texts]}
+    return {
+        "model": "m",
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "messages": [{"role": "user", "content": t} for t in texts],
+    }
 
 
 @given(st.lists(st.text(min_size=1, max_size=400), min_size=1, max_size=6), st.text(min_size=1, max_size=400))
@@ -194,7 +217,9 @@ def test_word_tokenizer_counts_like_the_fake_engine():
 
 
 def stored(hashes, parent, tokens, medium="GPU", block_size=4):
-    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size, lora_id=None, medium=medium, lora_name=None)
+    return BlockStored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size, lora_id=None, medium=medium, lora_name=None
+    )
 
 
 def test_kv_events_are_renamed_to_local_hashes_that_prompts_match():
@@ -207,7 +232,9 @@ def test_kv_events_are_renamed_to_local_hashes_that_prompts_match():
     tr.apply(KVEventBatch(ts=0.0, events=[stored([b"e1", b"e2"], None, prompt[:8]), stored([b"e3"], b"e2", prompt[8:12])]))
     local = BlockHasher(4).update(prompt)
     assert idx.match(local, [tiers])[0].hbm_blocks == 3
-    tr.apply(KVEventBatch(ts=1.0, events=[stored([b"e3"], b"e2", prompt[8:12], medium="CPU"), BlockRemoved(block_hashes=[b"e3"], medium="GPU")]))
+    tr.apply(
+        KVEventBatch(ts=1.0, events=[stored([b"e3"], b"e2", prompt[8:12], medium="CPU"), BlockRemoved(block_hashes=[b"e3"], medium="GPU")])
+    )
     m = idx.match(local, [tiers])[0]
     assert (m.hbm_blocks, m.dram_blocks) == (2, 1)
     # a block whose parent was never seen, another block size, or a LoRA: skipped, not guessed

@@ -67,7 +67,11 @@ def test_inflight_counts_return_to_zero(seq):
         elif op == "pass":
             s.passed(s.workers[k % 3])
         assert sum(len(w.inflight) for w in s.workers) == len(open_tickets)
-        assert sum(s.tenant_inflight.values()) == sum(w.inflight_new_tokens for w in s.workers) == sum(t.new_tokens for t in open_tickets.values())
+        assert (
+            sum(s.tenant_inflight.values())
+            == sum(w.inflight_new_tokens for w in s.workers)
+            == sum(t.new_tokens for t in open_tickets.values())
+        )
         assert all(0 <= t.new_tokens <= t.prompt_tokens for t in open_tickets.values())
     for t in open_tickets.values():
         s.end(t)
@@ -166,14 +170,23 @@ def test_shadows_run_beside_the_enforced_policies_and_unknown_names_fail():
 
 
 @settings(max_examples=30)
-@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"])), min_size=1, max_size=25), st.lists(st.integers(0, 3), max_size=10))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"])), min_size=1, max_size=25), st.lists(st.integers(0, 3), max_size=10)
+)
 def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
     """Requests arrive while engine queues change; each is admitted or refused exactly once, and
     the gateway's queue of deferred requests empties."""
 
     async def run() -> None:
-        s = make_state(policies={"ingress": {"name": "queue_limit+tenant_share", "params": {"queue_limit": {"max_waiting": 2}},
-                                             "defer": {"max_wait_s": 0.05, "max_queue": 5}}})
+        s = make_state(
+            policies={
+                "ingress": {
+                    "name": "queue_limit+tenant_share",
+                    "params": {"queue_limit": {"max_waiting": 2}},
+                    "defer": {"max_wait_s": 0.05, "max_queue": 5},
+                }
+            }
+        )
         metrics = GatewayMetrics()
         adm = Admission(s, metrics, JsonlLog(None))
         outcomes: list[str] = []
@@ -212,7 +225,10 @@ def test_every_request_ends_with_exactly_one_decision(arrivals, queue_changes):
 @given(st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=20, unique=True))
 def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backends_in(sessions):
     store = {"url": "redis://127.0.0.1:6379/0"}
-    one, other = make_state(store=store), GatewayState(build_config({"backends": URLS[::-1], "store": store}, {}, {}), CharTokenizer(), Clock())
+    one, other = (
+        make_state(store=store),
+        GatewayState(build_config({"backends": URLS[::-1], "store": store}, {}, {}), CharTokenizer(), Clock()),
+    )
     for w in other.workers:
         w.models = {"m": {"id": "m"}}
     for sid in sessions:
@@ -220,15 +236,20 @@ def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backend
         home_a, home_b = one.routing_snapshot(a, set()).request.home_worker, other.routing_snapshot(b, set()).request.home_worker
         assert one.workers[home_a].label == other.workers[home_b].label
         assert one.route(a, set())[0].label == one.workers[home_a].label  # the router sends it there
-    assert make_state().routing_snapshot(ticket(make_state(), "a", "s", 640), set()).request.home_worker is None  # one replica: its own index
+    assert (
+        make_state().routing_snapshot(ticket(make_state(), "a", "s", 640), set()).request.home_worker is None
+    )  # one replica: its own index
 
 
 def replica_admission(rid: str, store, clock: Clock, urls: list[str], policies: dict) -> Admission:
     """One replica (its own state, one seat per worker) deciding through ``store``."""
     from coda.gateway.replica import Replica
 
-    cfg = {"backends": [{"url": u, "max_num_seqs": 1} for u in urls], "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
-           "policies": policies}
+    cfg = {
+        "backends": [{"url": u, "max_num_seqs": 1} for u in urls],
+        "store": {"url": "redis://127.0.0.1:6379/0", "replica_id": rid},
+        "policies": policies,
+    }
     s = GatewayState(build_config(cfg, {}, {}), CharTokenizer(), clock)
     for w in s.workers:
         w.models = {"m": {"id": "m"}}
@@ -262,14 +283,22 @@ def test_replicas_on_one_store_take_seats_as_one():
             outcomes.append("admit")
         for adm in admissions[::-1]:  # b's table drops the refused request it counted while deciding; then a reads it
             await adm.replica.publish()
-        assert sum(v for k, v in admissions[0].state.others.items() if k.startswith("n|")) == sum(len(w.inflight) for w in admissions[1].state.workers)
+        assert sum(v for k, v in admissions[0].state.others.items() if k.startswith("n|")) == sum(
+            len(w.inflight) for w in admissions[1].state.workers
+        )
         return outcomes
 
     assert asyncio.run(run()) == ["admit"] * 3 + ["queue_full"] * 3
 
 
-@pytest.mark.parametrize("url, why", [("http://127.0.0.1:6379", "must start with redis://"), ("redis://h:port/0", "Port could not be cast"),
-                                      ("redis://h:6379/0?socket_timeout=9", "no query parameters")])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://127.0.0.1:6379", "must start with redis://"),
+        ("redis://h:port/0", "Port could not be cast"),
+        ("redis://h:6379/0?socket_timeout=9", "no query parameters"),
+    ],
+)
 def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
     from coda.errors import CodaError
 
@@ -320,8 +349,10 @@ class Yielding:
 
 
 @settings(max_examples=100)
-@given(st.lists(st.integers(0, 3), min_size=8, max_size=8), st.lists(st.tuples(st.integers(0, 2), st.sampled_from([None, "s0", "s1", "s2"])),
-                                                                      min_size=1, max_size=12))
+@given(
+    st.lists(st.integers(0, 3), min_size=8, max_size=8),
+    st.lists(st.tuples(st.integers(0, 2), st.sampled_from([None, "s0", "s1", "s2"])), min_size=1, max_size=12),
+)
 def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_there_are(pause_cycle, arrivals):
     """Three replicas on one store, their store steps interleaved in any order: however the
     requests arrive, no more requests run than the workers have seats, and no more sessions hold a
@@ -335,8 +366,10 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
         clock = Clock()
         ledger = SessionLedger(300.0)
         store = Yielding(LocalStore(ledger, clock, 10.0), itertools.cycle(pause_cycle))
-        policies = {"router": "least_loaded",
-                    "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}}, "defer": {"max_wait_s": 0}}}
+        policies = {
+            "router": "least_loaded",
+            "ingress": {"name": "queue_limit+session", "params": {"session": {"max_sessions": 1}}, "defer": {"max_wait_s": 0}},
+        }
         admissions = [replica_admission(rid, store, clock, URLS[:2], policies) for rid in ("a", "b", "c")]
         admitted: list[Ticket] = []
 
@@ -360,5 +393,7 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
 
 
 def test_the_store_url_comes_from_the_environment_too():
-    cfg = build_config({"backends": URLS}, {}, {"CODA_SERVE_STORE__URL": "redis://redis:6379/0", "CODA_SERVE_STORE__ON_UNREACHABLE": "closed"})
+    cfg = build_config(
+        {"backends": URLS}, {}, {"CODA_SERVE_STORE__URL": "redis://redis:6379/0", "CODA_SERVE_STORE__ON_UNREACHABLE": "closed"}
+    )
     assert (cfg.store.url, cfg.store.on_unreachable, cfg.store.publish_interval_s) == ("redis://redis:6379/0", "closed", 0.5)

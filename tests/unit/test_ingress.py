@@ -119,8 +119,14 @@ def test_deadline_rejects_what_cannot_meet_it():
 
 def test_composition_takes_the_most_severe_decision_and_unions_needs():
     p = make_policy("ingress", "queue_limit+tenant_share", {"queue_limit": {"max_waiting": 1}, "tenant_share": {"slack": 0.0}})
-    assert p.name == "queue_limit+tenant_share" and p.signals == {"queue_depth", "queue_age", "kv_usage", "tenant_share", "inflight_requests",
-                                                                   "inflight_tokens"}
+    assert p.name == "queue_limit+tenant_share" and p.signals == {
+        "queue_depth",
+        "queue_age",
+        "kv_usage",
+        "tenant_share",
+        "inflight_requests",
+        "inflight_tokens",
+    }
     busy = (WorkerLoad(0, queue_depth=3, kv_usage=0.9, inflight_tokens=900),)
     assert p.decide(snap(*busy, tenant_inflight_tokens=0, active_weight=2.0)).action == "defer"  # queue full, tenant light
     d = p.decide(snap(*busy, tenant_inflight_tokens=800, active_weight=2.0))
@@ -151,16 +157,36 @@ def test_session_ledger_expires_idle_sessions():
 
 
 workers_st = st.lists(
-    st.builds(WorkerLoad, worker_id=st.integers(0, 7), healthy=st.booleans(), stale=st.booleans(), queue_depth=st.integers(0, 50),
-              kv_usage=st.floats(0, 1), inflight_requests=st.integers(0, 100), inflight_tokens=st.integers(0, 10**6),
-              new_tokens=st.integers(0, 10**5), max_num_seqs=st.integers(0, 64), kv_capacity_tokens=st.integers(0, 10**6)),
-    min_size=1, max_size=6,
+    st.builds(
+        WorkerLoad,
+        worker_id=st.integers(0, 7),
+        healthy=st.booleans(),
+        stale=st.booleans(),
+        queue_depth=st.integers(0, 50),
+        kv_usage=st.floats(0, 1),
+        inflight_requests=st.integers(0, 100),
+        inflight_tokens=st.integers(0, 10**6),
+        new_tokens=st.integers(0, 10**5),
+        max_num_seqs=st.integers(0, 64),
+        kv_capacity_tokens=st.integers(0, 10**6),
+    ),
+    min_size=1,
+    max_size=6,
 ).map(tuple)
-snap_st = st.builds(IngressSnapshot, now_s=st.floats(0, 1e6), tenant=st.sampled_from(["a", "b"]), prompt_tokens=st.integers(1, 10**5),
-                    workers=workers_st, session_id=st.none() | st.just("s"), session_active=st.booleans(),
-                    active_sessions=st.integers(0, 20), tenant_inflight_tokens=st.integers(0, 10**6),
-                    tenant_weight=st.floats(0.1, 10), active_weight=st.floats(0.1, 100),
-                    deadline_slack_s=st.floats(-10, 10) | st.just(math.inf))
+snap_st = st.builds(
+    IngressSnapshot,
+    now_s=st.floats(0, 1e6),
+    tenant=st.sampled_from(["a", "b"]),
+    prompt_tokens=st.integers(1, 10**5),
+    workers=workers_st,
+    session_id=st.none() | st.just("s"),
+    session_active=st.booleans(),
+    active_sessions=st.integers(0, 20),
+    tenant_inflight_tokens=st.integers(0, 10**6),
+    tenant_weight=st.floats(0.1, 10),
+    active_weight=st.floats(0.1, 100),
+    deadline_slack_s=st.floats(-10, 10) | st.just(math.inf),
+)
 ALL = "+".join(INGRESS_POLICIES)
 
 
@@ -177,17 +203,20 @@ def test_decisions_are_pure_and_well_formed(s):
     assert (make_policy("ingress", ALL).decide(s).action == "admit") == all(a == "admit" for a in parts)
 
 
-@pytest.mark.parametrize(("name", "params", "why"), [
-    ("queue_limit", {"max_waiting": -1}, "max_waiting must be >= 1"),
-    ("queue_limit", {"max_waiting": 0}, "max_waiting must be >= 1"),
-    ("overload", {"max_inflight": -3}, "max_inflight must be >= 1"),
-    ("overload", {"max_inflight": "lots"}, "max_inflight='lots' must be an integer"),
-    ("overload", {"queue_reject": 0}, "queue_reject must be >= 1"),
-    ("session", {"max_sessions": -2}, "max_sessions must be >= 0"),
-    ("tenant_share", {"slack": -0.5}, "slack must be >= 0"),
-    ("tenant_share", {"queue_high": 0}, "queue_high must be >= 1"),
-    ("kv_headroom", {"retry_after_s": -1.0}, "retry_after_s must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("name", "params", "why"),
+    [
+        ("queue_limit", {"max_waiting": -1}, "max_waiting must be >= 1"),
+        ("queue_limit", {"max_waiting": 0}, "max_waiting must be >= 1"),
+        ("overload", {"max_inflight": -3}, "max_inflight must be >= 1"),
+        ("overload", {"max_inflight": "lots"}, "max_inflight='lots' must be an integer"),
+        ("overload", {"queue_reject": 0}, "queue_reject must be >= 1"),
+        ("session", {"max_sessions": -2}, "max_sessions must be >= 0"),
+        ("tenant_share", {"slack": -0.5}, "slack must be >= 0"),
+        ("tenant_share", {"queue_high": 0}, "queue_high must be >= 1"),
+        ("kv_headroom", {"retry_after_s": -1.0}, "retry_after_s must be >= 0"),
+    ],
+)
 def test_impossible_parameters_are_refused_by_the_policy_itself(name, params, why):
     """Every shell builds policies through the registry, so each of them refuses these."""
     with pytest.raises(CodaError, match=re.escape(why)):

@@ -33,7 +33,9 @@ def agent_ticket(s: GatewayState, k: int, shared: bool = True) -> Ticket:
     prefix = list(range(PREFIX_BLOCKS * C)) if shared else [10**6 * (k + 1) + i for i in range(PREFIX_BLOCKS * C)]
     units = prefix + [10**9 + k] * (2 * C)
     hashes = s.block_hashes(f"agent-{k}", units)
-    return Ticket(s.next_rid(), "/v1/chat/completions", "t", f"agent-{k}", "m", len(units), 16, hashes, s.workers, s.match(hashes, s.workers))
+    return Ticket(
+        s.next_rid(), "/v1/chat/completions", "t", f"agent-{k}", "m", len(units), 16, hashes, s.workers, s.match(hashes, s.workers)
+    )
 
 
 def fill(s: GatewayState, n: int, shared: bool = True) -> None:

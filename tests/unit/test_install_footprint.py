@@ -94,16 +94,23 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
     [
         (["sim"], EXCLUDED, "all"),  # the base install: no command line at all
         # coda[gateway] without coda[plots]: refused before the run, whose figures would fail at its end
-        (["bench", "--endpoint", "http://127.0.0.1:9", "--workload", "synth:rate=1,duration=10", "--out", "unused"], ("matplotlib",), "plots"),
+        (
+            ["bench", "--endpoint", "http://127.0.0.1:9", "--workload", "synth:rate=1,duration=10", "--out", "unused"],
+            ("matplotlib",),
+            "plots",
+        ),
     ],
     ids=["base-install", "bench-without-plots"],
 )
 def test_a_command_without_its_extra_prints_one_line_naming_it(argv, blocked, extra):
-    proc = run_probe(f"""
+    proc = run_probe(
+        f"""
         sys.argv = ["coda", *{argv!r}]
         from coda.cli import main
         main()
-    """, blocked=blocked)
+    """,
+        blocked=blocked,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and f"pip install 'coda[{extra}]'" in proc.stderr, proc.stderr
 

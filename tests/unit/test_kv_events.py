@@ -28,8 +28,12 @@ stored = st.builds(BlockStored, block_hashes=st.lists(hashes, min_size=1, max_si
                    lora_id=st.none(), medium=st.sampled_from(["GPU", "CPU", None]), lora_name=st.none(),
                    group_idx=st.none() | st.integers(0, 3))
 removed = st.builds(BlockRemoved, block_hashes=st.lists(hashes, min_size=1, max_size=4), medium=st.sampled_from(["GPU", "CPU", None]))
-batches = st.builds(KVEventBatch, ts=st.floats(0, 2e9), events=st.lists(st.one_of(stored, removed, st.just(AllBlocksCleared())), max_size=5),
-                    data_parallel_rank=st.none() | st.integers(0, 7))
+batches = st.builds(
+    KVEventBatch,
+    ts=st.floats(0, 2e9),
+    events=st.lists(st.one_of(stored, removed, st.just(AllBlocksCleared())), max_size=5),
+    data_parallel_rank=st.none() | st.integers(0, 7),
+)
 
 
 @given(batches)
@@ -38,21 +42,40 @@ def test_round_trip(batch):
 
 
 def test_events_are_tagged_maps_as_vllm_main_writes_them():
-    batch = KVEventBatch(ts=1.5, events=[BlockStored(block_hashes=[7], parent_block_hash=None, token_ids=[1, 2], block_size=2, lora_id=None,
-                                                     medium="GPU", lora_name=None), BlockRemoved(block_hashes=[7], medium="GPU")])
+    batch = KVEventBatch(
+        ts=1.5,
+        events=[
+            BlockStored(
+                block_hashes=[7], parent_block_hash=None, token_ids=[1, 2], block_size=2, lora_id=None, medium="GPU", lora_name=None
+            ),
+            BlockRemoved(block_hashes=[7], medium="GPU"),
+        ],
+    )
     raw = msgspec.msgpack.decode(encode_batch(batch))
-    assert raw == {"ts": 1.5, "events": [
-        {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2], "block_size": 2, "lora_id": None,
-         "medium": "GPU", "lora_name": None},
-        {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"},
-    ]}
+    assert raw == {
+        "ts": 1.5,
+        "events": [
+            {
+                "type": "BlockStored",
+                "block_hashes": [7],
+                "parent_block_hash": None,
+                "token_ids": [1, 2],
+                "block_size": 2,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            },
+            {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"},
+        ],
+    }
 
 
 def test_reads_the_positional_encodings_of_older_vllm():
     legacy = msgspec.msgpack.encode([2.0, [["BlockStored", [1, 2], None, [5] * 32, 16, None], ["BlockRemoved", [1]], ["AllBlocksCleared"]]])
     batch = decode_batch(legacy)
-    assert batch.ts == 2.0 and batch.events[0] == BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=[5] * 32,
-                                                              block_size=16, lora_id=None, medium=None, lora_name=None)
+    assert batch.ts == 2.0 and batch.events[0] == BlockStored(
+        block_hashes=[1, 2], parent_block_hash=None, token_ids=[5] * 32, block_size=16, lora_id=None, medium=None, lora_name=None
+    )
     assert batch.events[1] == BlockRemoved(block_hashes=[1], medium=None) and batch.events[2] == AllBlocksCleared()
     between = msgspec.msgpack.encode([3.0, [{"type": "BlockRemoved", "block_hashes": [9], "medium": "CPU", "future_field": 1}], 1])
     batch = decode_batch(between)

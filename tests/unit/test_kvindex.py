@@ -13,7 +13,9 @@ from coda.sim.observe import SimObserver
 LOCS = ["hbm:0", "hbm:1", "hbm:2", "dram:0", "ssd:0"]
 WORKERS = [WorkerTiers(0, "hbm:0", "dram:0", "ssd:0"), WorkerTiers(1, "hbm:1", "dram:0", "ssd:0"), WorkerTiers(2, "hbm:2")]
 
-events_st = st.lists(st.tuples(st.sampled_from(["stored", "removed"]), st.sampled_from(LOCS), st.lists(st.integers(0, 30), max_size=12)), max_size=60)
+events_st = st.lists(
+    st.tuples(st.sampled_from(["stored", "removed"]), st.sampled_from(LOCS), st.lists(st.integers(0, 30), max_size=12)), max_size=60
+)
 
 
 def brute(residency, chain, w: WorkerTiers) -> PrefixMatch:
@@ -105,9 +107,13 @@ WIDE_LOCS = [loc for w in WIDE for loc in (w.hbm, w.dram, w.ssd)]
 
 
 @settings(max_examples=100)
-@given(events=st.lists(st.tuples(st.sampled_from(["stored", "removed"]), st.sampled_from(WIDE_LOCS), st.lists(st.integers(0, 20), max_size=10)),
-                       max_size=80),
-       chain=st.lists(st.integers(0, 20), max_size=20))
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(["stored", "removed"]), st.sampled_from(WIDE_LOCS), st.lists(st.integers(0, 20), max_size=10)),
+        max_size=80,
+    ),
+    chain=st.lists(st.integers(0, 20), max_size=20),
+)
 def test_match_over_256_workers_and_their_stores_equals_a_brute_force_scan(events, chain):
     """320 locations: masks wider than one 64-bit word."""
     idx = KVIndexer(max_locations=3 * len(WIDE))

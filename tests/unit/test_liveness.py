@@ -38,11 +38,18 @@ def test_each_gate_of_a_composition_is_counted_on_its_own_signal():
     live.done(2)
     r = live.report()
     assert r["requests"] == 2
-    assert r["gates"]["queue_limit"] | {} == {"fired": 2, "by_action": {"defer": 2}, "by_signal": {"inflight_tokens": 2}, "requests_touched": 1,
-                                              "touched_share": 0.5}
+    assert r["gates"]["queue_limit"] | {} == {
+        "fired": 2,
+        "by_action": {"defer": 2},
+        "by_signal": {"inflight_tokens": 2},
+        "requests_touched": 1,
+        "touched_share": 0.5,
+    }
     assert r["gates"]["session"]["fired"] == 0 and r["gates"]["overload"]["fired"] == 0
-    assert verdict(r) == ["ingress gate session never fired over 2 requests: it behaved as admit_all",
-                          "ingress gate overload never fired over 2 requests: it behaved as admit_all"]
+    assert verdict(r) == [
+        "ingress gate session never fired over 2 requests: it behaved as admit_all",
+        "ingress gate overload never fired over 2 requests: it behaved as admit_all",
+    ]
     assert summary_line(r).startswith("queue_limit fired 2x (inflight_tokens 2; 50.0% of 2 requests); session never fired")
     # the dual gate names both pressures
     d = make_policy("ingress", "session").decide(snap(kv_usage=0.9, queue_depth=3))
@@ -50,9 +57,20 @@ def test_each_gate_of_a_composition_is_counted_on_its_own_signal():
 
 
 def agents(n: int, spread_s: float) -> Workload:
-    return Workload(sessions=[Session(session_id=f"s{i}", start_s=i * spread_s / n, rounds=[
-        Round(new_input_tokens=600, output_tokens=40, kind="tool_followup" if k else "user", tool_duration_s=0.5) for k in range(3)])
-        for i in range(n)], meta={"duration_s": 1e5})
+    return Workload(
+        sessions=[
+            Session(
+                session_id=f"s{i}",
+                start_s=i * spread_s / n,
+                rounds=[
+                    Round(new_input_tokens=600, output_tokens=40, kind="tool_followup" if k else "user", tool_duration_s=0.5)
+                    for k in range(3)
+                ],
+            )
+            for i in range(n)
+        ],
+        meta={"duration_s": 1e5},
+    )
 
 
 def test_a_simulation_reports_whether_its_policy_fired():
@@ -60,8 +78,10 @@ def test_a_simulation_reports_whether_its_policy_fired():
     quiet = Simulation(wl, SimConfig(workers=2, warmup_s=0, policies={"ingress": "session"})).run().summary()["ingress"]
     assert quiet["liveness"]["requests"] == wl.num_requests
     assert quiet["verdict"] == [f"ingress gate session never fired over {wl.num_requests} requests: it behaved as admit_all"]
-    busy = Simulation(agents(12, spread_s=1.0), SimConfig(workers=1, max_num_seqs=2, warmup_s=0,
-                                                          policies={"ingress": {"name": "queue_limit", "params": {"max_waiting": 1}}}))
+    busy = Simulation(
+        agents(12, spread_s=1.0),
+        SimConfig(workers=1, max_num_seqs=2, warmup_s=0, policies={"ingress": {"name": "queue_limit", "params": {"max_waiting": 1}}}),
+    )
     live = busy.run().summary()["ingress"]
     g = live["liveness"]["gates"]["queue_limit"]
     assert g["fired"] > 0 and all(set(sig.split("+")) <= {"queue_depth", "inflight_requests", "inflight_tokens"} for sig in g["by_signal"])
@@ -69,8 +89,14 @@ def test_a_simulation_reports_whether_its_policy_fired():
 
 
 def test_the_gateway_counts_gates_in_metrics_and_the_decision_log(tmp_path):
-    cfg = build_config({"backends": [{"url": "http://a:1", "max_num_seqs": 1}],
-                        "policies": {"ingress": {"name": "queue_limit+overload", "defer": {"max_wait_s": 0}}}}, {}, {})
+    cfg = build_config(
+        {
+            "backends": [{"url": "http://a:1", "max_num_seqs": 1}],
+            "policies": {"ingress": {"name": "queue_limit+overload", "defer": {"max_wait_s": 0}}},
+        },
+        {},
+        {},
+    )
     s = GatewayState(cfg, CharTokenizer(), lambda: 0.0)
     w = s.workers[0]
     w.models, w.scraped_at = {"m": {"id": "m"}}, 0.0
@@ -100,8 +126,10 @@ def test_the_gateway_counts_gates_in_metrics_and_the_decision_log(tmp_path):
     assert r["requests"] == 4 and r["gates"]["queue_limit"]["by_signal"] == {"inflight_requests": 3}
     assert r["gates"]["overload"]["by_action"] == {"reject": 3} and r["gates"]["overload"]["touched_share"] == 0.75
     rec = json.loads(log.read_text().splitlines()[-1])
-    assert rec["gates"] == {"queue_limit": {"action": "defer", "reason": "queue_full", "signal": "inflight_requests"},
-                            "overload": {"action": "reject", "reason": "overloaded", "signal": "inflight_requests"}}
+    assert rec["gates"] == {
+        "queue_limit": {"action": "defer", "reason": "queue_full", "signal": "inflight_requests"},
+        "overload": {"action": "reject", "reason": "overloaded", "signal": "inflight_requests"},
+    }
 
 
 def samples(metrics: GatewayMetrics, s: GatewayState) -> list:

@@ -137,7 +137,10 @@ def test_tracelab_rows_are_grouped_ordered_and_dropped_with_reasons(tmp_path):
     assert [r.new_input_tokens for r in b.rounds] == [100, 5]
     d = next(s for s in wl.sessions if s.session_id == "d")
     assert [(t.name, t.duration_s) for t in d.rounds[0].tools] == [("Read", 0.25)] and d.rounds[0].tool_duration_s == 0.25
-    assert load["adjusted"]["tool call with a null or negative tool_wall_latency_ms: left out of the round's tools"] == {"rows": 1, "first_line": 8}
+    assert load["adjusted"]["tool call with a null or negative tool_wall_latency_ms: left out of the round's tools"] == {
+        "rows": 1,
+        "first_line": 8,
+    }
 
 
 @pytest.mark.parametrize(
@@ -152,7 +155,9 @@ def test_tracelab_rows_are_grouped_ordered_and_dropped_with_reasons(tmp_path):
     ],
 )
 def test_bad_json_rows_name_file_line_and_field(tmp_path, fmt, text, where):
-    first = json.dumps(_tl_row("ok", 0)) if fmt == "tracelab" else '{"timestamp": 0, "input_length": 6, "output_length": 3, "hash_ids": [1]}'
+    first = (
+        json.dumps(_tl_row("ok", 0)) if fmt == "tracelab" else '{"timestamp": 0, "input_length": 6, "output_length": 3, "hash_ids": [1]}'
+    )
     path = tmp_path / "bad.jsonl"
     path.write_text(first + "\n" + text + "\n")
     with pytest.raises(CodaError) as err:
@@ -199,7 +204,8 @@ def test_tracelab_repaced_starts_subsample_to_q_and_m_rates(tmp_path):
 # --- invariants: every row is kept once or reported as dropped ----------------------------
 _tl_rows = st.lists(
     st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(0, 3000), st.integers(0, 500), st.integers(0, 300)),
-    min_size=1, max_size=30,
+    min_size=1,
+    max_size=30,
 )
 
 

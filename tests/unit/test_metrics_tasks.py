@@ -14,9 +14,20 @@ from coda.workload.schema import Round, Session, Workload
 def rec(sid: str, k: int, n: int, ready: float, first: float | None, finish: float | None, state: str | None = None,
         reason: str | None = None) -> dict:
     done = finish is not None
-    return {"reason": reason, "session_id": sid, "round": k, "session_rounds": n, "ready_s": ready, "first_token_s": first, "finish_s": finish,
-            "output_tokens": 10, "prompt_tokens": 100, "new_input_tokens": 100, "tbt_mean_s": 0.01 if done else None,
-            "state": state or ("completed" if done else "unfinished")}
+    return {
+        "reason": reason,
+        "session_id": sid,
+        "round": k,
+        "session_rounds": n,
+        "ready_s": ready,
+        "first_token_s": first,
+        "finish_s": finish,
+        "output_tokens": 10,
+        "prompt_tokens": 100,
+        "new_input_tokens": 100,
+        "tbt_mean_s": 0.01 if done else None,
+        "state": state or ("completed" if done else "unfinished"),
+    }
 
 
 def test_completion_time_runs_from_first_ready_to_last_finish():
@@ -25,10 +36,14 @@ def test_completion_time_runs_from_first_ready_to_last_finish():
 
 
 def test_an_unfinished_or_abandoned_session_is_censored_at_the_run_end():
-    records = [rec("a", 0, 3, 1.0, 1.5, 2.0), rec("a", 1, 3, 4.0, None, None),  # still running at the end
-               rec("d", 0, 3, 5.0, 5.5, 6.0),  # in its tool call at the end, its next round not yet sent
-               rec("b", 0, 2, 2.0, None, None, "rejected"), rec("b", 1, 2, 3.0, None, None, "rejected", "session_abandoned"),  # shed
-               rec("c", 0, 1, 3.0, 3.1, 3.4)]
+    records = [
+        rec("a", 0, 3, 1.0, 1.5, 2.0),
+        rec("a", 1, 3, 4.0, None, None),  # still running at the end
+        rec("d", 0, 3, 5.0, 5.5, 6.0),  # in its tool call at the end, its next round not yet sent
+        rec("b", 0, 2, 2.0, None, None, "rejected"),
+        rec("b", 1, 2, 3.0, None, None, "rejected", "session_abandoned"),  # shed
+        rec("c", 0, 1, 3.0, 3.1, 3.4),
+    ]
     got = {t.session_id: t for t in tasks(records, 0.0, 10.0, run_end_s=12.0)}
     assert got["a"] == Task("a", 11.0, True, 2)
     assert got["b"] == Task("b", 10.0, True, 1)  # its second round was never sent
@@ -44,8 +59,12 @@ def test_an_unfinished_or_abandoned_session_is_censored_at_the_run_end():
 
 
 def test_only_sessions_whose_first_request_is_ready_in_the_window_are_measured():
-    records = [rec("early", 0, 2, 1.0, 1.1, 1.2), rec("early", 1, 2, 6.0, 6.1, 6.2), rec("late", 0, 1, 11.0, 11.1, 11.2),
-               rec("in", 0, 1, 5.0, 5.1, 5.3)]
+    records = [
+        rec("early", 0, 2, 1.0, 1.1, 1.2),
+        rec("early", 1, 2, 6.0, 6.1, 6.2),
+        rec("late", 0, 1, 11.0, 11.1, 11.2),
+        rec("in", 0, 1, 5.0, 5.1, 5.3),
+    ]
     assert [t.session_id for t in tasks(records, 5.0, 10.0, run_end_s=12.0)] == ["in"]
 
 
@@ -64,11 +83,13 @@ def test_jain_index_is_one_for_equal_values_and_one_over_n_when_one_holds_all():
 
 
 def test_stalled_counts_waits_past_60_s_and_requests_that_never_finished():
-    records = [rec("a", 0, 1, 0.0, 1.0, 2.0),  # fine
-               rec("b", 0, 1, 0.0, STALL_S + 0.5, STALL_S + 1.0),  # first token after 60 s
-               rec("c", 0, 1, 0.0, STALL_S - 0.5, STALL_S + 9.0),  # just under
-               rec("d", 0, 1, 0.0, None, None),  # never finished
-               rec("e", 0, 1, 0.0, None, None, "rejected")]
+    records = [
+        rec("a", 0, 1, 0.0, 1.0, 2.0),  # fine
+        rec("b", 0, 1, 0.0, STALL_S + 0.5, STALL_S + 1.0),  # first token after 60 s
+        rec("c", 0, 1, 0.0, STALL_S - 0.5, STALL_S + 9.0),  # just under
+        rec("d", 0, 1, 0.0, None, None),  # never finished
+        rec("e", 0, 1, 0.0, None, None, "rejected"),
+    ]
     s = summarize(records, Window(0.0, 100.0), ttft_slo_s=5.0, tbt_slo_s=1.0, run_end_s=100.0)
     assert s["stalled"] == 3
     assert s["ttft_max_s"] == pytest.approx(STALL_S + 0.5)
@@ -77,8 +98,10 @@ def test_stalled_counts_waits_past_60_s_and_requests_that_never_finished():
 
 def lone_session(group: bool) -> Session:
     spec = [(3000, 50, 1.0), (700, 2000, 0.5), (10, 1, 0.0), (9000, 300, 2.0)]
-    rounds = [Round(new_input_tokens=n, output_tokens=o, tool_duration_s=t, prefix_tokens=500 if group and i == 0 else None)
-              for i, (n, o, t) in enumerate(spec)]
+    rounds = [
+        Round(new_input_tokens=n, output_tokens=o, tool_duration_s=t, prefix_tokens=500 if group and i == 0 else None)
+        for i, (n, o, t) in enumerate(spec)
+    ]
     return Session(session_id="a", start_s=3.0, rounds=rounds, prefix_group="g" if group else None)
 
 
@@ -90,7 +113,9 @@ def test_time_alone_agrees_with_a_one_session_simulation(profile):
     largest prompt, decode runs split at ``decode_run_max`` and a round of one output token
     exercise every branch."""
     wl = Workload(sessions=[lone_session(group=False)], meta={"duration_s": 1e5})
-    cfg = SimConfig(system="vllm", profile=profile, workers=1, warmup_s=0, max_num_batched_tokens=2048, decode_run_max=300, num_gpu_blocks=100)
+    cfg = SimConfig(
+        system="vllm", profile=profile, workers=1, warmup_s=0, max_num_batched_tokens=2048, decode_run_max=300, num_gpu_blocks=100
+    )
     res = Simulation(wl, cfg).run()
     (task,) = tasks(res.records, 0.0, 1e5, res.sim.loop.now)
     alone = alone_times_s(wl.sessions[0], res.sim.cost, chunk_tokens=cfg.chunk_tokens, max_num_batched_tokens=2048, decode_run_max=300)

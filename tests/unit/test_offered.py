@@ -66,7 +66,9 @@ records_st = st.lists(st.tuples(st.sampled_from(["a", "b", "late"]), st.integers
 @given(records_st, st.floats(0, 30), st.floats(1, 60))
 def test_every_offered_round_ends_once_and_sent_rounds_count_as_replayed(raw, start, length):
     window = Window(start, start + length)
-    records = [(done(sid, k, t, ttft) if state == "completed" else {**refused(sid, k, t), "state": state}) for sid, k, t, state, ttft in raw]
+    records = [
+        (done(sid, k, t, ttft) if state == "completed" else {**refused(sid, k, t), "state": state}) for sid, k, t, state, ttft in raw
+    ]
     got = symmetric_summary(records, workload(), window, time_scale=1.0, **SLO)
     assert got["completed"] + got["rejected"] + got["failed"] == got["offered"]
     assert got["offered"] - got["abandoned"] == sum(window.start_s <= r["ready_s"] <= window.end_s for r in records)

@@ -37,7 +37,12 @@ def test_per_request_jsonl_loads_as_open_loop_requests(tmp_path):
 
 def test_bad_trace_lines_name_the_line_and_field(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"input_toks": 10, "output_toks": 5, "arrival_time": 0}) + "\n" + json.dumps({"input_toks": "x", "output_toks": 5, "arrival_time": 1}) + "\n")
+    bad.write_text(
+        json.dumps({"input_toks": 10, "output_toks": 5, "arrival_time": 0})
+        + "\n"
+        + json.dumps({"input_toks": "x", "output_toks": 5, "arrival_time": 1})
+        + "\n"
+    )
     with pytest.raises(CodaError, match=r"bad.jsonl:2: input_toks: 'x' is not an integer"):
         read_requests(bad)
     bad.write_text(json.dumps({"input_toks": 10, "arrival_time": 0}) + "\n")
@@ -50,8 +55,17 @@ def test_bad_trace_lines_name_the_line_and_field(tmp_path):
 
 def test_a_20_request_trace_replays_under_the_engine_configuration(tmp_path):
     wl = read_requests(_trace(tmp_path / "requests.jsonl"))
-    config = SimConfig(system="vllm", profile=PROFILE, chunk_tokens=16, num_gpu_blocks=2000, max_num_seqs=8, max_num_batched_tokens=2048, warmup_s=0,
-                       drain_s=120, dram=False)
+    config = SimConfig(
+        system="vllm",
+        profile=PROFILE,
+        chunk_tokens=16,
+        num_gpu_blocks=2000,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        warmup_s=0,
+        drain_s=120,
+        dram=False,
+    )
     result = run_one(wl, config)
     summary = result.summary()
     assert summary["config"]["tiers"]["hbm_chunks_per_worker"] == 1999  # the configured KV block count less vLLM's null block

@@ -38,14 +38,36 @@ def test_paths_read_from_the_records_are_the_simulators_own():
 def test_an_engine_log_without_reusable_counts_takes_the_previous_context(tmp_path):
     rows = [
         {"session_id": "a", "round": 0, "prompt_tokens": 100, "output_tokens": 20, "cached_tokens": 0},
-        {"session_id": "a", "round": 1, "prompt_tokens": 150, "output_tokens": 5, "cached_tokens": 112},  # 120 reusable: 7 blocks of 16 = 112
+        {
+            "session_id": "a",
+            "round": 1,
+            "prompt_tokens": 150,
+            "output_tokens": 5,
+            "cached_tokens": 112,
+        },  # 120 reusable: 7 blocks of 16 = 112
         {"session_id": "a", "round": 2, "prompt_tokens": 160, "output_tokens": 5, "cached_tokens": 96},  # 155 -> 144 reusable: 96 found
         {"session_id": "b", "round": 1, "prompt_tokens": 50, "output_tokens": 5, "cached_tokens": 32},  # round 0 missing: not counted
         {"session_id": "c", "round": 0, "prompt_tokens": 10, "output_tokens": 1, "cached_tokens": 0, "state": "failed"},
         # a log with tiers (as the simulator writes it): the lowest tier that held part of the prefix names the path
-        {"session_id": "d", "round": 3, "prompt_tokens": 100, "output_tokens": 1, "hbm_hit_tokens": 32, "dram_hit_tokens": 32, "reusable_tokens": 64},
-        {"session_id": "d", "round": 4, "prompt_tokens": 100, "output_tokens": 1, "hbm_hit_tokens": 16, "dram_hit_tokens": 16,
-         "ssd_hit_tokens": 32, "reusable_tokens": 64},
+        {
+            "session_id": "d",
+            "round": 3,
+            "prompt_tokens": 100,
+            "output_tokens": 1,
+            "hbm_hit_tokens": 32,
+            "dram_hit_tokens": 32,
+            "reusable_tokens": 64,
+        },
+        {
+            "session_id": "d",
+            "round": 4,
+            "prompt_tokens": 100,
+            "output_tokens": 1,
+            "hbm_hit_tokens": 16,
+            "dram_hit_tokens": 16,
+            "ssd_hit_tokens": 32,
+            "reusable_tokens": 64,
+        },
     ]
     records = read_engine_log(_log(tmp_path, rows))
     assert len(records) == 6
@@ -54,18 +76,27 @@ def test_an_engine_log_without_reusable_counts_takes_the_previous_context(tmp_pa
     assert shares["tokens"] == {"hbm": 256.0, "dram": 48.0, "ssd": 32.0, "not_resident": 48.0}
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{oops", "log.jsonl:2: json: not valid JSON"),
-    ("[1, 2]", "log.jsonl:2: row: not a JSON object"),
-    (json.dumps({"session_id": "a", "round": 1, "prompt_tokens": 10, "output_tokens": 2}), "log.jsonl:2: row: no cached_tokens field"),
-    (json.dumps({"session_id": "a", "round": 1, "prompt_tokens": "10", "output_tokens": 2, "cached_tokens": 0}),
-     "log.jsonl:2: prompt_tokens: '10' is not a token count"),
-    (json.dumps({"session_id": "a", "round": 1, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": 11}),
-     "log.jsonl:2: cached_tokens: 11 cached tokens exceed the 10-token prompt"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{oops", "log.jsonl:2: json: not valid JSON"),
+        ("[1, 2]", "log.jsonl:2: row: not a JSON object"),
+        (json.dumps({"session_id": "a", "round": 1, "prompt_tokens": 10, "output_tokens": 2}), "log.jsonl:2: row: no cached_tokens field"),
+        (
+            json.dumps({"session_id": "a", "round": 1, "prompt_tokens": "10", "output_tokens": 2, "cached_tokens": 0}),
+            "log.jsonl:2: prompt_tokens: '10' is not a token count",
+        ),
+        (
+            json.dumps({"session_id": "a", "round": 1, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": 11}),
+            "log.jsonl:2: cached_tokens: 11 cached tokens exceed the 10-token prompt",
+        ),
+    ],
+)
 def test_a_malformed_line_is_one_error_naming_it(tmp_path, line, message):
     path = tmp_path / "log.jsonl"
-    path.write_text(json.dumps({"session_id": "a", "round": 0, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": 0}) + "\n" + line + "\n")
+    path.write_text(
+        json.dumps({"session_id": "a", "round": 0, "prompt_tokens": 10, "output_tokens": 2, "cached_tokens": 0}) + "\n" + line + "\n"
+    )
     with pytest.raises(CodaError, match=message) as err:
         read_engine_log(path)
     assert "\n" not in str(err.value)

@@ -9,13 +9,22 @@ from coda.shell.build import make_policy
 
 
 def snap(workers, *, cont=True, prompt_blocks=10, prompt=None, seq=0):
-    req = RouteRequest(seq=seq, session_id="s", is_continuation=cont, prompt_tokens=prompt or prompt_blocks * 256, prompt_blocks=prompt_blocks)
+    req = RouteRequest(
+        seq=seq, session_id="s", is_continuation=cont, prompt_tokens=prompt or prompt_blocks * 256, prompt_blocks=prompt_blocks
+    )
     return RoutingSnapshot(0.0, req, tuple(workers))
 
 
 def W(i, load=0, kv=0, hbm=0, dram=0, ssd=0, ctx=(), healthy=True):
-    return WorkerView(worker_id=i, active_requests=load, active_kv_blocks=kv, waiting_requests=0, decode_contexts=tuple(ctx),
-                      match=PrefixMatch(hbm, dram, ssd), healthy=healthy)
+    return WorkerView(
+        worker_id=i,
+        active_requests=load,
+        active_kv_blocks=kv,
+        waiting_requests=0,
+        decode_contexts=tuple(ctx),
+        match=PrefixMatch(hbm, dram, ssd),
+        healthy=healthy,
+    )
 
 
 def test_dynamo_worked_example_second_worker_wins():
@@ -98,9 +107,19 @@ def test_registry_params_are_validated():
 
 
 workers_st = st.lists(
-    st.builds(W, i=st.just(0), load=st.integers(0, 20), kv=st.integers(0, 500), hbm=st.integers(0, 40), dram=st.integers(0, 40),
-              ssd=st.integers(0, 40), ctx=st.lists(st.integers(1, 200_000), max_size=6), healthy=st.booleans()),
-    min_size=1, max_size=8,
+    st.builds(
+        W,
+        i=st.just(0),
+        load=st.integers(0, 20),
+        kv=st.integers(0, 500),
+        hbm=st.integers(0, 40),
+        dram=st.integers(0, 40),
+        ssd=st.integers(0, 40),
+        ctx=st.lists(st.integers(1, 200_000), max_size=6),
+        healthy=st.booleans(),
+    ),
+    min_size=1,
+    max_size=8,
 ).map(lambda ws: [WorkerView(i, w.active_requests, w.active_kv_blocks, 0, w.decode_contexts, w.match, w.healthy) for i, w in enumerate(ws)])
 
 

@@ -57,8 +57,12 @@ def test_promote_one_asks_the_policy_once_per_step_and_admits_the_rest_in_fcfs_o
 
     orders = {}
     for admission in ("promote_one", "every_slot"):
-        wl = Workload(sessions=[make_session(f"s{i}", 0.0, [(n, 4, 0.0)]) for i, n in enumerate((3000, 600, 2000, 100))], meta={"duration_s": 10.0})
-        sim = Simulation(wl, SimConfig(system="coda", workers=1, chunk_tokens=64, warmup_s=0, policies={"state": {"params": {"admission": admission}}}))
+        wl = Workload(
+            sessions=[make_session(f"s{i}", 0.0, [(n, 4, 0.0)]) for i, n in enumerate((3000, 600, 2000, 100))], meta={"duration_s": 10.0}
+        )
+        sim = Simulation(
+            wl, SimConfig(system="coda", workers=1, chunk_tokens=64, warmup_s=0, policies={"state": {"params": {"admission": admission}}})
+        )
         w = sim.workers[0]
         w.state_policy = Counting(sim.cost, admission=admission)
         Counting.calls = 0
@@ -73,8 +77,14 @@ def test_promote_one_asks_the_policy_once_per_step_and_admits_the_rest_in_fcfs_o
 
 def test_shadow_policy_counts_decisions_that_differ():
     wl = _big_and_smalls()
-    cfg = SimConfig(system="coda", workers=1, chunk_tokens=64, hbm_kv_gib=105 * CHUNK_GIB, warmup_s=0,
-                    policies={"state": {"shadow": "fifo"}, "router": {"shadow": "round_robin"}})
+    cfg = SimConfig(
+        system="coda",
+        workers=1,
+        chunk_tokens=64,
+        hbm_kv_gib=105 * CHUNK_GIB,
+        warmup_s=0,
+        policies={"state": {"shadow": "fifo"}, "router": {"shadow": "round_robin"}},
+    )
     res = Simulation(wl, cfg).run()
     sh = res.summary()["shadow"]
     assert sh["state"]["policy"] == "fifo" and sh["state"]["decisions"] >= len(wl.sessions)
@@ -92,8 +102,16 @@ def test_a_prefix_split_between_dram_and_ssd_is_restored_when_dram_is_full():
     which evicts DRAM's oldest: the DRAM part is taken first, so it stays."""
     a = make_session("a", 0.0, [(640, 5, 10.0), (64, 5, 0.0)])
     b = make_session("b", 1.0, [(1280, 10, 0.0)])
-    cfg = SimConfig(system="vllm", workers=1, chunk_tokens=64, hbm_kv_gib=24.5 * CHUNK_GIB, dram_kv_gib=6.5 * CHUNK_GIB, ssd=True,
-                    cpu_shadow=False, warmup_s=0)
+    cfg = SimConfig(
+        system="vllm",
+        workers=1,
+        chunk_tokens=64,
+        hbm_kv_gib=24.5 * CHUNK_GIB,
+        dram_kv_gib=6.5 * CHUNK_GIB,
+        ssd=True,
+        cpu_shadow=False,
+        warmup_s=0,
+    )
     sim = Simulation(Workload(sessions=[a, b], meta={"duration_s": 20.0}), cfg)
     sim.run()
     resumed = next(r.record() for r in sim.requests if r.sess.session.session_id == "a" and r.round_idx == 1)

@@ -25,7 +25,9 @@ def wl():
 def run(wl, ingress: str | None = None, params: dict | None = None, defer: dict | None = None, **kw):
     """``cachewise`` on one worker behind the simulated gateway running ``ingress``."""
     policies = {"ingress": {"name": ingress, "params": params or {}, **({"defer": defer} if defer else {})}} if ingress else None
-    res = Simulation(wl, SimConfig(**{"workers": 1, "system": "cachewise", "warmup_s": 0, "drain_s": 20_000, "policies": policies, **kw})).run()
+    res = Simulation(
+        wl, SimConfig(**{"workers": 1, "system": "cachewise", "warmup_s": 0, "drain_s": 20_000, "policies": policies, **kw})
+    ).run()
     return res, res.summary()
 
 
@@ -152,7 +154,12 @@ def test_cli_flag(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "coda.cli", "sim", "-w", "synth:rate=2,duration=300,seed=1", "--ingress", "queue_limit", "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "coda.cli", "sim", "-w", "synth:rate=2,duration=300,seed=1", "--ingress", "queue_limit", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     s = json.loads(out.stdout)
     assert s["config"]["policies"]["ingress"]["name"] == "queue_limit" and s["ingress"]["policy"] == "queue_limit"

@@ -24,7 +24,14 @@ def test_sample_matches_summarize_slo_throughput():
     records = [
         {"ready_s": 10.0, "first_token_s": 11.0, "finish_s": 20.0, "output_tokens": 10, "tbt_mean_s": 0.05, "state": "completed"},
         {"ready_s": 10.0, "first_token_s": 19.0, "finish_s": 30.0, "output_tokens": 50, "tbt_mean_s": 0.2, "state": "completed"},
-        {"ready_s": 10.0, "first_token_s": 12.0, "finish_s": 150.0, "output_tokens": 70, "tbt_mean_s": 0.05, "state": "completed"},  # after the window
+        {
+            "ready_s": 10.0,
+            "first_token_s": 12.0,
+            "finish_s": 150.0,
+            "output_tokens": 70,
+            "tbt_mean_s": 0.05,
+            "state": "completed",
+        },  # after the window
         {"ready_s": 10.0, "first_token_s": None, "finish_s": None, "output_tokens": 0, "tbt_mean_s": None, "state": "rejected"},
     ]
     w = Window(0.0, 100.0)

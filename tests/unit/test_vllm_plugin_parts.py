@@ -52,7 +52,9 @@ def test_the_last_token_is_never_counted_held_and_several_groups_count_their_sho
     p = probe(Store({(f"h{i}", 0): HIT for i in range(10)}))
     assert p.tokens(request(320), 0) == (288, 0)  # 320 tokens: the tenth chunk holds the last one, which is computed
     assert p.tokens(request(321), 0) == (320, 0)
-    two = probe(Store({(f"h{i}", g): HIT for i in range(10) for g in (0, 1) if (g, i) != (1, 4)}), ChunkGroup(0, 32, 1), ChunkGroup(1, 32, 1))
+    two = probe(
+        Store({(f"h{i}", g): HIT for i in range(10) for g in (0, 1) if (g, i) != (1, 4)}), ChunkGroup(0, 32, 1), ChunkGroup(1, 32, 1)
+    )
     assert two.tokens(request(321), 0) == (128, 0)
 
 
@@ -78,12 +80,21 @@ def codes(text: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-@pytest.mark.parametrize(("text", "tools"), [
-    ('I will look.<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>', ("bash",)),
-    ('<tool_call>{"name": "grep"}</tool_call><tool_call>{"name": "sed"}</tool_call><tool_call>{"name": "grep"}</tool_call>', ("grep", "sed")),
-    ("<tool_call>\n<function=str_replace_editor>\n<parameter=path>a.py</parameter>\n</function>\n</tool_call>", ("str_replace_editor",)),
-    ("The answer is 42.", ()),
-])
+@pytest.mark.parametrize(
+    ("text", "tools"),
+    [
+        ('I will look.<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>', ("bash",)),
+        (
+            '<tool_call>{"name": "grep"}</tool_call><tool_call>{"name": "sed"}</tool_call><tool_call>{"name": "grep"}</tool_call>',
+            ("grep", "sed"),
+        ),
+        (
+            "<tool_call>\n<function=str_replace_editor>\n<parameter=path>a.py</parameter>\n</function>\n</tool_call>",
+            ("str_replace_editor",),
+        ),
+        ("The answer is 42.", ()),
+    ],
+)
 def test_tool_calls_are_read_from_the_output_in_the_default_formats(text, tools):
     assert ToolCallReader(Chars(), DEFAULT_TOOL_CALL_PATTERN, 512).tools(codes(text)) == tools
 
@@ -94,13 +105,16 @@ def test_only_the_tail_of_the_output_is_read():
     assert ToolCallReader(Chars(), DEFAULT_TOOL_CALL_PATTERN, 200).tools(out) == ("bash",)
 
 
-@pytest.mark.parametrize(("config", "names"), [
-    ({"retention": {"tool_call_pattern": "(unclosed"}}, ("retention.tool_call_pattern", "not a regular expression")),
-    ({"retention": {"tool_call_pattern": "name: (\\w+)"}}, ("retention.tool_call_pattern", "named group")),
-    ({"retention": {"prior_s": 0}}, ("retention.prior_s",)),
-    ({"tiers": "yes"}, ("tiers",)),
-    ({"cohorts": True}, ("cohorts", "valid keys")),
-])
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ({"retention": {"tool_call_pattern": "(unclosed"}}, ("retention.tool_call_pattern", "not a regular expression")),
+        ({"retention": {"tool_call_pattern": "name: (\\w+)"}}, ("retention.tool_call_pattern", "named group")),
+        ({"retention": {"prior_s": 0}}, ("retention.prior_s",)),
+        ({"tiers": "yes"}, ("tiers",)),
+        ({"cohorts": True}, ("cohorts", "valid keys")),
+    ],
+)
 def test_a_bad_setting_is_one_line_naming_it(config, names):
     with pytest.raises(CodaError) as err:
         load_settings({CONFIG_ENV: json.dumps(config)})

@@ -68,12 +68,17 @@ class BenchConfig(BaseModel):
     metrics_endpoints: tuple[str, ...] | None = Field(None, description="engines whose /metrics to sample (default: the endpoint)")
     scrape_interval_s: PositiveFloat = Field(1.0, description="seconds between /metrics samples")
     ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
-    tokenizer: str | None = Field(None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens")
+    tokenizer: str | None = Field(
+        None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens"
+    )
     timeout_s: PositiveFloat = 600.0
     seed: int = 0
     slo: SloConfig = SloConfig()
-    profile: str | None = Field(None, description="cost profile (name or JSON path) for each session's time alone, behind slowdown; "
-                                                  "without one, task completion times only")
+    profile: str | None = Field(
+        None,
+        description="cost profile (name or JSON path) for each session's time alone, behind slowdown; "
+        "without one, task completion times only",
+    )
 
 
 class Replay:
@@ -133,8 +138,9 @@ class Replay:
             if self.model is None:
                 self.model = endpoint.model = listed[0] if listed else None
             elif listed and self.model not in listed:
-                raise CodaError(f"--model {self.model!r}: {cfg.endpoint} serves {', '.join(listed)}; pass one of them, or drop --model "
-                                "for the first")
+                raise CodaError(
+                    f"--model {self.model!r}: {cfg.endpoint} serves {', '.join(listed)}; pass one of them, or drop --model for the first"
+                )
             if cfg.scrape_metrics:
                 self.scraper = Scraper(cfg.metrics_endpoints or (cfg.endpoint,), cfg.scrape_interval_s, self.now)
                 await self.scraper.check()
@@ -173,8 +179,16 @@ class Replay:
         """The client every request goes through: one server's. A subclass may return an ``Endpoint``
         that spreads requests over several servers (a load balancer's view, as a soak test needs)."""
         cfg = self.config
-        return Endpoint(cfg.endpoint, model=cfg.model, api=cfg.api, api_key=cfg.api_key, ignore_eos=cfg.ignore_eos,
-                        timeout_s=cfg.timeout_s, shards=shards, clock=self._clock)
+        return Endpoint(
+            cfg.endpoint,
+            model=cfg.model,
+            api=cfg.api,
+            api_key=cfg.api_key,
+            ignore_eos=cfg.ignore_eos,
+            timeout_s=cfg.timeout_s,
+            shards=shards,
+            clock=self._clock,
+        )
 
     async def _watch_lag(self) -> None:
         """Measure the client's own stalls: a late wake-up here delays every request's timestamps too."""
@@ -230,14 +244,36 @@ class Replay:
     def _record(self, sess: Session, k: int, ready: float, tenant: str, trace_prompt: int) -> dict[str, Any]:
         rnd = sess.rounds[k]
         rec: dict[str, Any] = {
-            "request_id": len(self.records), "session_id": sess.session_id, "round": k, "session_rounds": len(sess.rounds),
-            "kind": rnd.kind, "tenant": tenant,
-            "ready_s": ready, "sent_s": None, "first_token_s": None, "finish_s": None, "end_s": None,
-            "ttft_s": None, "e2e_s": None, "tbt_mean_s": None, "gaps_s": [],
-            "prompt_tokens": 0, "trace_prompt_tokens": trace_prompt, "new_input_tokens": rnd.new_input_tokens,
-            "output_tokens": 0, "trace_output_tokens": rnd.output_tokens, "hbm_hit_tokens": 0, "server_prompt_tokens": None,
-            "state": "failed", "status": None, "reason": "in_flight", "attempts": 0, "statuses": [], "waited_s": 0.0,
-            "admitted": False, "deferred": False,
+            "request_id": len(self.records),
+            "session_id": sess.session_id,
+            "round": k,
+            "session_rounds": len(sess.rounds),
+            "kind": rnd.kind,
+            "tenant": tenant,
+            "ready_s": ready,
+            "sent_s": None,
+            "first_token_s": None,
+            "finish_s": None,
+            "end_s": None,
+            "ttft_s": None,
+            "e2e_s": None,
+            "tbt_mean_s": None,
+            "gaps_s": [],
+            "prompt_tokens": 0,
+            "trace_prompt_tokens": trace_prompt,
+            "new_input_tokens": rnd.new_input_tokens,
+            "output_tokens": 0,
+            "trace_output_tokens": rnd.output_tokens,
+            "hbm_hit_tokens": 0,
+            "server_prompt_tokens": None,
+            "state": "failed",
+            "status": None,
+            "reason": "in_flight",
+            "attempts": 0,
+            "statuses": [],
+            "waited_s": 0.0,
+            "admitted": False,
+            "deferred": False,
         }
         self.records.append(rec)
         self.counts["offered"] += 1
@@ -303,9 +339,18 @@ class Replay:
         out = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else a.tokens
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         rec.update(
-            state="completed", reason=None, sent_s=a.sent_s - t0, first_token_s=first, finish_s=last, end_s=a.end_s - t0,  # type: ignore[operator]
-            ttft_s=first - rec["ready_s"], e2e_s=last - rec["ready_s"], output_tokens=out,
-            tbt_mean_s=(last - first) / (out - 1) if out > 1 else None, gaps_s=[round(g, 7) for g in a.gaps],
-            hbm_hit_tokens=cached if isinstance(cached, int) else 0, server_prompt_tokens=usage.get("prompt_tokens"),
+            state="completed",
+            reason=None,
+            sent_s=a.sent_s - t0,
+            first_token_s=first,
+            finish_s=last,
+            end_s=a.end_s - t0,  # type: ignore[operator]
+            ttft_s=first - rec["ready_s"],
+            e2e_s=last - rec["ready_s"],
+            output_tokens=out,
+            tbt_mean_s=(last - first) / (out - 1) if out > 1 else None,
+            gaps_s=[round(g, 7) for g in a.gaps],
+            hbm_hit_tokens=cached if isinstance(cached, int) else 0,
+            server_prompt_tokens=usage.get("prompt_tokens"),
         )
         self.counts["completed"] += 1

@@ -25,9 +25,30 @@ from coda.shell import strict_json
 # Keys `coda bench --json` always prints (docs/bench.md), in the order tables print them.
 JSON_KEYS = ("offered", "completed", "rejected", "failed", "goodput", "output_tps", "slo_tps", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
              "e2e_p50_s", "config")
-TABLE_KEYS = ("offered", "admitted", "deferred", "completed", "rejected", "failed", "retries", "goodput", "output_tps", "slo_tps",
-              "useful_tps", "request_tps", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tbt_p50_s", "tbt_p95_s", "e2e_p50_s", "e2e_p95_s",
-              "reuse_rate", *OPERATOR_KEYS)
+TABLE_KEYS = (
+    "offered",
+    "admitted",
+    "deferred",
+    "completed",
+    "rejected",
+    "failed",
+    "retries",
+    "goodput",
+    "output_tps",
+    "slo_tps",
+    "useful_tps",
+    "request_tps",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "tbt_p50_s",
+    "tbt_p95_s",
+    "e2e_p50_s",
+    "e2e_p95_s",
+    "reuse_rate",
+    *OPERATOR_KEYS,
+)
 
 
 def versions() -> dict[str, str]:
@@ -40,8 +61,15 @@ def _reason(r: dict[str, Any]) -> str:
     return str(r["reason"]).split(":", 1)[0]
 
 
-def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo_s: float, tbt_slo_s: float, run_end_s: float,
-                  alone_s: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+def bench_summary(
+    records: Sequence[dict[str, Any]],
+    window: Window,
+    *,
+    ttft_slo_s: float,
+    tbt_slo_s: float,
+    run_end_s: float,
+    alone_s: Mapping[str, Sequence[float]] | None = None,
+) -> dict[str, Any]:
     """``coda.metrics.summarize`` plus the ingress counts: every offered request is exactly one of
     completed, rejected or failed; admitted = got a 200; deferred = got at least one 503. The task
     metrics end at ``run_end_s``; slowdowns need ``alone_s`` (each session's time alone)."""
@@ -63,7 +91,9 @@ def bench_summary(records: Sequence[dict[str, Any]], window: Window, *, ttft_slo
     return s
 
 
-def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]], server: list[dict[str, Any]] | None = None) -> list[Path]:
+def write_run(
+    out: Path, summary: dict[str, Any], records: Sequence[dict[str, Any]], server: list[dict[str, Any]] | None = None
+) -> list[Path]:
     """summary.json and .csv, requests.jsonl, the engines' sampled metrics (``server``) and the
     plots of one run; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -76,8 +106,12 @@ def write_run(out: Path, summary: dict[str, Any], records: Sequence[dict[str, An
     if server is not None:
         (out / "server_metrics.json").write_text(strict_json.dumps(server) + "\n")
         files.append(out / "server_metrics.json")
-    return [*files, plot_latency_cdfs(out / "latency_cdf.png", records, window), plot_throughput(out / "throughput.png", records, window),
-            plot_timeline(out / "timeline.png", records, window, server)]
+    return [
+        *files,
+        plot_latency_cdfs(out / "latency_cdf.png", records, window),
+        plot_throughput(out / "throughput.png", records, window),
+        plot_timeline(out / "timeline.png", records, window, server),
+    ]
 
 
 def _plt() -> Any:
@@ -177,8 +211,24 @@ def plot_timeline(path: Path, records: Sequence[dict[str, Any]], window: Window,
 
 
 # --- sweeps --------------------------------------------------------------------------------
-SWEEP_METRICS = ("offered_rps", "output_tps", "slo_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
-                 "tbt_p50_s", "e2e_p50_s", "rejected", "failed", "stalled", "task_time_p99_s", "slowdown_p99")
+SWEEP_METRICS = (
+    "offered_rps",
+    "output_tps",
+    "slo_tps",
+    "request_tps",
+    "goodput",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "tbt_p50_s",
+    "e2e_p50_s",
+    "rejected",
+    "failed",
+    "stalled",
+    "task_time_p99_s",
+    "slowdown_p99",
+)
 
 
 def sweep_rows(runs: dict[float, list[dict[str, Any]]], axis: str = "rate") -> list[dict[str, Any]]:

@@ -41,7 +41,9 @@ def summary_of(replay: Replay, workload_spec: str, alone: dict[str, list[float]]
         ended_early=replay.ended_early,
         seed=cfg.seed,
         retry_budget={"spent": replay.budget.spent, "denied": replay.budget.denied},
-        tenants={t: {"limit": lim.limit if lim.limit != float("inf") else None, "peak_inflight": lim.peak} for t, lim in replay.limiters.items()},
+        tenants={
+            t: {"limit": lim.limit if lim.limit != float("inf") else None, "peak_inflight": lim.peak} for t, lim in replay.limiters.items()
+        },
         versions=versions(),
         server=replay.scraper.summary(window) if replay.scraper is not None else None,
         config={
@@ -50,8 +52,12 @@ def summary_of(replay: Replay, workload_spec: str, alone: dict[str, list[float]]
             "duration_s": replay.duration_s,
             "sessions_started": len(replay.sessions),
             "tokenizer": replay.vocab.name,
-            "workload": {"spec": workload_spec, **{k: v for k, v in wl.meta.items() if k != "choices"},
-                         "sessions": len(wl.sessions), "requests": wl.num_requests},
+            "workload": {
+                "spec": workload_spec,
+                **{k: v for k, v in wl.meta.items() if k != "choices"},
+                "sessions": len(wl.sessions),
+                "requests": wl.num_requests,
+            },
         },
     )
     return s
@@ -72,16 +78,26 @@ def alone_s(workload: Workload, cfg: BenchConfig) -> dict[str, list[float]] | No
 
     engine = SimConfig()
     cost = build_cost_model(load_profile(cfg.profile))
-    return {s.session_id: alone_times_s(s, cost, chunk_tokens=engine.chunk_tokens, max_num_batched_tokens=engine.max_num_batched_tokens,
-                                        decode_run_max=engine.decode_run_max, time_scale=cfg.time_scale) for s in workload.sessions}
+    return {
+        s.session_id: alone_times_s(
+            s,
+            cost,
+            chunk_tokens=engine.chunk_tokens,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            decode_run_max=engine.decode_run_max,
+            time_scale=cfg.time_scale,
+        )
+        for s in workload.sessions
+    }
 
 
 def server_series(replay: Replay) -> list[dict[str, Any]] | None:
     return replay.scraper.series() if replay.scraper is not None else None
 
 
-async def run_once(workload: Workload, cfg: BenchConfig, spec: str, *, progress: Progress | None = None,
-                   on_replay: Callable[[Replay], None] | None = None) -> tuple[Replay, dict[str, Any]]:
+async def run_once(
+    workload: Workload, cfg: BenchConfig, spec: str, *, progress: Progress | None = None, on_replay: Callable[[Replay], None] | None = None
+) -> tuple[Replay, dict[str, Any]]:
     alone = alone_s(workload, cfg)  # before the run: a bad --profile fails now, not after it
     try:
         replay = Replay(workload, cfg)
@@ -134,8 +150,18 @@ def check_repeats(repeats: int) -> None:
 Axis = Literal["rate", "concurrency"]
 
 
-async def sweep(spec: str, axis: Axis, levels: Sequence[float], repeats: int, cfg: BenchConfig, out: Path, *, fmt: str | None = None,
-                progress: Callable[[str, Replay], None] | None = None, on_replay: Callable[[Replay], None] | None = None) -> dict[str, Any]:
+async def sweep(
+    spec: str,
+    axis: Axis,
+    levels: Sequence[float],
+    repeats: int,
+    cfg: BenchConfig,
+    out: Path,
+    *,
+    fmt: str | None = None,
+    progress: Callable[[str, Replay], None] | None = None,
+    on_replay: Callable[[Replay], None] | None = None,
+) -> dict[str, Any]:
     """Every level of ``axis`` (request rates, or closed-loop concurrencies) ``repeats`` times, each
     on another draw of the workload (a synth spec's seed, else ``cfg.seed``, then +1, +2, ...);
     rows of means with 95% intervals, the knee, load.png and sweep.csv."""
@@ -151,8 +177,9 @@ async def sweep(spec: str, axis: Axis, levels: Sequence[float], repeats: int, cf
                 wl, run_cfg = workload_at(spec, level, seed, fmt), cfg.model_copy(update={"seed": seed})
             else:
                 wl, run_cfg = workload_at(spec, None, seed, fmt), cfg.model_copy(update={"seed": seed, "max_concurrency": int(level)})
-            replay, summary = await run_once(wl, run_cfg, spec, on_replay=on_replay,
-                                             progress=(lambda r, label=label: progress(label, r)) if progress else None)
+            replay, summary = await run_once(
+                wl, run_cfg, spec, on_replay=on_replay, progress=(lambda r, label=label: progress(label, r)) if progress else None
+            )
             summary[axis] = level
             write_run(out / f"{axis}-{level:g}" / f"repeat-{i}", summary, replay.records, server_series(replay))
             runs.setdefault(level, []).append(summary)
@@ -162,8 +189,17 @@ async def sweep(spec: str, axis: Axis, levels: Sequence[float], repeats: int, cf
             break
     rows = sweep_rows(runs, axis)
     k = knee(rows, axis)
-    result = {"axis": axis, "rows": rows, f"knee_{axis}": k, "repeats": repeats, "workload": spec, "slo": cfg.slo.model_dump(),
-              "config": cfg.model_dump(), "versions": versions(), "knee_rule": f"highest {axis} whose mean goodput is within 5% of the best"}
+    result = {
+        "axis": axis,
+        "rows": rows,
+        f"knee_{axis}": k,
+        "repeats": repeats,
+        "workload": spec,
+        "slo": cfg.slo.model_dump(),
+        "config": cfg.model_dump(),
+        "versions": versions(),
+        "knee_rule": f"highest {axis} whose mean goodput is within 5% of the best",
+    }
     out.mkdir(parents=True, exist_ok=True)
     plot_load(out / "load.png", rows, axis, k)
     write_csv(out / "sweep.csv", rows)

@@ -126,7 +126,9 @@ class Scraper:
             except (httpx.HTTPError, ValueError) as err:
                 raise ScrapeError(f"{_metrics_url(engine.url)}: {str(err) or type(err).__name__}") from None
             if not any(name in sums for names in GAUGES.values() for name in names):
-                raise ScrapeError(f"{_metrics_url(engine.url)} has none of vLLM's metrics ({', '.join(GAUGES['waiting'] + GAUGES['kv_usage'])})")
+                raise ScrapeError(
+                    f"{_metrics_url(engine.url)} has none of vLLM's metrics ({', '.join(GAUGES['waiting'] + GAUGES['kv_usage'])})"
+                )
 
     async def sample(self) -> None:
         """One sample of every engine, taken together."""

@@ -59,8 +59,13 @@ class HFVocabulary:
         except Exception as err:  # the tokenizers library raises plain Exceptions for bad files
             raise CodaError(f"--tokenizer {file}: not a Hugging Face tokenizer file: {err}".splitlines()[0]) from None
         self.name = f"Hugging Face tokenizer {file} (message contents exact; chat-template tokens approximated)"
-        candidates = sorted({piece.strip() for piece in (self.tokenizer.decode([i]) for i in self.tokenizer.get_vocab().values())
-                             if re.fullmatch(r" [a-z]{2,12}", piece)})
+        candidates = sorted(
+            {
+                piece.strip()
+                for piece in (self.tokenizer.decode([i]) for i in self.tokenizer.get_vocab().values())
+                if re.fullmatch(r" [a-z]{2,12}", piece)
+            }
+        )
         encoded = self.tokenizer.encode_batch([" " + w for w in candidates], add_special_tokens=False)
         self.words = np.array([w for w, e in zip(candidates, encoded) if len(e.ids) == 1])
         if self.words.size < 100:

@@ -34,7 +34,9 @@ out_console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
-FormatOpt = Annotated[str | None, typer.Option("--format", help="workload file format: tracelab, mooncake, azure or coda (detected when omitted)")]
+FormatOpt = Annotated[
+    str | None, typer.Option("--format", help="workload file format: tracelab, mooncake, azure or coda (detected when omitted)")
+]
 
 
 def fmt_value(v: Any) -> str:

@@ -75,11 +75,17 @@ def _levels(flag: str, text: str, kind: type) -> list[float]:
 @app.command()
 def bench(
     endpoint: Annotated[str | None, typer.Option("--endpoint", "-e", help="base URL of an OpenAI-compatible server")] = None,
-    workload: Annotated[str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=1,duration=120,seed=0")] = None,
+    workload: Annotated[
+        str | None, typer.Option("--workload", "-w", help="workload file or spec, e.g. synth:rate=1,duration=120,seed=0")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="directory for summary.json, requests.jsonl and plots")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model name (default: the first one /v1/models lists)")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", help="arrival window in seconds (default: the workload's, scaled)")] = None,
-    time_scale: Annotated[float | None, typer.Option("--time-scale", help="wall seconds per trace second for starts and tool times")] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="arrival window in seconds (default: the workload's, scaled)")
+    ] = None,
+    time_scale: Annotated[
+        float | None, typer.Option("--time-scale", help="wall seconds per trace second for starts and tool times")
+    ] = None,
     max_sessions: Annotated[int | None, typer.Option("--max-sessions", help="start at most this many sessions")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="comma-separated request rates to sweep (synth specs or files)")] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", help="runs per sweep rate (>= 3, seeds seed, seed+1, ...)")] = None,
@@ -87,35 +93,79 @@ def bench(
     tenant: Annotated[str | None, typer.Option("--tenant", help="tenant of sessions that name none (x-tenant-id)")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="bearer token (default: $OPENAI_API_KEY)")] = None,
     warmup_s: Annotated[float | None, typer.Option("--warmup-s", help="start of the measurement window (default 0)")] = None,
-    drain_s: Annotated[float | None, typer.Option("--drain-s", help="time after the window for its requests to finish (default 60)")] = None,
+    drain_s: Annotated[
+        float | None, typer.Option("--drain-s", help="time after the window for its requests to finish (default 60)")
+    ] = None,
     max_attempts: Annotated[int | None, typer.Option("--max-attempts", help="attempts per request on 429/503/529 (default 4)")] = None,
     retry_rate: Annotated[float | None, typer.Option("--retry-rate", help="retry budget refill, retries/s (default 5)")] = None,
     retry_burst: Annotated[float | None, typer.Option("--retry-burst", help="retry budget size (default 20)")] = None,
-    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="closed loop: N sessions at a time, start times ignored")] = None,
-    sweep_concurrency: Annotated[str | None, typer.Option("--sweep-concurrency", help="comma-separated concurrencies to sweep, e.g. 1,2,4,8")] = None,
-    tenant_concurrency: Annotated[int | None, typer.Option("--tenant-concurrency", help="per-tenant in-flight limit, halved by a 429 (default none)")] = None,
-    scrape_metrics: Annotated[bool | None, typer.Option("--scrape-metrics", help="sample the engines' /metrics (vLLM's names) during the run")] = None,
-    metrics_endpoint: Annotated[list[str] | None, typer.Option("--metrics-endpoint", help="an engine to sample (repeatable; default: --endpoint)")] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option("--max-concurrency", help="closed loop: N sessions at a time, start times ignored")
+    ] = None,
+    sweep_concurrency: Annotated[
+        str | None, typer.Option("--sweep-concurrency", help="comma-separated concurrencies to sweep, e.g. 1,2,4,8")
+    ] = None,
+    tenant_concurrency: Annotated[
+        int | None, typer.Option("--tenant-concurrency", help="per-tenant in-flight limit, halved by a 429 (default none)")
+    ] = None,
+    scrape_metrics: Annotated[
+        bool | None, typer.Option("--scrape-metrics", help="sample the engines' /metrics (vLLM's names) during the run")
+    ] = None,
+    metrics_endpoint: Annotated[
+        list[str] | None, typer.Option("--metrics-endpoint", help="an engine to sample (repeatable; default: --endpoint)")
+    ] = None,
     scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="seconds between samples (default 1)")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")
+    ] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="per-attempt timeout (default 600)")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="seed of the retry jitter (and of synth specs in a sweep)")] = None,
     slo_ttft_s: Annotated[float | None, typer.Option("--slo-ttft-s", help="TTFT SLO in seconds (default 5)")] = None,
     slo_tbt_s: Annotated[float | None, typer.Option("--slo-tbt-s", help="mean inter-token gap SLO in seconds (default 0.1)")] = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="cost profile of the engine (name or JSON path): each session's time alone, for slowdown")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="cost profile of the engine (name or JSON path): each session's time alone, for slowdown"),
+    ] = None,
     fmt: FormatOpt = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or TOML file with any of these options")] = None,
     as_json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print the summary (or the sweep's rows) as CSV on stdout")] = False,
 ) -> None:
     """Closed-loop replay of agent sessions: growing prompts, streamed responses, good-client retries, goodput."""
-    cli = dict(endpoint=endpoint, workload=workload, out=out, model=model, duration_s=duration, time_scale=time_scale,
-               max_sessions=max_sessions, sweep=sweep, sweep_concurrency=sweep_concurrency, repeats=repeats, api=api, tenant=tenant,
-               api_key=api_key or os.environ.get("OPENAI_API_KEY"), warmup_s=warmup_s, drain_s=drain_s, max_attempts=max_attempts,
-               retry_rate=retry_rate, retry_burst=retry_burst, max_concurrency=max_concurrency, tenant_concurrency=tenant_concurrency,
-               scrape_metrics=scrape_metrics, metrics_endpoints=tuple(metrics_endpoint) if metrics_endpoint else None,
-               scrape_interval_s=scrape_interval_s, ignore_eos=ignore_eos, tokenizer=tokenizer, timeout_s=timeout_s, seed=seed, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, profile=profile, format=fmt)
+    cli = dict(
+        endpoint=endpoint,
+        workload=workload,
+        out=out,
+        model=model,
+        duration_s=duration,
+        time_scale=time_scale,
+        max_sessions=max_sessions,
+        sweep=sweep,
+        sweep_concurrency=sweep_concurrency,
+        repeats=repeats,
+        api=api,
+        tenant=tenant,
+        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        warmup_s=warmup_s,
+        drain_s=drain_s,
+        max_attempts=max_attempts,
+        retry_rate=retry_rate,
+        retry_burst=retry_burst,
+        max_concurrency=max_concurrency,
+        tenant_concurrency=tenant_concurrency,
+        scrape_metrics=scrape_metrics,
+        metrics_endpoints=tuple(metrics_endpoint) if metrics_endpoint else None,
+        scrape_interval_s=scrape_interval_s,
+        ignore_eos=ignore_eos,
+        tokenizer=tokenizer,
+        timeout_s=timeout_s,
+        seed=seed,
+        slo_ttft_s=slo_ttft_s,
+        slo_tbt_s=slo_tbt_s,
+        profile=profile,
+        format=fmt,
+    )
     extra, cfg = _config(config, cli)
     require("matplotlib")  # for the figures every run writes
     if not extra.get("workload"):
@@ -194,7 +244,9 @@ def _run_single(spec: str, cfg: Any, out: Path, fmt: str | None, printer: str) -
     if interrupted:
         err_console.print(f"interrupted: wrote what was measured to {out}")
         sys.exit(130)
-    _fail_if_nothing_completed(summary["completed"], Counter(summary.get("failed_by_reason")) + Counter(summary.get("rejected_by_reason")), out)
+    _fail_if_nothing_completed(
+        summary["completed"], Counter(summary.get("failed_by_reason")) + Counter(summary.get("rejected_by_reason")), out
+    )
 
 
 def _fail_if_nothing_completed(completed: float, reasons: Counter[str], out: Path) -> None:
@@ -216,7 +268,8 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
         f"({wl['sessions']} sessions, {cfg['sessions_started']} started) {load} time_scale={cfg['time_scale']} seed={s['seed']}\n"
         f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; window {s['window_s'][0]:.1f}-{s['window_s'][1]:.1f} s; "
         f"retries: at most {cfg['max_attempts']} attempts, budget {cfg['retry_rate']}/s burst {cfg['retry_burst']}\n{cfg['tokenizer']}",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     table = Table(show_header=True)
     table.add_column("metric")
@@ -229,10 +282,14 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
     out_console.print(table)
     out_console.print(f"slowdown: {s['slowdown_basis']}", highlight=False, soft_wrap=True)
     for url, eng in (s.get("server") or {}).items():
-        out_console.print(f"engine {url}: waiting mean {fmt_value(eng['waiting_mean'])} max {fmt_value(eng['waiting_max'])}, "
-                          f"running mean {fmt_value(eng['running_mean'])}, KV usage mean {fmt_value(eng['kv_usage_mean'])} "
-                          f"max {fmt_value(eng['kv_usage_max'])}, prefix-cache hit rate {fmt_value(eng['prefix_hit_rate'])} "
-                          f"({eng['samples']} samples, {eng['errors']} failed)", highlight=False, soft_wrap=True)
+        out_console.print(
+            f"engine {url}: waiting mean {fmt_value(eng['waiting_mean'])} max {fmt_value(eng['waiting_max'])}, "
+            f"running mean {fmt_value(eng['running_mean'])}, KV usage mean {fmt_value(eng['kv_usage_mean'])} "
+            f"max {fmt_value(eng['kv_usage_max'])}, prefix-cache hit rate {fmt_value(eng['prefix_hit_rate'])} "
+            f"({eng['samples']} samples, {eng['errors']} failed)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if s.get("ingress"):
         out_console.print(f"gateway ingress gates over the run: {summary_line(s['ingress']['liveness'])}", highlight=False, soft_wrap=True)
         for line in s["ingress"]["verdict"]:
@@ -251,15 +308,20 @@ def _run_sweep(spec: str, axis: str, levels: list[float], repeats: int, cfg: Any
         def tick(label: str, replay: Any) -> None:
             prog.update(task, completed=min(replay.now() / replay.duration_s, 1.0), description=f"{label}: {_status(replay)}")
 
-        result, interrupted = _with_interrupt(lambda on_replay: sweep(spec, axis, levels, repeats, cfg, out, fmt=fmt, progress=tick, on_replay=on_replay))
+        result, interrupted = _with_interrupt(
+            lambda on_replay: sweep(spec, axis, levels, repeats, cfg, out, fmt=fmt, progress=tick, on_replay=on_replay)
+        )
     if printer == "json":
         print_json(result)
     elif printer == "csv":
         sys.stdout.write(csv_text(result["rows"]))
     else:
         flag = "--sweep" if axis == "rate" else "--sweep-concurrency"
-        out_console.print(f"[bold]coda bench {flag}[/bold] workload={spec} repeats={repeats} endpoint={cfg.endpoint} "
-                          f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; knee = {result['knee_rule']}", highlight=False)
+        out_console.print(
+            f"[bold]coda bench {flag}[/bold] workload={spec} repeats={repeats} endpoint={cfg.endpoint} "
+            f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; knee = {result['knee_rule']}",
+            highlight=False,
+        )
         table = Table(show_header=True)
         cols = (axis, "offered_rps", "output_tps", "slo_tps", "goodput", "ttft_p50_s", "itl_p50_s", "tbt_p50_s", "rejected", "failed")
         for c in cols:
@@ -267,8 +329,10 @@ def _run_sweep(spec: str, axis: str, levels: list[float], repeats: int, cfg: Any
         for row in result["rows"]:
             table.add_row(*(fmt_value(row[c]) + (f" ±{fmt_value(row[c + '_ci95'])}" if row.get(c + "_ci95") else "") for c in cols))
         out_console.print(table)
-        out_console.print(f"knee: {axis} {fmt_value(result[f'knee_{axis}'])}; wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'load.png'}",
-                          highlight=False)
+        out_console.print(
+            f"knee: {axis} {fmt_value(result[f'knee_{axis}'])}; wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'load.png'}",
+            highlight=False,
+        )
     if interrupted:
         err_console.print(f"interrupted: wrote what was measured to {out}")
         sys.exit(130)

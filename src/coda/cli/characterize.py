@@ -42,7 +42,9 @@ def characterize(
     if out is None:
         raise CodaError("--out is required (a directory for findings.json)")
     if (workload is None) == (engine_log is None):
-        raise CodaError("pass a workload or --engine-log FILE (one of them): a workload is replayed in the simulator, a log is read as it is")
+        raise CodaError(
+            "pass a workload or --engine-log FILE (one of them): a workload is replayed in the simulator, a log is read as it is"
+        )
     if engine_log is not None:
         _engine_log(engine_log, out, block_tokens if block_tokens is not None else 16, as_json)
         return
@@ -64,8 +66,12 @@ def characterize(
     dropped = (wl.meta.get("load") or {}).get("dropped")
     if dropped:
         err_console.print(f"dropped rows: {json.dumps(dropped)}", highlight=False, soft_wrap=True)
-    info = {"spec": workload, "format": extra.get("format") or wl.meta.get("source") or "coda", "sessions": len(wl.sessions),
-            "requests": wl.num_requests}
+    info = {
+        "spec": workload,
+        "format": extra.get("format") or wl.meta.get("source") or "coda",
+        "sessions": len(wl.sessions),
+        "requests": wl.num_requests,
+    }
     with progress_bar() as prog:
         task = prog.add_task("characterize", total=1.0)
         result = run(wl, cfg, workload_info=info, progress=lambda label, f: prog.update(task, completed=f, description=label))
@@ -94,21 +100,28 @@ def _engine_log(path: Path, out: Path, block_tokens: int, as_json: bool) -> None
     out_dir(out)
     records = read_engine_log(path)
     paths = path_shares(records, block_tokens)
-    findings = {"engine_log": {"path": str(path), "requests": len(records), "sessions": len({r.session for r in records})},
-                "f1_tiers": {k: paths[k] for k in ("requests", "tokens", "token_share", "block_tokens", "definition")},
-                "f2_paths": {k: paths[k] for k in ("requests", "counts", "share")}}
+    findings = {
+        "engine_log": {"path": str(path), "requests": len(records), "sessions": len({r.session for r in records})},
+        "f1_tiers": {k: paths[k] for k in ("requests", "tokens", "token_share", "block_tokens", "definition")},
+        "f2_paths": {k: paths[k] for k in ("requests", "counts", "share")},
+    }
     (out / "findings.json").write_text(strict_json.dumps(findings, indent=2) + "\n")
     err_console.print(f"wrote {out / 'findings.json'}")
     if as_json:
         print_json(findings)
         return
-    out_console.print(f"[bold]coda characterize[/bold] engine log {path}: {len(records)} completed requests, "
-                      f"{paths['requests']} resumed, blocks of {block_tokens} tokens", highlight=False)
+    out_console.print(
+        f"[bold]coda characterize[/bold] engine log {path}: {len(records)} completed requests, "
+        f"{paths['requests']} resumed, blocks of {block_tokens} tokens",
+        highlight=False,
+    )
     table = Table(show_header=True)
     table.add_column("finding")
     table.add_column("value", justify="right")
-    for k, v in [*((f"F1 reusable KV in {k}", v) for k, v in paths["token_share"].items()),
-                 *((f"F2 resumed via {k}", v) for k, v in paths["share"].items())]:
+    for k, v in [
+        *((f"F1 reusable KV in {k}", v) for k, v in paths["token_share"].items()),
+        *((f"F2 resumed via {k}", v) for k, v in paths["share"].items()),
+    ]:
         table.add_row(k, fmt_value(v))
     out_console.print(table)
 
@@ -119,18 +132,26 @@ def _headline(f: dict[str, Any]) -> list[tuple[str, Any]]:
     rows += [(f"F2 resumed via {k}", v) for k, v in f["f2_paths"]["share"].items()]
     for p, c in f["f3_startup_cost"]["paths"].items():
         if c["requests"]:
-            rows += [(f"F3 {p} startup p50 / p95 s", f"{fmt_value(c['p50_s'])} / {fmt_value(c['p95_s'])}"),
-                     (f"F3 {p} share of startup cost", c["share_of_total"])]
+            rows += [
+                (f"F3 {p} startup p50 / p95 s", f"{fmt_value(c['p50_s'])} / {fmt_value(c['p95_s'])}"),
+                (f"F3 {p} share of startup cost", c["share_of_total"]),
+            ]
     g, t = f["f4_growth"], f["f4_tools"]
     rows += [("F4 growth p50 / p90 (x)", f"{fmt_value(g['p50'])} / {fmt_value(g['p90'])}"), ("F4 sessions growing >= 4x", g["ge4_share"])]
     if t["calls"]:
-        rows += [("F4 tool p50 / p90 / p99 s", f"{fmt_value(t['p50_s'])} / {fmt_value(t['p90_s'])} / {fmt_value(t['p99_s'])}"),
-                 ("F4 tool time in the top 1% calls", t["top_1pct_calls_time_share"])]
+        rows += [
+            ("F4 tool p50 / p90 / p99 s", f"{fmt_value(t['p50_s'])} / {fmt_value(t['p90_s'])} / {fmt_value(t['p99_s'])}"),
+            ("F4 tool time in the top 1% calls", t["top_1pct_calls_time_share"]),
+        ]
     h, d, u = f["f5_heterogeneity"], f["f6_decode_dominance"], f["f7_uniform_gap"]
-    rows += [("F5 max/min >= 2x / 4x / 8x", " / ".join(fmt_value(h[f"ge{k}x_share"]) for k in (2, 4, 8))),
-             ("F5 max/min p50 / p95 (x)", f"{fmt_value(h['ratio_p50'])} / {fmt_value(h['ratio_p95'])}"), ("F5 context CV p50", h["cv_p50"]),
-             ("F6 pure-decode iterations", d["pure_decode_iteration_share"]), ("F6 pure-decode execution time", d["pure_decode_time_share"]),
-             ("F7 attention vs near-uniform", u["attention_gap"])]
+    rows += [
+        ("F5 max/min >= 2x / 4x / 8x", " / ".join(fmt_value(h[f"ge{k}x_share"]) for k in (2, 4, 8))),
+        ("F5 max/min p50 / p95 (x)", f"{fmt_value(h['ratio_p50'])} / {fmt_value(h['ratio_p95'])}"),
+        ("F5 context CV p50", h["cv_p50"]),
+        ("F6 pure-decode iterations", d["pure_decode_iteration_share"]),
+        ("F6 pure-decode execution time", d["pure_decode_time_share"]),
+        ("F7 attention vs near-uniform", u["attention_gap"]),
+    ]
     r = f["f8_routing_opportunity"]
     if "skipped" not in r:
         rows += [("F8 decisions with >= 2 eligible", r["multi_eligible_share"]), ("F8 most compatible != chosen", r["differs_share"])]

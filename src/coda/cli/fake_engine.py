@@ -36,14 +36,27 @@ def fake_engine(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     model: Annotated[str | None, typer.Option("--model", help="served model name (default coda-fake)")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="cost profile name or JSON path")] = None,
-    system: Annotated[str | None, typer.Option("--system", "-s", help="system preset of the worker (LRU-eviction presets; default vllm, the engine it fakes)")] = None,
+    system: Annotated[
+        str | None,
+        typer.Option("--system", "-s", help="system preset of the worker (LRU-eviction presets; default vllm, the engine it fakes)"),
+    ] = None,
     speedup: Annotated[float | None, typer.Option("--speedup", help="virtual seconds per wall second (tests use > 1)")] = None,
-    kv_events: Annotated[str | None, typer.Option("--kv-events", help="publish vLLM-format KV events on this ZMQ endpoint, e.g. tcp://*:5557")] = None,
-    kv_events_replay: Annotated[str | None, typer.Option("--kv-events-replay", help="ZMQ ROUTER endpoint for replay requests, e.g. tcp://*:5558")] = None,
-    kv_events_topic: Annotated[str | None, typer.Option("--kv-events-topic", help="topic frame of KV event messages (vLLM's default: empty)")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="longest prompt + output (default: what HBM KV holds)")] = None,
+    kv_events: Annotated[
+        str | None, typer.Option("--kv-events", help="publish vLLM-format KV events on this ZMQ endpoint, e.g. tcp://*:5557")
+    ] = None,
+    kv_events_replay: Annotated[
+        str | None, typer.Option("--kv-events-replay", help="ZMQ ROUTER endpoint for replay requests, e.g. tcp://*:5558")
+    ] = None,
+    kv_events_topic: Annotated[
+        str | None, typer.Option("--kv-events-topic", help="topic frame of KV event messages (vLLM's default: empty)")
+    ] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", help="longest prompt + output (default: what HBM KV holds)")
+    ] = None,
     default_max_tokens: Annotated[int | None, typer.Option("--default-max-tokens", help="output length when a request sets none")] = None,
-    chunk_tokens: Annotated[int | None, typer.Option("--chunk-tokens", help="KV block size in tokens (also the KV events' block_size)")] = None,
+    chunk_tokens: Annotated[
+        int | None, typer.Option("--chunk-tokens", help="KV block size in tokens (also the KV events' block_size)")
+    ] = None,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
     hbm_kv_gib: Annotated[float | None, typer.Option("--hbm-kv-gib", help="override the profile's HBM KV")] = None,
@@ -56,9 +69,22 @@ def fake_engine(
 
     if not 0 <= port <= 65535:
         raise CodaError(f"--port must be in 0..65535, got {port}")
-    cli = dict(model=model, profile=profile, system=system, speedup=speedup, kv_events=kv_events, kv_events_replay=kv_events_replay,
-               kv_events_topic=kv_events_topic, max_model_len=max_model_len, default_max_tokens=default_max_tokens, chunk_tokens=chunk_tokens,
-               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, hbm_kv_gib=hbm_kv_gib, dram=dram)
+    cli = dict(
+        model=model,
+        profile=profile,
+        system=system,
+        speedup=speedup,
+        kv_events=kv_events,
+        kv_events_replay=kv_events_replay,
+        kv_events_topic=kv_events_topic,
+        max_model_len=max_model_len,
+        default_max_tokens=default_max_tokens,
+        chunk_tokens=chunk_tokens,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        hbm_kv_gib=hbm_kv_gib,
+        dram=dram,
+    )
     cfg = build_config(config, cli)
 
     def ready(url: str, engine: dict[str, Any]) -> None:

@@ -46,7 +46,9 @@ def policies(
         for c in ("kind", "name", "parameters (default)", "what it does"):
             table.add_column(c)
         for r in rows:
-            table.add_row(r.kind, _name(r), "\n".join(f"{p.name}: {p.type} = {_default(p.default)}" for p in r.parameters) or "-", r.summary)
+            table.add_row(
+                r.kind, _name(r), "\n".join(f"{p.name}: {p.type} = {_default(p.default)}" for p in r.parameters) or "-", r.summary
+            )
         out_console.print(table)
 
 

@@ -42,7 +42,9 @@ def profile_show(
         return
     out_console.print(f"[bold]{p.name}[/bold] ({p.kind}): {p.description}")
     if p.machine is not None:
-        out_console.print("measured on: " + ", ".join(f"{k} {v}" for k, v in p.machine.model_dump().items() if v is not None), highlight=False)
+        out_console.print(
+            "measured on: " + ", ".join(f"{k} {v}" for k, v in p.machine.model_dump().items() if v is not None), highlight=False
+        )
     table = Table(show_header=True)
     table.add_column("constant")
     table.add_column("value", justify="right")
@@ -69,8 +71,11 @@ def profile_show(
         table.add_row(link, pts, p.provenance.get(link, ""))
     if p.cohort_gain is not None:
         g = p.cohort_gain
-        table.add_row("cohort_gain", f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
-                      g.provenance)
+        table.add_row(
+            "cohort_gain",
+            f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
+            g.provenance,
+        )
     out_console.print(table)
     _print_collectives(p)
     sz = Table(show_header=True, title="sizing check")
@@ -111,7 +116,8 @@ def profile_fit(
     setup: Annotated[str | None, typer.Option("--setup", help="--operators: the setup, GPU_Model (e.g. RTXPRO6000_Llama-3.1-8B)")] = None,
     tp: Annotated[int, typer.Option("--tp", help="--operators: the tensor-parallel degree measured")] = 1,
     model_config: Annotated[
-        Path | None, typer.Option("--model-config", help="--operators: the model's config.json (default: the one shipped for the setup's model)")
+        Path | None,
+        typer.Option("--model-config", help="--operators: the model's config.json (default: the one shipped for the setup's model)"),
     ] = None,
     attention: Annotated[
         Path | None, typer.Option("--attention", help="base-grid CSV (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us)")
@@ -199,7 +205,8 @@ def profile_derive(
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel degree to predict")] = 1,
     name: Annotated[str | None, typer.Option("--name", help="profile name")] = None,
     check_operators: Annotated[
-        Path | None, typer.Option("--check-operators", help="folder of measured operator CSVs to check the prediction against (with --check-setup)")
+        Path | None,
+        typer.Option("--check-operators", help="folder of measured operator CSVs to check the prediction against (with --check-setup)"),
     ] = None,
     check_setup: Annotated[str | None, typer.Option("--check-setup", help="the measured setup of the predicted model, GPU_Model")] = None,
     as_json: JsonOpt = False,
@@ -231,7 +238,10 @@ def profile_check(
     skew: Annotated[Path, typer.Option("--skew", help="skew CSV to check against")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or JSON path")] = "a100-qwen3coder30b-fp8-calibrated",
     attention: Annotated[
-        Path | None, typer.Option("--attention", help="the setup's attention CSV, whose uniform batches pair with the skew rows (default: beside --skew)")
+        Path | None,
+        typer.Option(
+            "--attention", help="the setup's attention CSV, whose uniform batches pair with the skew rows (default: beside --skew)"
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -265,12 +275,20 @@ def profile_check(
     out_console.print(table)
     cov = res["coverage"]
     pairs = cov["pairs"]
-    out_console.print(f"cohort gains: {pairs['shapes']} measured pairs of {pairs['source']} ({pairs['interpolated']} interpolated, "
-                      f"{pairs['skipped']} skipped)", highlight=False)
+    out_console.print(
+        f"cohort gains: {pairs['shapes']} measured pairs of {pairs['source']} ({pairs['interpolated']} interpolated, "
+        f"{pairs['skipped']} skipped)",
+        highlight=False,
+    )
     blocks = [("unpaired", cov["unpaired"]["all"]), ("unpaired, kernel held-out", cov["unpaired"]["held_out"])]
     if cov["paired"] is not None:
         blocks.append(("paired (section's own pairs are in-sample)", cov["paired"]["all"]))
-        blocks.append(("paired, held out by shape (section)", cov["paired"]["section_held_out"] | {"covered": cov["paired"]["section_held_out"]["coverage"]}))
+        blocks.append(
+            (
+                "paired, held out by shape (section)",
+                cov["paired"]["section_held_out"] | {"covered": cov["paired"]["section_held_out"]["coverage"]},
+            )
+        )
     _print_gains(blocks)
 
 
@@ -298,7 +316,8 @@ def profile_fit_gain(
     out: Annotated[Path, typer.Option("--out", help="profile JSON to write: --profile with a cohort_gain section")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="profile of the same setup (name or JSON path)")],
     attention: Annotated[
-        Path | None, typer.Option("--attention", help="the setup's attention CSV, whose uniform batches are the cohorts (default: beside --skew)")
+        Path | None,
+        typer.Option("--attention", help="the setup's attention CSV, whose uniform batches are the cohorts (default: beside --skew)"),
     ] = None,
     folds: Annotated[int, typer.Option("--folds", help="folds of shape groups held out")] = 5,
     seed: Annotated[int, typer.Option("--seed", help="of the assignment of shape groups to folds")] = 0,
@@ -331,13 +350,19 @@ def profile_fit_gain(
         return
     t, loo = report["time_base"], report["interpolation_leave_one_out"]
     out_console.print(f"wrote {out}: {data['name']} with a paired cohort_gain section from {pairs.fitted_on}", highlight=False)
-    out_console.print(f"  {report['pairs']} pairs ({report['interpolated']} with a cohort interpolated in batch size), {report['skipped']} "
-                      f"skipped; skew-file / uniform time at {t['shapes']} shared shapes {t['ratio']:.4f} (p10 {t['p10']:.4f}, "
-                      f"p90 {t['p90']:.4f})", highlight=False)
+    out_console.print(
+        f"  {report['pairs']} pairs ({report['interpolated']} with a cohort interpolated in batch size), {report['skipped']} "
+        f"skipped; skew-file / uniform time at {t['shapes']} shared shapes {t['ratio']:.4f} (p10 {t['p10']:.4f}, "
+        f"p90 {t['p90']:.4f})",
+        highlight=False,
+    )
     if loo["points"]:
         out_console.print(f"  interpolation, one grid point left out: median {loo['median']:.1%}, p90 {loo['p90']:.1%}", highlight=False)
-    out_console.print(f"  residual bound {report['residual_bound']:.3f} (the {report['quantile']:.3f} quantile of held-out ln-speedup "
-                      f"residuals, {folds} folds of shape groups)", highlight=False)
+    out_console.print(
+        f"  residual bound {report['residual_bound']:.3f} (the {report['quantile']:.3f} quantile of held-out ln-speedup "
+        f"residuals, {folds} folds of shape groups)",
+        highlight=False,
+    )
     _print_gains([("paired, held out by shape", report["paired_held_out"]), (f"unpaired ({base.name})", report["unpaired"])])
 
 
@@ -364,14 +389,18 @@ def profile_transfer_gain(
     if as_json:
         print_json({"out": str(out), "cohort_gain": data["cohort_gain"]})
         return
-    out_console.print(f"wrote {out}: {target.name} with {src.name}'s cohort_gain section, {data['cohort_gain']['provenance']}", highlight=False,
-                      soft_wrap=True)
+    out_console.print(
+        f"wrote {out}: {target.name} with {src.name}'s cohort_gain section, {data['cohort_gain']['provenance']}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @profile_app.command("measure")
 def profile_measure(
     out: Annotated[
-        Path | None, typer.Option("--out", help="GPU: folder for the CSVs and hardware.json; --endpoint: the profile JSON (default NAME.json)")
+        Path | None,
+        typer.Option("--out", help="GPU: folder for the CSVs and hardware.json; --endpoint: the profile JSON (default NAME.json)"),
     ] = None,
     endpoint: Annotated[
         str | None, typer.Option("--endpoint", help="measure a live engine's step costs through its OpenAI API instead of GPU kernels")
@@ -381,10 +410,12 @@ def profile_measure(
     output_tokens: Annotated[int, typer.Option("--output-tokens", help="--endpoint: tokens per decode stream")] = 96,
     max_batch: Annotated[int, typer.Option("--max-batch", help="--endpoint: largest decode batch (at most the engine's max_num_seqs)")] = 8,
     max_context: Annotated[
-        int | None, typer.Option("--max-context", help="--endpoint: largest prompt or decode context measured (default: what the engine holds)")
+        int | None,
+        typer.Option("--max-context", help="--endpoint: largest prompt or decode context measured (default: what the engine holds)"),
     ] = None,
     kv_bytes_per_token: Annotated[
-        int | None, typer.Option("--kv-bytes-per-token", help="--endpoint: KV bytes per token (default: from vLLM's /metrics when it can tell)")
+        int | None,
+        typer.Option("--kv-bytes-per-token", help="--endpoint: KV bytes per token (default: from vLLM's /metrics when it can tell)"),
     ] = None,
     note: Annotated[str, typer.Option("--note", help="--endpoint: how the engine was started (flags), kept in the description")] = "",
     device: Annotated[str, typer.Option("--device", help="cuda or cpu (cpu: a small smoke test)")] = "cuda",
@@ -394,7 +425,8 @@ def profile_measure(
         str, typer.Option("--model", help="attention shape to measure (a catalog model)")
     ] = "Qwen3-Coder-30B-A3B-Instruct-FP8",
     model_config: Annotated[
-        Path | None, typer.Option("--model-config", help="measure every operator file `coda profile fit --operators` reads for this config.json")
+        Path | None,
+        typer.Option("--model-config", help="measure every operator file `coda profile fit --operators` reads for this config.json"),
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="--model-config: the tensor-parallel degree whose per-rank shapes are measured")] = 1,
     as_json: JsonOpt = False,
@@ -414,8 +446,19 @@ def profile_measure(
             out_console.print(f"wrote {path}")
         return
     if endpoint is not None:
-        _measure_endpoint(endpoint, out or Path(f"{name}.json"), name, repeats, output_tokens, max_batch, max_context, kv_bytes_per_token, note,
-                          seed, as_json)
+        _measure_endpoint(
+            endpoint,
+            out or Path(f"{name}.json"),
+            name,
+            repeats,
+            output_tokens,
+            max_batch,
+            max_context,
+            kv_bytes_per_token,
+            note,
+            seed,
+            as_json,
+        )
         return
     if out is None:
         raise CodaError("--out is required: the folder for the measured CSVs and hardware.json")
@@ -426,8 +469,19 @@ def profile_measure(
         out_console.print(f"wrote {path}")
 
 
-def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_tokens: int, max_batch: int, max_context: int | None,
-                      kv_bytes: int | None, note: str, seed: int, as_json: bool) -> None:
+def _measure_endpoint(
+    url: str,
+    out: Path,
+    name: str,
+    repeats: int,
+    output_tokens: int,
+    max_batch: int,
+    max_context: int | None,
+    kv_bytes: int | None,
+    note: str,
+    seed: int,
+    as_json: bool,
+) -> None:
     import asyncio
     import datetime
     import json
@@ -448,8 +502,10 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
         try:
             info = await prober.inspect()
             if info.block_tokens is None or info.kv_capacity_tokens is None or info.max_model_len is None:
-                raise CodaError(f"--endpoint {url}: the engine reports no KV block size and capacity (vLLM's vllm:cache_config_info "
-                                "at /metrics) or no max_model_len at /v1/models; a profile needs them")
+                raise CodaError(
+                    f"--endpoint {url}: the engine reports no KV block size and capacity (vLLM's vllm:cache_config_info "
+                    "at /metrics) or no max_model_len at /v1/models; a profile needs them"
+                )
             kv = _kv_bytes(info, kv_bytes)
             plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats, max_context=max_context)
             return (info, kv, *await prober.measure(plan))
@@ -464,8 +520,19 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
     out.parent.mkdir(parents=True, exist_ok=True)
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
     write_samples(samples, prefill, decode, api)
-    data = measured_profile(name, info, prefill, decode, fit, api, kv_bytes_per_token=kv, samples=samples.name,
-                            date=datetime.date.today().isoformat(), machine=_engine_machine(url, info.version), note=note)
+    data = measured_profile(
+        name,
+        info,
+        prefill,
+        decode,
+        fit,
+        api,
+        kv_bytes_per_token=kv,
+        samples=samples.name,
+        date=datetime.date.today().isoformat(),
+        machine=_engine_machine(url, info.version),
+        note=note,
+    )
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
     if as_json:
@@ -475,10 +542,14 @@ def _measure_endpoint(url: str, out: Path, name: str, repeats: int, output_token
     for k in (*COLUMNS, "api_stream_s", "api_stream_token_s"):
         out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
     f = data["step_model"]["fit"]
-    out_console.print(f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "
-                      + ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items()))
-    out_console.print(f"  error |pred/meas - 1|: prefill median {f['prefill_median_err']:.3f} max {f['prefill_max_err']:.3f}, "
-                      f"decode median {f['decode_median_err']:.3f} max {f['decode_max_err']:.3f}, leave-one-out median {f['loo_err']:.3f}")
+    out_console.print(
+        f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items())
+    )
+    out_console.print(
+        f"  error |pred/meas - 1|: prefill median {f['prefill_median_err']:.3f} max {f['prefill_max_err']:.3f}, "
+        f"decode median {f['decode_median_err']:.3f} max {f['decode_max_err']:.3f}, leave-one-out median {f['loo_err']:.3f}"
+    )
 
 
 def _kv_bytes(info: EngineInfo, given: int | None) -> tuple[int, str]:
@@ -488,7 +559,11 @@ def _kv_bytes(info: EngineInfo, given: int | None) -> tuple[int, str]:
     if given is not None:
         return given, "given: --kv-bytes-per-token"
     cache = info.cache
-    mem, tokens, override = cache.get("kv_cache_memory_bytes", ""), cache.get("kv_cache_size_tokens", ""), cache.get("num_gpu_blocks_override")
+    mem, tokens, override = (
+        cache.get("kv_cache_memory_bytes", ""),
+        cache.get("kv_cache_size_tokens", ""),
+        cache.get("num_gpu_blocks_override"),
+    )
     if mem.isdigit() and tokens.isdigit() and override in (None, "None"):
         return int(mem) // int(tokens), "measured: vllm:cache_config_info kv_cache_memory_bytes / kv_cache_size_tokens"
     raise CodaError("--kv-bytes-per-token is needed: the engine does not tell (2 x layers x KV heads x head dim x dtype bytes)")
@@ -514,7 +589,9 @@ def profile_roofline(
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="workload spec or trace file")] = None,
     profile: Annotated[str | None, typer.Option("--profile", "-p", help="profile name or JSON path")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="workers (default 1)")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML/TOML config file (engine settings: max_num_seqs, KV sizing)")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML/TOML config file (engine settings: max_num_seqs, KV sizing)")
+    ] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="trace format (default: detected)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -530,8 +607,10 @@ def profile_roofline(
     if as_json:
         print_json(bound)
         return
-    out_console.print(f"[bold]roofline[/bold] workload={spec} profile={bound['profile']} workers={bound['workers']} "
-                      f"max_num_seqs={cfg.max_num_seqs}", highlight=False)
+    out_console.print(
+        f"[bold]roofline[/bold] workload={spec} profile={bound['profile']} workers={bound['workers']} max_num_seqs={cfg.max_num_seqs}",
+        highlight=False,
+    )
     table = Table(show_header=True)
     table.add_column("quantity")
     table.add_column("value", justify="right")

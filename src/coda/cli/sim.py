@@ -42,14 +42,27 @@ SsdOpt = Annotated[bool | None, typer.Option("--ssd/--no-ssd", help="override th
 ShadowOpt = Annotated[bool | None, typer.Option("--cpu-shadow/--no-cpu-shadow", help="override the preset's CPU-shadow publication")]
 HbmOpt = Annotated[float | None, typer.Option("--hbm-kv-gib", help="override the profile's HBM KV per worker")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="directory for summary.json and per-request records")]
-IngressOpt = Annotated[str | None, typer.Option("--ingress", help="ingress admission policy, as `coda serve` runs it (e.g. queue_limit, session, overload, a+b)")]
+IngressOpt = Annotated[
+    str | None,
+    typer.Option("--ingress", help="ingress admission policy, as `coda serve` runs it (e.g. queue_limit, session, overload, a+b)"),
+]
 RouterOpt = Annotated[str | None, typer.Option("--router", help="router over the system's (e.g. round_robin, smetric, dynamo_kv, coda)")]
-StateOpt = Annotated[str | None, typer.Option("--state", help="state admission policy over the system's (fifo, fewest_blocks, tiered_aging)")]
+StateOpt = Annotated[
+    str | None, typer.Option("--state", help="state admission policy over the system's (fifo, fewest_blocks, tiered_aging)")
+]
 POLICY_FLAGS = ("ingress", "router", "state")
 JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", help="local worker processes running cells at once (default: one per core)")]
-RayOpt = Annotated[str | None, typer.Option("--ray", metavar="[ADDRESS]",
-                                            help="run the cells on the Ray cluster at ADDRESS; with none (or `local`), on a Ray instance started here")]
-ResumeOpt = Annotated[bool, typer.Option("--resume/--no-resume", help="with --out, skip cells already finished there (their config unchanged)")]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="[ADDRESS]",
+        help="run the cells on the Ray cluster at ADDRESS; with none (or `local`), on a Ray instance started here",
+    ),
+]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume/--no-resume", help="with --out, skip cells already finished there (their config unchanged)")
+]
 
 CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
 
@@ -96,9 +109,26 @@ def sim(
     """Simulate one system on a workload."""
     from coda.sim.run import run_one, seeded_workload, sim_summary, write_outputs
 
-    cli = dict(workload=workload, format=fmt, system=system, workers=workers, seed=seed, profile=profile, warmup_s=warmup_s,
-               drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram, ssd=ssd, cpu_shadow=cpu_shadow,
-               hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
+    cli = dict(
+        workload=workload,
+        format=fmt,
+        system=system,
+        workers=workers,
+        seed=seed,
+        profile=profile,
+        warmup_s=warmup_s,
+        drain_s=drain_s,
+        slo_ttft_s=slo_ttft_s,
+        slo_tbt_s=slo_tbt_s,
+        dram=dram,
+        ssd=ssd,
+        cpu_shadow=cpu_shadow,
+        hbm_kv_gib=hbm_kv_gib,
+        ingress=ingress,
+        router=router,
+        state=state,
+        out=out,
+    )
     extra, cfg = _settings(config, cli)
     if extra.get("out"):
         out_dir(extra["out"])
@@ -127,9 +157,29 @@ def _print_sim_table(s: dict[str, Any]) -> None:
     table = Table(show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s",
-                "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed", "preemptions",
-                *OPERATOR_KEYS, "sim_time_s", "wall_s", "speed_x"):
+    for key in (
+        "output_tps",
+        "slo_tps",
+        "useful_tps",
+        "request_tps",
+        "goodput",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "tbt_p50_s",
+        "tbt_p95_s",
+        "e2e_p50_s",
+        "e2e_p95_s",
+        "reuse_rate",
+        "reuse_hbm",
+        "reuse_store",
+        "decode_concurrency",
+        "completed",
+        "preemptions",
+        *OPERATOR_KEYS,
+        "sim_time_s",
+        "wall_s",
+        "speed_x",
+    ):
         table.add_row(key, fmt_value(s.get(key)))
     out_console.print(table)
     ingress = s.get("ingress")
@@ -163,7 +213,9 @@ def compare(
     state: StateOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
-    pareto: Annotated[Path | None, typer.Option("--pareto", help="write a PNG of output tokens/s against p99 slowdown and p99 TTFT here")] = None,
+    pareto: Annotated[
+        Path | None, typer.Option("--pareto", help="write a PNG of output tokens/s against p99 slowdown and p99 TTFT here")
+    ] = None,
     jobs: JobsOpt = None,
     ray: RayOpt = None,
     resume: ResumeOpt = True,
@@ -174,9 +226,28 @@ def compare(
     from coda.sim.run import compare as run_compare
     from coda.sim.run import spec_seed, variants
 
-    cli = dict(workload=workload, format=fmt, systems=systems, seeds=seeds, baseline=baseline, workers=workers, seed=seed,
-               profile=profile, warmup_s=warmup_s, drain_s=drain_s, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, dram=dram,
-               ssd=ssd, cpu_shadow=cpu_shadow, hbm_kv_gib=hbm_kv_gib, ingress=ingress, router=router, state=state, out=out)
+    cli = dict(
+        workload=workload,
+        format=fmt,
+        systems=systems,
+        seeds=seeds,
+        baseline=baseline,
+        workers=workers,
+        seed=seed,
+        profile=profile,
+        warmup_s=warmup_s,
+        drain_s=drain_s,
+        slo_ttft_s=slo_ttft_s,
+        slo_tbt_s=slo_tbt_s,
+        dram=dram,
+        ssd=ssd,
+        cpu_shadow=cpu_shadow,
+        hbm_kv_gib=hbm_kv_gib,
+        ingress=ingress,
+        router=router,
+        state=state,
+        out=out,
+    )
     extra, cfg = _settings(config, cli)
     if pareto is not None:
         require("matplotlib")
@@ -190,8 +261,16 @@ def compare(
     base_seed = cfg.seed if seed is not None or "seed" in (read_config(config) if config else {}) else spec_seed(spec, cfg.seed)
     seed_list = [base_seed + i for i in range(n_seeds)]
     out_path = Path(extra["out"]) if extra.get("out") else None
-    res = run_compare(spec, names, seed_list, cfg, fmt=extra.get("format"), baseline=extra.get("baseline"), out=out_path,
-                      sweep=sweep_options(jobs, ray, resume, out_path))
+    res = run_compare(
+        spec,
+        names,
+        seed_list,
+        cfg,
+        fmt=extra.get("format"),
+        baseline=extra.get("baseline"),
+        out=out_path,
+        sweep=sweep_options(jobs, ray, resume, out_path),
+    )
     if extra.get("out"):
         (Path(extra["out"]) / "compare.json").write_text(strict_json.dumps(res, indent=2) + "\n")
     if pareto is not None:
@@ -201,9 +280,11 @@ def compare(
     if as_json:
         print_json(res)
         return
-    out_console.print(f"[bold]coda compare[/bold] workload={spec} seeds={seed_list} workers={cfg.workers}\n"
-                      f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; profile={cfg.profile}; "
-                      f"gains vs {res['baseline']} are ratios of sums over seeds" + (" [jackknife 95% interval]" if len(seed_list) > 1 else ""))
+    out_console.print(
+        f"[bold]coda compare[/bold] workload={spec} seeds={seed_list} workers={cfg.workers}\n"
+        f"SLO: TTFT <= {cfg.slo.ttft_s} s, mean TBT <= {cfg.slo.tbt_s} s; profile={cfg.profile}; "
+        f"gains vs {res['baseline']} are ratios of sums over seeds" + (" [jackknife 95% interval]" if len(seed_list) > 1 else "")
+    )
     table = Table(show_header=True)
     table.add_column("metric")
     for row in res["rows"]:
@@ -228,9 +309,25 @@ def _ratio_cell(res: dict[str, Any], system: str, key: str) -> str:
     return text if ci is None or system == res["baseline"] else f"{text} [{ci[0]:.4g}, {ci[1]:.4g}]"
 
 
-COMPARE_METRICS = ("output_tps", "slo_tps", "useful_tps", "request_tps", "goodput", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s",
-                   "tbt_p95_s", "e2e_p50_s", "e2e_p95_s", "reuse_rate", "reuse_hbm", "reuse_store", "decode_concurrency", "completed",
-                   *OPERATOR_KEYS)
+COMPARE_METRICS = (
+    "output_tps",
+    "slo_tps",
+    "useful_tps",
+    "request_tps",
+    "goodput",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "tbt_p50_s",
+    "tbt_p95_s",
+    "e2e_p50_s",
+    "e2e_p95_s",
+    "reuse_rate",
+    "reuse_hbm",
+    "reuse_store",
+    "decode_concurrency",
+    "completed",
+    *OPERATOR_KEYS,
+)
 
 
 def _seeds(extra: dict[str, Any], default: int) -> int:

@@ -23,20 +23,33 @@ def load_kernels(profile_name: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name != "numba":
             raise
-        raise CodaError(f"profile {profile_name} has an attention section, whose kernel model needs numba: pip install 'coda[sim]'") from None
+        raise CodaError(
+            f"profile {profile_name} has an attention section, whose kernel model needs numba: pip install 'coda[sim]'"
+        ) from None
     return kernels
 
 
 class KernelAttention:
     """Attention seconds of every layer of one rank, from the kernel model's fitted constants."""
 
-    def __init__(self, profile_name: str, gpu: GpuSpec, att: AttentionSpec, *, layers: int, q_heads: int, kv_heads: int, head_dim: int,
-                 kv_dtype_bytes: int) -> None:
+    def __init__(
+        self,
+        profile_name: str,
+        gpu: GpuSpec,
+        att: AttentionSpec,
+        *,
+        layers: int,
+        q_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        kv_dtype_bytes: int,
+    ) -> None:
         kernels = self._k = load_kernels(profile_name)
         tok = 2.0 * head_dim * kv_dtype_bytes  # bytes of one token-head (K and V)
         rate = att.cta_bw_bytes_s / tok
-        self.fp = np.array([gpu.hbm_bw_bytes_s * att.mem_efficiency / tok, rate, att.cta_overhead_s * rate, att.launch_s, att.per_request_s,
-                            att.combine_s])
+        self.fp = np.array(
+            [gpu.hbm_bw_bytes_s * att.mem_efficiency / tok, rate, att.cta_overhead_s * rate, att.launch_s, att.per_request_s, att.combine_s]
+        )
         family = kernels.FAMILY_BALANCED if att.family == "balanced" else kernels.FAMILY_FA2
         self.ip = np.array([gpu.num_sms * att.ctas_per_sm, 2 * gpu.num_sms, kv_heads, q_heads, att.block_n, family], dtype=np.int64)
         self.layers = layers

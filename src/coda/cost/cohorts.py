@@ -76,7 +76,9 @@ def admissible_cuts(n: int, cuts: np.ndarray | Sequence[int] | None) -> np.ndarr
     return arr
 
 
-def no_split_gains(n: int, cuts: np.ndarray | Sequence[int] | None, full_s: float, split_cost_s: float, launch_allowance_s: float) -> GainBounds:
+def no_split_gains(
+    n: int, cuts: np.ndarray | Sequence[int] | None, full_s: float, split_cost_s: float, launch_allowance_s: float
+) -> GainBounds:
     """Gains of a model whose attention is linear in total context: a split only adds
     ``split_cost_s`` (a launch), and nothing about splits was validated (never in domain)."""
     k = admissible_cuts(n, cuts)

@@ -69,7 +69,9 @@ class Geometry(BaseModel):
         router = h * self.num_experts
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         total = self.num_layers * attn + self.dense_layers * mlp + self.moe_layers * (self.num_experts * expert + shared + router) + embed
-        active = self.num_layers * attn + self.dense_layers * mlp + self.moe_layers * (self.experts_per_token * expert + shared + router) + embed
+        active = (
+            self.num_layers * attn + self.dense_layers * mlp + self.moe_layers * (self.experts_per_token * expert + shared + router) + embed
+        )
         return float(total), float(active)
 
 

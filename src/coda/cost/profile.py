@@ -315,7 +315,9 @@ class GainDomain(StrictModel):
     context_min: PositiveInt
     context_max: PositiveInt
     features: dict[str, tuple[float, float]] = Field(description="measured (min, max) of each feature the terms use")
-    design_r_inverse: list[list[float]] = Field(description="R^-1 of the QR of the fit's design (intercept, then the terms): leverage = |x R^-1|^2")
+    design_r_inverse: list[list[float]] = Field(
+        description="R^-1 of the QR of the fit's design (intercept, then the terms): leverage = |x R^-1|^2"
+    )
     leverage_max: PositiveFloat = Field(description="the largest leverage among the measured pairs")
 
     @model_validator(mode="after")

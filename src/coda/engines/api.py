@@ -302,20 +302,46 @@ class Responses:
     def _item(g: Generation, text: str, done: bool) -> Json:
         status = "completed" if done else "in_progress"
         if g.tool:
-            return {"type": "function_call", "id": f"fc_{g.id}", "call_id": f"call_{g.id}", "name": g.tool, "arguments": text, "status": status}
+            return {
+                "type": "function_call",
+                "id": f"fc_{g.id}",
+                "call_id": f"call_{g.id}",
+                "name": g.tool,
+                "arguments": text,
+                "status": status,
+            }
         content = [{"type": "output_text", "text": text, "annotations": []}] if done else []
         return {"type": "message", "id": f"msg_{g.id}", "status": status, "role": "assistant", "content": content}
 
     @staticmethod
     def _response(g: Generation, model: str, o: Outcome | None) -> Json:
-        out: Json = {"id": f"resp_{g.id}", "object": "response", "created_at": g.created, "model": model, "status": "in_progress",
-                     "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None}
+        out: Json = {
+            "id": f"resp_{g.id}",
+            "object": "response",
+            "created_at": g.created,
+            "model": model,
+            "status": "in_progress",
+            "output": [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "error": None,
+            "incomplete_details": None,
+        }
         if o is not None:
             text = _arguments(o.words) if g.tool else " ".join(o.words)
             n = len(o.words)
-            out.update(status="completed", output=[Responses._item(g, text, True)], usage={
-                "input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
-                "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": o.prompt_tokens + n})
+            out.update(
+                status="completed",
+                output=[Responses._item(g, text, True)],
+                usage={
+                    "input_tokens": o.prompt_tokens,
+                    "input_tokens_details": {"cached_tokens": o.cached_tokens},
+                    "output_tokens": n,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": o.prompt_tokens + n,
+                },
+            )
         return out
 
     @staticmethod
@@ -335,8 +361,13 @@ class Responses:
         yield ev("response.created", response=Responses._response(g, model, None))
         yield ev("response.output_item.added", output_index=0, item=Responses._item(g, "", False))
         if not g.tool:
-            yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-                     part={"type": "output_text", "text": "", "annotations": []})
+            yield ev(
+                "response.content_part.added",
+                item_id=item_id,
+                output_index=0,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
         first = True
         async for new in words:
             piece = ('{"input": "' if g.tool and first else "" if first else " ") + " ".join(new)
@@ -349,7 +380,9 @@ class Responses:
         full = Responses._response(g, model, o)
         item = full["output"][0]
         if g.tool:
-            yield ev("response.function_call_arguments.delta", item_id=item_id, output_index=0, delta='"}' if not first else item["arguments"])
+            yield ev(
+                "response.function_call_arguments.delta", item_id=item_id, output_index=0, delta='"}' if not first else item["arguments"]
+            )
             yield ev("response.function_call_arguments.done", item_id=item_id, output_index=0, arguments=item["arguments"])
         else:
             text = item["content"][0]["text"]
@@ -384,8 +417,12 @@ class Messages:
 
     @staticmethod
     def _usage(o: Outcome) -> Json:
-        return {"input_tokens": o.prompt_tokens - o.cached_tokens, "cache_read_input_tokens": o.cached_tokens,
-                "cache_creation_input_tokens": 0, "output_tokens": len(o.words)}
+        return {
+            "input_tokens": o.prompt_tokens - o.cached_tokens,
+            "cache_read_input_tokens": o.cached_tokens,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": len(o.words),
+        }
 
     @staticmethod
     def _stop(g: Generation, o: Outcome) -> str:
@@ -394,17 +431,37 @@ class Messages:
     @staticmethod
     def complete(g: Generation, model: str, o: Outcome) -> Json:
         text = " ".join(o.words)
-        block: Json = {"type": "tool_use", "id": f"toolu_{g.id}", "name": g.tool, "input": {"input": text}} if g.tool else {"type": "text", "text": text}
-        return {"id": f"msg_{g.id}", "type": "message", "role": "assistant", "model": model, "content": [block],
-                "stop_reason": Messages._stop(g, o), "stop_sequence": None, "usage": Messages._usage(o)}
+        block: Json = (
+            {"type": "tool_use", "id": f"toolu_{g.id}", "name": g.tool, "input": {"input": text}}
+            if g.tool
+            else {"type": "text", "text": text}
+        )
+        return {
+            "id": f"msg_{g.id}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [block],
+            "stop_reason": Messages._stop(g, o),
+            "stop_sequence": None,
+            "usage": Messages._usage(o),
+        }
 
     @staticmethod
     async def stream(g: Generation, model: str, words: Words, finish: Finish) -> AsyncIterator[bytes]:
         def ev(kind: str, **data: Any) -> bytes:
             return sse({"type": kind, **data}, event=kind)
 
-        start = {"id": f"msg_{g.id}", "type": "message", "role": "assistant", "model": model, "content": [],
-                 "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        start = {
+            "id": f"msg_{g.id}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
         yield ev("message_start", message=start)
         block = {"type": "tool_use", "id": f"toolu_{g.id}", "name": g.tool, "input": {}} if g.tool else {"type": "text", "text": ""}
         yield ev("content_block_start", index=0, content_block=block)

@@ -113,7 +113,9 @@ class FakeEngine:
         self.tiers = resolve_tiers(cfg, self.preset, self.profile, self.cost.kv_bytes(self.C))
         capacity = self.tiers.hbm_chunks * self.C
         if config.max_model_len is not None and config.max_model_len > capacity - self.C:
-            raise CodaError(f"max_model_len={config.max_model_len} does not fit one worker's HBM KV of {capacity} tokens; lower it or raise hbm_kv_gib")
+            raise CodaError(
+                f"max_model_len={config.max_model_len} does not fit one worker's HBM KV of {capacity} tokens; lower it or raise hbm_kv_gib"
+            )
         self.max_model_len = config.max_model_len or capacity - self.C
         self.metrics = EngineMetrics(config.model, self.C, self.tiers.hbm_chunks)
         self.loop: RealtimeLoop | None = None

@@ -20,7 +20,9 @@ from coda.integrations.vllm.kv_events import END_SEQ, KVCacheEvent, KVEventBatch
 
 
 class KVEventPublisher:
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000) -> None:
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000
+    ) -> None:
         self._ctx = zmq.Context()  # PUB sends synchronously (never blocks)
         self._actx = zmq.asyncio.Context()  # the replay ROUTER is served by an asyncio task
         self._topic = topic.encode()

@@ -7,7 +7,30 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM's bucket boundaries for these histograms (vllm/v1/metrics/loggers.py).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -38,8 +61,12 @@ class EngineMetrics:
         self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency", buckets=E2E_BUCKETS)
         self.success = Counter("vllm:request_success", "Successful requests", (*labels, "finished_reason"), registry=self.registry)
         # vLLM's info gauge of its CacheConfig (every field a label; these are the ones that size the cache)
-        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ("block_size", "num_gpu_blocks", "engine"),
-                     registry=self.registry)
+        info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ("block_size", "num_gpu_blocks", "engine"),
+            registry=self.registry,
+        )
         info.labels(str(block_size), str(num_blocks), "0").set(1)
         # Not a vLLM metric: how late the real-time loop ran an event (the machine could not keep up).
         self.late = make(Gauge, "coda:fake_engine_late_max_seconds", "Worst wall-clock lateness of a simulated event")

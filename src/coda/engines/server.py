@@ -107,7 +107,11 @@ def create_app(config: FakeEngineConfig) -> Starlette:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind="NotFoundError" if exc.status_code == 404 else "invalid_request_error")
+        err = ApiError(
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            kind="NotFoundError" if exc.status_code == 404 else "invalid_request_error",
+        )
         return JSONResponse(err.openai_body(), status_code=exc.status_code)
 
     async def server_error(request: Request, exc: Exception) -> Response:

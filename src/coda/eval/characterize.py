@@ -249,8 +249,12 @@ def characterize(workload: Workload, base: SimConfig, *, workload_info: dict[str
         "f7_uniform_gap": f7,
     }
     window = neutral.sim.window
-    config: dict[str, Any] = {"replay_vllm": neutral.config_block(), "cost_model": type(neutral.sim.cost).__name__, "seed": base.seed,
-                              "window_s": [window.start_s, window.end_s]}
+    config: dict[str, Any] = {
+        "replay_vllm": neutral.config_block(),
+        "cost_model": type(neutral.sim.cost).__name__,
+        "seed": base.seed,
+        "window_s": [window.start_s, window.end_s],
+    }
     if base.workers >= 2:
         t1 = time.perf_counter()
         routed_cfg = base.with_overrides(system="smetric", ssd=True)

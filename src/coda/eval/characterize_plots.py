@@ -178,13 +178,19 @@ def decode_figure(c: Characterization, out: Path) -> Path:
 
     f7 = f["f7_uniform_gap"]
     if f7["iterations"]:
-        bars = d.bar(["observed contexts", "near-uniform\n(same count, same total)"], [f7["attention_observed_s"], f7["attention_uniform_s"]],
-                     color=["#d6604d", "#4393c3"])
+        bars = d.bar(
+            ["observed contexts", "near-uniform\n(same count, same total)"],
+            [f7["attention_observed_s"], f7["attention_uniform_s"]],
+            color=["#d6604d", "#4393c3"],
+        )
         d.bar_label(bars, fmt="%.4g s", fontsize=8)
         d.set_ylabel("decode attention time, summed (s)")
         d.set_xlabel(f"{f7['iterations']} multi-request pure-decode iterations")
-        d.set_title(f"F7: observed composition vs near-uniform: {100 * (f7['attention_gap'] or 0):+.2f}% attention\n"
-                    f"(cost model {f7['cost_model']})", fontsize=10)
+        d.set_title(
+            f"F7: observed composition vs near-uniform: {100 * (f7['attention_gap'] or 0):+.2f}% attention\n"
+            f"(cost model {f7['cost_model']})",
+            fontsize=10,
+        )
     else:
         _empty(d, "no multi-request pure-decode iteration in the window")
         d.set_title("F7: cost vs a near-uniform batch", fontsize=10)
@@ -200,12 +206,21 @@ def routing_figure(c: Characterization, out: Path) -> Path | None:
     fig, a = plt.subplots(figsize=(11, 5))
     kinds = [k for k in ("affinity", "load") if k in f8["by_decision"]]
     groups = ["all", *kinds]
-    rows = {"all": {"decisions": f8["decisions"], **{k: sum(v[k] for v in f8["by_decision"].values()) for k in ("multi_eligible", "comparable", "differs")}}}
+    rows = {
+        "all": {
+            "decisions": f8["decisions"],
+            **{k: sum(v[k] for v in f8["by_decision"].values()) for k in ("multi_eligible", "comparable", "differs")},
+        }
+    }
     rows.update(f8["by_decision"])
     x = np.arange(len(groups))
-    for i, (key, label, color) in enumerate((("multi_eligible", ">= 2 workers equally eligible", "#92c5de"),
-                                             ("comparable", "... all with active decoders", "#4393c3"),
-                                             ("differs", "most compatible != chosen", "#d6604d"))):
+    for i, (key, label, color) in enumerate(
+        (
+            ("multi_eligible", ">= 2 workers equally eligible", "#92c5de"),
+            ("comparable", "... all with active decoders", "#4393c3"),
+            ("differs", "most compatible != chosen", "#d6604d"),
+        )
+    ):
         vals = [100 * rows[g][key] / max(rows[g]["decisions"], 1) for g in groups]
         a.bar_label(a.bar(x + (i - 1) * 0.27, vals, 0.27, label=label, color=color), fmt="%.1f", fontsize=8)
     a.set_xticks(x, [f"{g} decisions\n(n={rows[g]['decisions']})" for g in groups])

@@ -66,8 +66,15 @@ SHUTDOWN_GRACE_S = 2.0
 _decode = msgspec.json.Decoder()
 #: prompts tokenized both ways at startup to check the local tokenizer against the engine's
 PROBES = (
-    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "You are a coding agent.\nUse the tools."},
-                                           {"role": "user", "content": "Fix the failing test in src/main.py:\n  def main():\n      return 1"}]}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "You are a coding agent.\nUse the tools."},
+                {"role": "user", "content": "Fix the failing test in src/main.py:\n  def main():\n      return 1"},
+            ]
+        },
+    ),
     ("/v1/completions", {"prompt": "def main():\n    return 0\n\nif __name__ == '__main__':\n    main()\n"}),
 )
 
@@ -79,8 +86,10 @@ class Gateway:
         self.config = config
         ix = config.indexer
         if ix.tokenizer_path is not None and ix.tokenizer != "engine":
-            raise CodaError(f"indexer.tokenizer_path is set but indexer.tokenizer is {ix.tokenizer!r}; set indexer.tokenizer: engine "
-                            "to tokenize with the engine's own tokenizer, or drop tokenizer_path")
+            raise CodaError(
+                f"indexer.tokenizer_path is set but indexer.tokenizer is {ix.tokenizer!r}; set indexer.tokenizer: engine "
+                "to tokenize with the engine's own tokenizer, or drop tokenizer_path"
+            )
         self.state = GatewayState(config, make_tokenizer(ix.tokenizer, ix.tokenizer_path, ix.session_cache_mib))
         self.ids = Identities(config)
         self.metrics = GatewayMetrics()
@@ -89,17 +98,22 @@ class Gateway:
         self.replica = Replica(self.state, open_store(self.state), self.metrics)
         self.admission = Admission(self.state, self.metrics, self.decisions, self.replica)
         self.upstream = Upstream(config.connect_timeout_s, config.first_byte_timeout_s)
-        self.relay = Relay(self.state, self.admission, self.upstream, self.metrics, self.decisions, self.access, self.ids.label,
-                           config.midstream_failure)
+        self.relay = Relay(
+            self.state, self.admission, self.upstream, self.metrics, self.decisions, self.access, self.ids.label, config.midstream_failure
+        )
         self.telemetry = Telemetry(self.state, self.admission.kick, self._readmitted)
         self.consumers = {
             w.id: KVEventConsumer(w, self.state.indexer, self.state.block_tokens, self.admission.kick, self.state.kv_batch)
-            for w in self.state.workers if self.state.expects_events(w)
+            for w in self.state.workers
+            if self.state.expects_events(w)
         }
         self.drop_credentials = config.auth.enabled
         if any(w.cfg.kv_events for w in self.state.workers) and not self.state.tokenizer.exact:
-            log.warning("kv_events ignored: the %s tokenizer cannot name prompt blocks as the engine does, so the gateway indexes "
-                        "the prompts it routes instead (indexer.tokenizer: words is exact for coda fake-engine)", config.indexer.tokenizer)
+            log.warning(
+                "kv_events ignored: the %s tokenizer cannot name prompt blocks as the engine does, so the gateway indexes "
+                "the prompts it routes instead (indexer.tokenizer: words is exact for coda fake-engine)",
+                config.indexer.tokenizer,
+            )
 
         self._housekeeping: asyncio.Task[None] | None = None
         #: when a drain cuts the requests still under way (the event loop's clock)
@@ -160,14 +174,22 @@ class Gateway:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body of {declared} bytes exceeds the gateway's max_body_bytes={limit}; shorten the prompt "
-                           "or ask the operator to raise max_body_bytes", "request_too_large")
+            raise ApiError(
+                413,
+                f"request body of {declared} bytes exceeds the gateway's max_body_bytes={limit}; shorten the prompt "
+                "or ask the operator to raise max_body_bytes",
+                "request_too_large",
+            )
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise ApiError(413, f"request body exceeds the gateway's max_body_bytes={limit}; shorten the prompt or ask the operator "
-                               "to raise max_body_bytes", "request_too_large")
+                raise ApiError(
+                    413,
+                    f"request body exceeds the gateway's max_body_bytes={limit}; shorten the prompt or ask the operator "
+                    "to raise max_body_bytes",
+                    "request_too_large",
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -201,8 +223,16 @@ class Gateway:
         """Count and log a request answered before admission."""
         self.metrics.requests.labels(path, str(status)).inc()
         if self.access.enabled:
-            self.access.write({"ts": round(time.time(), 6), "rid": None, "path": path, "status": status, "outcome": outcome,
-                               "total_s": round(time.perf_counter() - t0, 6)})
+            self.access.write(
+                {
+                    "ts": round(time.time(), 6),
+                    "rid": None,
+                    "path": path,
+                    "status": status,
+                    "outcome": outcome,
+                    "total_s": round(time.perf_counter() - t0, 6),
+                }
+            )
 
     @staticmethod
     def _json(raw: bytes) -> dict[str, Any]:
@@ -237,8 +267,9 @@ class Gateway:
             if not w.healthy:
                 continue
             try:
-                resp = await self.upstream.client.post(w.cfg.url + "/tokenize", json=req, headers=w.auth(),
-                                                       timeout=self.config.indexer.tokenize_timeout_s)
+                resp = await self.upstream.client.post(
+                    w.cfg.url + "/tokenize", json=req, headers=w.auth(), timeout=self.config.indexer.tokenize_timeout_s
+                )
             except httpx.HTTPError:
                 continue
             if resp.status_code == 400:  # the engine rejects the prompt itself: the client's mistake
@@ -264,11 +295,16 @@ class Gateway:
                 return
             if mine is None or list(mine.units) != theirs.get("tokens"):
                 tok.local = None
-                log.warning("indexer.tokenizer_path: the local tokenizer disagrees with the engine's /tokenize on a probe %s prompt; "
-                            "point tokenizer_path at the served model's folder. The gateway asks the engine's /tokenize meanwhile", path)
+                log.warning(
+                    "indexer.tokenizer_path: the local tokenizer disagrees with the engine's /tokenize on a probe %s prompt; "
+                    "point tokenizer_path at the served model's folder. The gateway asks the engine's /tokenize meanwhile",
+                    path,
+                )
                 return
 
-    def _plan(self, path: str, request: Request, tenant: str, body: dict[str, Any], sid: str | None, tokens: Prompt | None = None) -> Ticket:
+    def _plan(
+        self, path: str, request: Request, tenant: str, body: dict[str, Any], sid: str | None, tokens: Prompt | None = None
+    ) -> Ticket:
         state = self.state
         model = body.get("model")
         if model is not None and not isinstance(model, str):
@@ -282,10 +318,14 @@ class Gateway:
         lens = [w.max_model_len for w in candidates if w.max_model_len is not None]
         if lens and prompt.min_tokens + max(out, 1) > max(lens):
             est = "" if prompt.min_tokens == prompt.tokens else "at least "
-            raise ApiError(400, f"This model's maximum context length is {max(lens)} tokens. However, you requested {est}"
-                           f"{prompt.min_tokens + max(out, 1)} tokens ({est}{prompt.min_tokens} in the prompt, {max(out, 1)} for the "
-                           "completion; checked by the gateway). Please reduce the length of the messages or completion.",
-                           "context_length_exceeded", "messages")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max(lens)} tokens. However, you requested {est}"
+                f"{prompt.min_tokens + max(out, 1)} tokens ({est}{prompt.min_tokens} in the prompt, {max(out, 1)} for the "
+                "completion; checked by the gateway). Please reduce the length of the messages or completion.",
+                "context_length_exceeded",
+                "messages",
+            )
         hashes = state.block_hashes(sid, prompt.units)
         deadline_ms = request.headers.get(DEADLINE_HEADER)
         deadline_s = self.config.tenant(tenant).deadline_ms
@@ -293,9 +333,22 @@ class Gateway:
             try:
                 deadline_s = float(deadline_ms)
             except ValueError:
-                raise ApiError(400, f"{DEADLINE_HEADER} must be a number of milliseconds, got {deadline_ms!r}", "invalid_deadline") from None
-        return Ticket(state.next_rid(), path, tenant, sid, model, prompt.tokens, out, hashes, candidates, state.match(hashes, candidates),
-                      deadline_s / 1000 if deadline_s is not None else None)
+                raise ApiError(
+                    400, f"{DEADLINE_HEADER} must be a number of milliseconds, got {deadline_ms!r}", "invalid_deadline"
+                ) from None
+        return Ticket(
+            state.next_rid(),
+            path,
+            tenant,
+            sid,
+            model,
+            prompt.tokens,
+            out,
+            hashes,
+            candidates,
+            state.match(hashes, candidates),
+            deadline_s / 1000 if deadline_s is not None else None,
+        )
 
     # --- other routes ----------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -314,9 +367,17 @@ class Gateway:
         healthy = sum(w.healthy for w in self.state.workers)
         ok = healthy > 0 and not self.state.draining
         missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
-        return JSONResponse({"ready": ok, "draining": self.state.draining, "healthy_workers": healthy, "kv_events_missing": missing,
-                             "store": self.replica.detail}, status_code=200 if ok else 503,
-                            headers=None if ok else draining_error().headers())
+        return JSONResponse(
+            {
+                "ready": ok,
+                "draining": self.state.draining,
+                "healthy_workers": healthy,
+                "kv_events_missing": missing,
+                "store": self.replica.detail,
+            },
+            status_code=200 if ok else 503,
+            headers=None if ok else draining_error().headers(),
+        )
 
     async def prometheus(self, _: Request) -> Response:
         stats = {i: (c.stats.batches, c.stats.gaps, c.w.kv_missing) for i, c in self.consumers.items()}
@@ -335,21 +396,40 @@ class Gateway:
         workers = []
         for w in s.workers:
             c = self.consumers.get(w.id)
-            workers.append({
-                "id": w.id, "label": w.label, "url": w.cfg.url, "healthy": w.healthy, "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
-                "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None, "queue_depth": w.queue_depth,
-                "running": w.running, "kv_usage": w.kv_usage, "inflight_requests": len(w.inflight), "inflight_tokens": w.inflight_tokens,
-                "inflight_new_tokens": w.inflight_new_tokens,
-                "ttft_ewma_s": w.ttft_s, "models": sorted(w.models), "max_model_len": w.max_model_len,
-                "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
-                "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,
-            })
+            workers.append(
+                {
+                    "id": w.id,
+                    "label": w.label,
+                    "url": w.cfg.url,
+                    "healthy": w.healthy,
+                    "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
+                    "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None,
+                    "queue_depth": w.queue_depth,
+                    "running": w.running,
+                    "kv_usage": w.kv_usage,
+                    "inflight_requests": len(w.inflight),
+                    "inflight_tokens": w.inflight_tokens,
+                    "inflight_new_tokens": w.inflight_new_tokens,
+                    "ttft_ewma_s": w.ttft_s,
+                    "models": sorted(w.models),
+                    "max_model_len": w.max_model_len,
+                    "indexed_blocks": {loc: s.indexer.blocks(loc) for loc in (w.tiers.hbm, w.tiers.dram, w.tiers.ssd) if loc},
+                    "kv_events": vars(c.stats) | {"last_seq": c.last_seq, "missing": w.kv_missing} if c is not None else None,
+                }
+            )
         sessions = list(s.sessions.items())[-SESSION_LIST_MAX:]
         return {
-            "policies": s.policies.spec.describe(), "policy": s.ingress.name, "router": s.router.name, "draining": s.draining,
-            "queued": s.queued, "inflight_requests": s.inflight_total(), "tenant_inflight_tokens": dict(s.tenant_inflight),
+            "policies": s.policies.spec.describe(),
+            "policy": s.ingress.name,
+            "router": s.router.name,
+            "draining": s.draining,
+            "queued": s.queued,
+            "inflight_requests": s.inflight_total(),
+            "tenant_inflight_tokens": dict(s.tenant_inflight),
             "replica": {"id": self.replica.id, "store": self.replica.detail, "others": dict(s.others)},
-            "active_sessions": s.ledger.count(now), "sessions_tracked": len(s.sessions), "ingress_liveness": self.admission.liveness.report(),
+            "active_sessions": s.ledger.count(now),
+            "sessions_tracked": len(s.sessions),
+            "ingress_liveness": self.admission.liveness.report(),
             "session_cache_mib": round(s.session_bytes / 2**20, 3),
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
             "workers": workers,
@@ -360,16 +440,21 @@ def create_app(gw: Gateway) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
-            err = ApiError(404, f"{request.method} {request.url.path}: no such route; the gateway serves {', '.join(GENERATION_ROUTES)}, "
-                           "/v1/models, /health, /ready, /metrics", "route_not_found")
+            err = ApiError(
+                404,
+                f"{request.method} {request.url.path}: no such route; the gateway serves {', '.join(GENERATION_ROUTES)}, "
+                "/v1/models, /health, /ready, /metrics",
+                "route_not_found",
+            )
         else:
             err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", "method_not_allowed")
         return err.response(request.url.path)
 
     async def crashed(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s", request.url.path, exc_info=exc)
-        return ApiError(500, f"internal gateway error ({type(exc).__name__}); this is a bug in Coda, please report it", "internal_error").response(
-            request.url.path)
+        return ApiError(
+            500, f"internal gateway error ({type(exc).__name__}); this is a bug in Coda, please report it", "internal_error"
+        ).response(request.url.path)
 
     routes = [Route(p, gw.generate, methods=["POST"]) for p in GENERATION_ROUTES]
     routes += [
@@ -435,8 +520,18 @@ async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None])
     sock = listen(config.host, config.port)
     try:
         await gw.start()
-        server = _DrainingServer(uvicorn.Config(create_app(gw), log_level="warning", lifespan="off", access_log=False, server_header=False, date_header=False,
-                                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S), gw)  # type: ignore[arg-type]
+        server = _DrainingServer(
+            uvicorn.Config(
+                create_app(gw),
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                server_header=False,
+                date_header=False,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            ),
+            gw,
+        )  # type: ignore[arg-type]
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)

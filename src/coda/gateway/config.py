@@ -50,11 +50,15 @@ class BackendConfig(StrictModel):
 
 
 class TenantConfig(TenantSpec):
-    cache_salt: str | None = Field(None, description="injected as the request's cache_salt so no other tenant can hit (or time) its prefix cache")
+    cache_salt: str | None = Field(
+        None, description="injected as the request's cache_salt so no other tenant can hit (or time) its prefix cache"
+    )
 
 
 class AuthConfig(StrictModel):
-    api_keys: dict[str, str] = Field(default_factory=dict, description="API key -> tenant; when set, a request without a known key gets 401")
+    api_keys: dict[str, str] = Field(
+        default_factory=dict, description="API key -> tenant; when set, a request without a known key gets 401"
+    )
     admin_key: str | None = Field(None, description="bearer key for /debug/state (absent: /debug/state is off)")
 
     @property
@@ -67,9 +71,12 @@ class TelemetryConfig(StrictModel):
     stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
     stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
     health_interval_s: PositiveFloat = Field(1.0, description="how often each engine's /health is checked")
-    idle_interval_s: PositiveFloat = Field(5.0, description="with no request in flight and none for this long, scrapes and health "
-                                           "checks run this often instead; the next request wakes them (and waits for one scrape when "
-                                           "its policy reads stale scraped signals)")
+    idle_interval_s: PositiveFloat = Field(
+        5.0,
+        description="with no request in flight and none for this long, scrapes and health "
+        "checks run this often instead; the next request wakes them (and waits for one scrape when "
+        "its policy reads stale scraped signals)",
+    )
     eject_after: PositiveInt = Field(2, description="consecutive failures (health checks or connections) that eject a worker")
     readmit_after: PositiveInt = Field(2, description="consecutive passing health checks that re-admit it")
     startup_timeout_s: PositiveFloat = Field(30.0, description="how long startup waits for every engine to answer")
@@ -77,23 +84,38 @@ class TelemetryConfig(StrictModel):
 
 class IndexerConfig(StrictModel):
     tokenizer: Literal["chars", "words", "engine"] = Field(
-        "chars", description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
-        "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)")
-    tokenizer_path: str | None = Field(None, description="with tokenizer: engine, the model's folder (tokenizer.json and its chat "
-                                       "template) or tokenizer.json: tokenize in the gateway instead of asking the engine's /tokenize")
-    tokenize_timeout_s: PositiveFloat = Field(0.5, description="longest wait for an engine's /tokenize; then the prompt is hashed "
-                                              "by its text (its blocks do not match the engine's events)")
-    block_tokens: PositiveInt = Field(256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)")
+        "chars",
+        description="chars: 4-byte units of the prompt text; words: the fake engine's word tokenizer and template (exact for it); "
+        "engine: the engine's own tokenizer through its /tokenize (exact for vLLM; one round trip per request)",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        description="with tokenizer: engine, the model's folder (tokenizer.json and its chat "
+        "template) or tokenizer.json: tokenize in the gateway instead of asking the engine's /tokenize",
+    )
+    tokenize_timeout_s: PositiveFloat = Field(
+        0.5,
+        description="longest wait for an engine's /tokenize; then the prompt is hashed "
+        "by its text (its blocks do not match the engine's events)",
+    )
+    block_tokens: PositiveInt = Field(
+        256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)"
+    )
     approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")
-    session_cache_mib: PositiveInt = Field(64, description="memory for the sessions' last prompts and block hashes (least recently "
-                                           "seen dropped first; a dropped session's next prompt is hashed in full)")
+    session_cache_mib: PositiveInt = Field(
+        64,
+        description="memory for the sessions' last prompts and block hashes (least recently "
+        "seen dropped first; a dropped session's next prompt is hashed in full)",
+    )
 
 
 class KVEventsConfig(StrictModel):
     expect_within_s: PositiveFloat = Field(
-        10.0, description="a worker with kv_events whose first batch has not come this long after its first request is flagged "
-        "(/ready, coda_worker_kv_events_missing, one log line) and routed with the gateway's own index until one comes")
+        10.0,
+        description="a worker with kv_events whose first batch has not come this long after its first request is flagged "
+        "(/ready, coda_worker_kv_events_missing, one log line) and routed with the gateway's own index until one comes",
+    )
 
 
 class AccessLogConfig(StrictModel):
@@ -105,14 +127,19 @@ class StoreConfig(StrictModel):
     """Where replicas of the gateway keep what must be global (in-flight counts per worker and
     tenant, session slots, deferred requests, TTFT estimates); one replica needs none."""
 
-    url: str | None = Field(None, description="absent: in-process (one replica); redis://host:port/db (or rediss://): a Redis "
-                            "server every replica shares")
-    on_unreachable: Literal["open", "closed"] = Field("open", description="the store down: admit by this replica's own state "
-                                                      "(open) or defer every request until it returns (closed)")
+    url: str | None = Field(
+        None, description="absent: in-process (one replica); redis://host:port/db (or rediss://): a Redis server every replica shares"
+    )
+    on_unreachable: Literal["open", "closed"] = Field(
+        "open", description="the store down: admit by this replica's own state (open) or defer every request until it returns (closed)"
+    )
     key_prefix: str = Field("coda", min_length=1, description="prefix of every key the gateway writes")
     replica_id: str | None = Field(None, min_length=1, description="this replica's name in the store (default: hostname-pid)")
-    publish_interval_s: PositiveFloat = Field(0.5, description="how often this replica publishes its counts without a change; they "
-                                              "expire after a few intervals, so a dead replica's counts do not leak")
+    publish_interval_s: PositiveFloat = Field(
+        0.5,
+        description="how often this replica publishes its counts without a change; they "
+        "expire after a few intervals, so a dead replica's counts do not leak",
+    )
 
     @field_validator("url")
     @classmethod
@@ -145,8 +172,10 @@ class GatewayConfig(PoliciesConfig):
     connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
     first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")
     midstream_failure: Literal["abort", "error_event"] = Field(
-        "abort", description="an engine failing mid-response: abort the client's connection (a transport error clients retry), or end "
-        "an event stream with an SSE error event")
+        "abort",
+        description="an engine failing mid-response: abort the client's connection (a transport error clients retry), or end "
+        "an event stream with an SSE error event",
+    )
     drain_timeout_s: NonNegativeFloat = Field(30.0, description="on SIGTERM, how long in-flight requests may finish")
 
     @field_validator("backends", mode="before")
@@ -162,7 +191,9 @@ class GatewayConfig(PoliciesConfig):
         return self.tenants.get(name) or TenantConfig()
 
 
-def build_config(file_data: dict[str, Any], cli: dict[str, Any], environ: Mapping[str, str] | None = None, source: str = "command line") -> GatewayConfig:
+def build_config(
+    file_data: dict[str, Any], cli: dict[str, Any], environ: Mapping[str, str] | None = None, source: str = "command line"
+) -> GatewayConfig:
     """File, then ``CODA_SERVE_*`` environment variables, then flags (``coda.config.load.layered``).
     A variable names a nested key with ``__``: ``CODA_SERVE_PORT=9000``,
     ``CODA_SERVE_POLICIES__INGRESS__NAME=session``; values parse as YAML scalars."""

@@ -63,7 +63,9 @@ class Identities:
             return tenant
         key = bearer(headers)
         if not key:
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>' with a key from the gateway's auth.api_keys", "missing_api_key")
+            raise ApiError(
+                401, "missing API key: send 'Authorization: Bearer <key>' with a key from the gateway's auth.api_keys", "missing_api_key"
+            )
         tenant = self.auth.api_keys.get(key)
         if tenant is None:
             raise ApiError(401, "invalid API key: it is not in the gateway's auth.api_keys; ask the operator for a key", "invalid_api_key")

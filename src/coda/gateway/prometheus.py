@@ -21,41 +21,85 @@ class GatewayMetrics:
         self.gate_fires = Counter("coda_ingress_gate_fires", "Decisions in which a gate (a part of the ingress policy) did not admit, by "
                                   "what it did and the signal that bound (a held request is decided again, so it may count more than once)",
                                   ("gate", "action", "signal"), registry=r)
-        self.gate_touched = Counter("coda_ingress_gate_requests_touched", "Requests a gate did not admit at least once (over "
-                                    "coda_ingress_requests_decided: the share it touched; 0 all run: it never acted)", ("gate",), registry=r)
+        self.gate_touched = Counter(
+            "coda_ingress_gate_requests_touched",
+            "Requests a gate did not admit at least once (over "
+            "coda_ingress_requests_decided: the share it touched; 0 all run: it never acted)",
+            ("gate",),
+            registry=r,
+        )
         self.requests_decided = Counter("coda_ingress_requests_decided", "Requests the ingress policy decided for good", registry=r)
-        self.shadow = Counter("coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r)
+        self.shadow = Counter(
+            "coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r
+        )
         self.queue = Gauge("coda_ingress_queue_length", "Requests held by defer decisions", registry=r)
-        self.retries = Counter("coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r)
+        self.retries = Counter(
+            "coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r
+        )
         self.upstream_errors = Counter("coda_upstream_errors", "Failed upstream attempts", ("worker", "kind"), registry=r)
-        self.overhead = Histogram("coda_gateway_overhead_seconds", "Time from request received to upstream request sent", buckets=OVERHEAD_BUCKETS, registry=r)
+        self.overhead = Histogram(
+            "coda_gateway_overhead_seconds", "Time from request received to upstream request sent", buckets=OVERHEAD_BUCKETS, registry=r
+        )
         # per backend, from the upstream request sent: vLLM's buckets, so the panels line up with the engines' own histograms
-        self.backend_ttft = Histogram("coda_backend_ttft_seconds", "Upstream request sent to its first response byte, streamed "
-                                      "responses", ("worker",), buckets=TTFT_BUCKETS, registry=r)
-        self.backend_e2e = Histogram("coda_backend_e2e_seconds", "Upstream request sent to its last response byte, responses that "
-                                     "completed", ("worker",), buckets=E2E_BUCKETS, registry=r)
-        self.tokenized = Counter("coda_gateway_tokenized_prompts", "Prompts tokenized with the engine tokenizer, by how: local (the "
-                                 "gateway's copy), engine (/tokenize), text (neither answered: hashed by text)", ("how",), registry=r)
+        self.backend_ttft = Histogram(
+            "coda_backend_ttft_seconds",
+            "Upstream request sent to its first response byte, streamed responses",
+            ("worker",),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.backend_e2e = Histogram(
+            "coda_backend_e2e_seconds",
+            "Upstream request sent to its last response byte, responses that completed",
+            ("worker",),
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.tokenized = Counter(
+            "coda_gateway_tokenized_prompts",
+            "Prompts tokenized with the engine tokenizer, by how: local (the "
+            "gateway's copy), engine (/tokenize), text (neither answered: hashed by text)",
+            ("how",),
+            registry=r,
+        )
         self.tenant_requests = Counter("coda_tenant_requests", "Requests admitted per tenant", ("tenant",), registry=r)
-        self.tenant_input = Counter("coda_tenant_input_tokens", "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)", ("tenant",), registry=r)
-        self.tenant_output = Counter("coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r)
-        self.tenant_unreported = Counter("coda_tenant_usage_unreported", "Responses without a usage block (stream without include_usage)", ("tenant",), registry=r)
+        self.tenant_input = Counter(
+            "coda_tenant_input_tokens",
+            "Prompt tokens per tenant (engine usage when reported, else the gateway's estimate)",
+            ("tenant",),
+            registry=r,
+        )
+        self.tenant_output = Counter(
+            "coda_tenant_output_tokens", "Output tokens per tenant (engine usage when reported)", ("tenant",), registry=r
+        )
+        self.tenant_unreported = Counter(
+            "coda_tenant_usage_unreported", "Responses without a usage block (stream without include_usage)", ("tenant",), registry=r
+        )
         self.store_up = Gauge("coda_store_up", "1 while the store the replicas share answers (always 1 in-process)", registry=r)
         self.store_errors = Counter("coda_store_errors", "Store steps that failed (each one served on the replica's own state)", registry=r)
         w = ("worker",)
         self.w_inflight = Gauge("coda_worker_inflight_requests", "Requests in flight through the gateway", w, registry=r)
         self.w_tokens = Gauge("coda_worker_inflight_tokens", "Prompt tokens in flight through the gateway", w, registry=r)
-        self.w_new_tokens = Gauge("coda_worker_inflight_new_tokens", "KV tokens the requests in flight through the gateway newly "
-                                  "occupy (their prompts beyond the prefix resident when sent): what the load checks count", w, registry=r)
+        self.w_new_tokens = Gauge(
+            "coda_worker_inflight_new_tokens",
+            "KV tokens the requests in flight through the gateway newly "
+            "occupy (their prompts beyond the prefix resident when sent): what the load checks count",
+            w,
+            registry=r,
+        )
         self.w_healthy = Gauge("coda_worker_healthy", "1 while the worker passes health checks", w, registry=r)
         self.w_stale = Gauge("coda_worker_telemetry_stale", "1 while the worker's telemetry is stale", w, registry=r)
         self.w_queue = Gauge("coda_worker_queue_depth", "Requests waiting in the engine (scraped)", w, registry=r)
         self.w_kv = Gauge("coda_worker_kv_usage", "Engine KV-cache usage fraction (scraped)", w, registry=r)
         self.w_kv_batches = Gauge("coda_worker_kv_event_batches", "KV event batches applied", w, registry=r)
         self.w_kv_gaps = Gauge("coda_worker_kv_event_gaps", "KV event sequence gaps seen", w, registry=r)
-        self.w_kv_missing = Gauge("coda_worker_kv_events_missing", "1 while a worker configured with kv_events has delivered no batch "
-                                  "within kv_events_expect_within_s of its first request (routing uses the gateway's own index for it)",
-                                  w, registry=r)
+        self.w_kv_missing = Gauge(
+            "coda_worker_kv_events_missing",
+            "1 while a worker configured with kv_events has delivered no batch "
+            "within kv_events_expect_within_s of its first request (routing uses the gateway's own index for it)",
+            w,
+            registry=r,
+        )
 
     def render(self, state: GatewayState, kv_stats: dict[int, tuple[int, int, bool]]) -> bytes:
         """The exposition text with per-worker gauges read now."""

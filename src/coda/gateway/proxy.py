@@ -215,11 +215,26 @@ class Exchange:
     def access_record(self) -> dict[str, Any]:
         """One access-log line: who, where, how it ended and how long it took; never prompt text."""
         t = self.t
-        return {"ts": round(time.time(), 6), "rid": t.rid, "path": t.path, "status": self.client_status, "outcome": self.outcome,
-                "tenant": t.tenant, "session": t.session_id, "session_source": t.session_source, "model": t.model, "stream": self.stream, "worker": self.worker,
-                "tries": self.tries, "prompt_tokens": t.prompt_tokens, "usage": list(self.usage) if self.usage else None,
-                "prefix_hit": round(t.prefix_hit, 4), "ttft_s": _ms(self.ttft_s), "e2e_s": _ms(self.e2e_s),
-                "total_s": _ms(time.perf_counter() - self.t0)}
+        return {
+            "ts": round(time.time(), 6),
+            "rid": t.rid,
+            "path": t.path,
+            "status": self.client_status,
+            "outcome": self.outcome,
+            "tenant": t.tenant,
+            "session": t.session_id,
+            "session_source": t.session_source,
+            "model": t.model,
+            "stream": self.stream,
+            "worker": self.worker,
+            "tries": self.tries,
+            "prompt_tokens": t.prompt_tokens,
+            "usage": list(self.usage) if self.usage else None,
+            "prefix_hit": round(t.prefix_hit, 4),
+            "ttft_s": _ms(self.ttft_s),
+            "e2e_s": _ms(self.e2e_s),
+            "total_s": _ms(time.perf_counter() - self.t0),
+        }
 
     async def _run(self, send: Callable[[Any], Any]) -> None:
         relay, t = self.relay, self.t
@@ -311,7 +326,9 @@ class Exchange:
                 metrics.backend_e2e.labels(w.label).observe(self.e2e_s)
             return
         self.outcome = "upstream_failed"
-        await self._error(send, ApiError(502, f"{error}; tried {len(tried)} worker(s); check the engines (GET /debug/state)", "upstream_failed"))
+        await self._error(
+            send, ApiError(502, f"{error}; tried {len(tried)} worker(s); check the engines (GET /debug/state)", "upstream_failed")
+        )
 
     async def _relay(self, send: Callable[[Any], Any], w: Worker, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> bool:
         """Relay the response; ``True`` when it ended normally with a 200."""
@@ -347,7 +364,9 @@ class Exchange:
             self.outcome = "upstream_failed_midstream"
             if sse and relay.midstream_failure == "error_event":
                 msg = f"backend {w.label} failed mid-stream ({type(err).__name__}); the response is incomplete, retry the request"
-                await send({"type": "http.response.body", "body": ApiError(502, msg, "upstream_failed").sse_event(t.path), "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": ApiError(502, msg, "upstream_failed").sse_event(t.path), "more_body": True}
+                )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:  # returning without the last body message makes the server close the connection unfinished
                 self.outcome = "aborted"
@@ -377,4 +396,3 @@ def _ms(seconds: float | None) -> float | None:
 async def _disconnected(receive: Callable[[], Any]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-

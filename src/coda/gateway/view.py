@@ -156,7 +156,11 @@ class GatewayState:
         self.block_tokens = self.units_per_block * tokenizer.tokens_per_unit
         events = tokenizer.exact
         self.workers = [
-            Worker(i, b, WorkerTiers(i, f"hbm:{i}", f"dram:{i}" if b.kv_events and events else None, f"ssd:{i}" if b.kv_events and events else None))
+            Worker(
+                i,
+                b,
+                WorkerTiers(i, f"hbm:{i}", f"dram:{i}" if b.kv_events and events else None, f"ssd:{i}" if b.kv_events and events else None),
+            )
             for i, b in enumerate(config.backends)
         ]
         self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
@@ -312,8 +316,13 @@ class GatewayState:
         if self.pending is not None:
             t, w = self.pending
             new = self.new_tokens(t, w)
-            for key, n in ((f"n|{w.label}", 1), (f"tok|{w.label}", t.prompt_tokens), (f"new|{w.label}", new), (f"kv|{w.label}", t.prompt_tokens),
-                           (f"t|{t.tenant}", new)):
+            for key, n in (
+                (f"n|{w.label}", 1),
+                (f"tok|{w.label}", t.prompt_tokens),
+                (f"new|{w.label}", new),
+                (f"kv|{w.label}", t.prompt_tokens),
+                (f"t|{t.tenant}", new),
+            ):
                 out[key] = out.get(key, 0) + n
         return out
 
@@ -354,9 +363,19 @@ class GatewayState:
         now = self.clock()
         ages = "queue_age" in self.needed_signals
         loads = tuple(
-            WorkerLoad(w.id, w.healthy, self.stale(w, now), w.queue_depth, self.queue_age_s(w, now) if ages else 0.0, w.kv_usage,
-                       self.inflight_of(w), w.inflight_new_tokens + self.other("new", w.label), self.new_tokens(t, w),
-                       w.cfg.max_num_seqs or 0, w.kv_capacity_tokens)
+            WorkerLoad(
+                w.id,
+                w.healthy,
+                self.stale(w, now),
+                w.queue_depth,
+                self.queue_age_s(w, now) if ages else 0.0,
+                w.kv_usage,
+                self.inflight_of(w),
+                w.inflight_new_tokens + self.other("new", w.label),
+                self.new_tokens(t, w),
+                w.cfg.max_num_seqs or 0,
+                w.kv_capacity_tokens,
+            )
             for w in t.candidates
         )
         hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0

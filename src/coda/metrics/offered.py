@@ -77,10 +77,20 @@ def symmetric_summary(records: Sequence[Mapping[str, Any]], workload: Workload, 
                     counts["offered"] += 1
                     counts["abandoned"] += 1
                     counts[state] += 1
-        if 0 in rounds and window.start_s <= rounds[0][0]["ready_s"] <= window.end_s and ready[-1] - ready[0] <= window.end_s - rounds[0][0]["ready_s"]:
+        if (
+            0 in rounds
+            and window.start_s <= rounds[0][0]["ready_s"] <= window.end_s
+            and ready[-1] - ready[0] <= window.end_s - rounds[0][0]["ready_s"]
+        ):
             sessions += 1
             sessions_completed += all(k in rounds and rounds[k][0].get("state") == "completed" for k in range(len(s.rounds)))
             sessions_good += all(k in rounds and rounds[k][1] for k in range(len(s.rounds)))
-    return {**counts, "goodput": counts["slo_met"] / max(counts["offered"], 1), "slo_rps": counts["slo_met"] / window.length_s,
-            "sessions_offered": sessions, "sessions_completed": sessions_completed, "sessions_good": sessions_good,
-            "session_goodput": sessions_good / max(sessions, 1)}
+    return {
+        **counts,
+        "goodput": counts["slo_met"] / max(counts["offered"], 1),
+        "slo_rps": counts["slo_met"] / window.length_s,
+        "sessions_offered": sessions,
+        "sessions_completed": sessions_completed,
+        "sessions_good": sessions_good,
+        "session_goodput": sessions_good / max(sessions, 1),
+    }

@@ -26,8 +26,20 @@ from coda.metrics.tasks import task_summary, tasks
 
 LATENCY_KEYS = ("ttft", "e2e")
 # What an agent's operator reads beside throughput (request tails, then task metrics), in table order.
-OPERATOR_KEYS = ("ttft_p99_s", "ttft_max_s", "stalled", "tasks", "tasks_censored", "task_time_p50_s", "task_time_p95_s",
-                 "task_time_p99_s", "slowdown_p50", "slowdown_p95", "slowdown_p99", "slowdown_jain")
+OPERATOR_KEYS = (
+    "ttft_p99_s",
+    "ttft_max_s",
+    "stalled",
+    "tasks",
+    "tasks_censored",
+    "task_time_p50_s",
+    "task_time_p95_s",
+    "task_time_p99_s",
+    "slowdown_p50",
+    "slowdown_p95",
+    "slowdown_p99",
+    "slowdown_jain",
+)
 STALL_S = 60.0  # assumed: the wait after which an agent's user gives up on a response
 
 

@@ -95,15 +95,24 @@ def task_summary(tasks_: Sequence[Task], alone_s: Mapping[str, Sequence[float]] 
         res[f"task_time_p{p}_s"] = float(np.percentile(times, p)) if times.size else None
     slow = None
     if alone_s is not None:
-        slow = np.array([t.time_s / (alone_s[t.session_id][t.rounds_sent - 1] + t.idle_tail_s) for t in tasks_ if t.rounds_sent], dtype=float)
+        slow = np.array(
+            [t.time_s / (alone_s[t.session_id][t.rounds_sent - 1] + t.idle_tail_s) for t in tasks_ if t.rounds_sent], dtype=float
+        )
     for p in TASK_QUANTILES:
         res[f"slowdown_p{p}"] = float(np.percentile(slow, p)) if slow is not None and slow.size else None
     res["slowdown_jain"] = jain_index(slow) if slow is not None else None
     return res
 
 
-def alone_times_s(session: Session, cost: CostModel, *, chunk_tokens: int, max_num_batched_tokens: int, decode_run_max: int = 1024,
-                  time_scale: float = 1.0) -> list[float]:
+def alone_times_s(
+    session: Session,
+    cost: CostModel,
+    *,
+    chunk_tokens: int,
+    max_num_batched_tokens: int,
+    decode_run_max: int = 1024,
+    time_scale: float = 1.0,
+) -> list[float]:
     """The session's time alone on an idle worker from its first ready time to the end of each
     round (the last is its completion time alone), from the cost model without simulating.
 

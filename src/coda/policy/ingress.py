@@ -208,8 +208,14 @@ class Overload(IngressPolicy):
 
         if room(snap, has_room):
             return Decision("admit", self.name)
-        signal = binding(snap, {"inflight_requests": lambda w: w.inflight_requests >= self.limits(w)[0], "kv_usage": lambda w: w.kv_usage >= self.kv_reject,
-                                "queue_depth": lambda w: w.queue_depth >= self.limits(w)[1]})
+        signal = binding(
+            snap,
+            {
+                "inflight_requests": lambda w: w.inflight_requests >= self.limits(w)[0],
+                "kv_usage": lambda w: w.kv_usage >= self.kv_reject,
+                "queue_depth": lambda w: w.queue_depth >= self.limits(w)[1],
+            },
+        )
         return Decision("reject", self.name, "overloaded", 529, self.retry_after_s, signal)
 
 
@@ -240,8 +246,14 @@ class SessionAdmission(IngressPolicy):
         _check_fraction("kv_high", self.kv_high)
         if self.idle_ttl_s <= 0:
             raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
-        _check_at_least(0, max_sessions=self.max_sessions, retry_after_s=self.retry_after_s, retry_jitter=self.retry_jitter,
-                        defer_budget_s=self.defer_budget_s, max_queue_age_s=self.max_queue_age_s)
+        _check_at_least(
+            0,
+            max_sessions=self.max_sessions,
+            retry_after_s=self.retry_after_s,
+            retry_jitter=self.retry_jitter,
+            defer_budget_s=self.defer_budget_s,
+            max_queue_age_s=self.max_queue_age_s,
+        )
         _check_at_least(1, queue_high=self.queue_high)
 
     @property

@@ -128,7 +128,9 @@ def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         kind, _, name = ep.name.partition(".")
         if kind not in _REGISTRY or not name:
-            raise CodaError(f"entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}: name it kind.name, kind one of {', '.join(KINDS)}")
+            raise CodaError(
+                f"entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}: name it kind.name, kind one of {', '.join(KINDS)}"
+            )
         try:
             factory = ep.load()
         except Exception as err:  # a broken plugin must name itself, not crash Coda with its traceback
@@ -249,12 +251,21 @@ def catalogue(kind: str | None = None) -> list[Described]:
         for name in names(k):
             factory = _REGISTRY[k][name].factory
             hints = _hints(factory)
-            params = tuple(Parameter(p.name, _type_name(hints.get(p.name, p.annotation)),
-                                     None if p.default is inspect.Parameter.empty else p.default)
-                           for p in parameters(factory).values())
+            params = tuple(
+                Parameter(p.name, _type_name(hints.get(p.name, p.annotation)), None if p.default is inspect.Parameter.empty else p.default)
+                for p in parameters(factory).values()
+            )
             doc = " ".join((inspect.getdoc(factory) or "").split("\n\n")[0].split())
-            out.append(Described(k, name, f"{factory.__module__}.{factory.__qualname__}",
-                                 tuple(a for a, target in aliases.items() if target == name), doc, params))
+            out.append(
+                Described(
+                    k,
+                    name,
+                    f"{factory.__module__}.{factory.__qualname__}",
+                    tuple(a for a, target in aliases.items() if target == name),
+                    doc,
+                    params,
+                )
+            )
     return out
 
 

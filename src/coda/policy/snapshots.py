@@ -80,7 +80,11 @@ class AdmissionSnapshot:
 
     @classmethod
     def from_candidates(cls, now_s: float, rows: Sequence[AdmissionCandidate], **kw: float) -> AdmissionSnapshot:
-        return cls.from_rows(now_s, [(c.request_id, c.ready_s, c.prompt_tokens, c.hbm_tokens, c.dram_tokens, c.ssd_tokens, c.extra_blocks, c.fits) for c in rows], **kw)
+        return cls.from_rows(
+            now_s,
+            [(c.request_id, c.ready_s, c.prompt_tokens, c.hbm_tokens, c.dram_tokens, c.ssd_tokens, c.extra_blocks, c.fits) for c in rows],
+            **kw,
+        )
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -96,8 +100,14 @@ class AdmissionSnapshot:
 
     def row(self, i: int) -> AdmissionCandidate:
         return AdmissionCandidate(
-            int(self.request_ids[i]), float(self.ready_s[i]), int(self.prompt_tokens[i]), int(self.hbm_tokens[i]),
-            int(self.dram_tokens[i]), int(self.ssd_tokens[i]), int(self.extra_blocks[i]), bool(self.fits[i]),
+            int(self.request_ids[i]),
+            float(self.ready_s[i]),
+            int(self.prompt_tokens[i]),
+            int(self.hbm_tokens[i]),
+            int(self.dram_tokens[i]),
+            int(self.ssd_tokens[i]),
+            int(self.extra_blocks[i]),
+            bool(self.fits[i]),
         )
 
     def rows(self) -> list[AdmissionCandidate]:
@@ -107,7 +117,12 @@ class AdmissionSnapshot:
         if not isinstance(other, AdmissionSnapshot):
             return NotImplemented
         return (self.now_s, self.free_blocks, self.h2d_outstanding_s, self.ssd_outstanding_s, self.rows()) == (
-            other.now_s, other.free_blocks, other.h2d_outstanding_s, other.ssd_outstanding_s, other.rows())
+            other.now_s,
+            other.free_blocks,
+            other.h2d_outstanding_s,
+            other.ssd_outstanding_s,
+            other.rows(),
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -209,7 +224,9 @@ class WorkerLoad:
         """What the arriving request newly occupies (``new_tokens``) fits in the KV cache beside what
         the requests in flight newly occupy (by the shell's own count, which has no scrape lag). An
         unknown capacity does not bind; the first request always fits an idle engine."""
-        return self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + self.new_tokens <= self.kv_capacity_tokens
+        return (
+            self.kv_capacity_tokens <= 0 or self.inflight_requests == 0 or self.inflight_tokens + self.new_tokens <= self.kv_capacity_tokens
+        )
 
     def can_start(self) -> bool:
         """The arriving request sent here now would start at once: a seat is free and it fits."""

@@ -127,7 +127,9 @@ class TenantSpec(StrictModel):
     """What ingress policies know of a tenant (shared by the gateway and the simulator)."""
 
     weight: PositiveFloat = Field(1.0, description="share of in-flight tokens under saturation, relative to other active tenants")
-    deadline_ms: PositiveFloat | None = Field(None, description="time-to-first-token deadline of the tenant's requests (the deadline policy)")
+    deadline_ms: PositiveFloat | None = Field(
+        None, description="time-to-first-token deadline of the tenant's requests (the deadline policy)"
+    )
 
 
 BASELINE = PoliciesSpec(

@@ -139,7 +139,9 @@ class Plan:
     warmup: int = 1
 
     @classmethod
-    def for_engine(cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3, max_context: int | None = None) -> Plan:
+    def for_engine(
+        cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3, max_context: int | None = None
+    ) -> Plan:
         """A grid over what the engine can hold: prompts within max_model_len (and ``max_context``),
         and every decode batch (prompts, outputs, a block of slack each) within its KV capacity."""
         limit = min(info.max_model_len or 4096, max_context or 1 << 62)
@@ -148,16 +150,22 @@ class Plan:
         top = min(limit, cap) - slack
         news = sorted({n for n in (16, 128, 512, 1024, 2048, 3072, 4096, 6144) if n <= top} | {top})
         cached = [(n, int(f * top)) for n in (64, 512) for f in (0.25, 0.5, 0.75) if n + int(f * top) <= top]
-        decode = [(b, c) for b in (1, 2, 4, 8, 16, 32) if b <= max_batch
-                  for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)}) if 64 <= c <= top and b * (c + slack) <= cap]
+        decode = [
+            (b, c)
+            for b in (1, 2, 4, 8, 16, 32)
+            if b <= max_batch
+            for c in sorted({64, 512, 1024, 2048, 4096, min(top, cap // b - slack)})
+            if 64 <= c <= top and b * (c + slack) <= cap
+        ]
         text = tuple(n for n in (64, 256, 512, 1024, 1536) if 3 * n <= top)  # a word is at most ~3 tokens
         streams = tuple(sorted({0, max_batch // 2, max_batch - 1}))  # the probe takes the last seat
         probe_words = tuple(w for w in PROBE_WORDS if 3 * w <= top)
         block = info.block_tokens or 16
         room = (cap - 3 * max(probe_words, default=0) - block) // max(1, max_batch - 1)  # each stream's KV beside the largest probe
         stream_tokens = max(SHORT, min(STREAM_MAX, room - 64 - block))
-        return cls(tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens,
-                   repeats)
+        return cls(
+            tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens, repeats
+        )
 
 
 def _fail(url: str, what: str) -> CodaError:
@@ -214,7 +222,9 @@ class Prober:
             entry = models[0]
             self.model = str(entry["id"])
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _fail(self.url, f"GET /v1/models answered HTTP {resp.status_code} without an OpenAI model list; not an OpenAI-compatible server") from None
+            raise _fail(
+                self.url, f"GET /v1/models answered HTTP {resp.status_code} without an OpenAI model list; not an OpenAI-compatible server"
+            ) from None
         version = await self._get("/version")
         metrics = await self._get("/metrics")
         samples = _samples(metrics.text if metrics is not None and metrics.status_code == 200 else "")
@@ -260,8 +270,16 @@ class Prober:
     async def first_token(self, prompt: list[int] | str) -> Timing:
         """One streamed single-token request through ``coda bench``'s own client, timed to its first
         chunk: the TTFT that client sees (its overhead included)."""
-        body = msgspec.json.encode({"model": self.model, "prompt": prompt, "max_tokens": 1, "ignore_eos": True, "stream": True,
-                                    "stream_options": {"include_usage": True}})
+        body = msgspec.json.encode(
+            {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
         a = await self.endpoint.send(body, {})
         first = a.first_token_s
         if first is None and a.reason == NO_TOKENS and (a.usage or {}).get("completion_tokens") == 1:

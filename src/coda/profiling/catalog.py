@@ -32,48 +32,83 @@ def _nvlink(generation: str, datasheet_bw: float, datasheet: str, nccl_bw: tuple
 
 LINKS: dict[str, dict[str, Any]] = {
     "pcie-gen4-no-p2p": {
-        "spec": {"kind": "pcie", "generation": "PCIe Gen4 x16, no peer access", "bus_bw_bytes_s": 3.2e10, "p2p": False,
-                 "nccl": {"floor_s": 14.9e-6, "bus_bw_bytes_s": 12.8e9}, "custom_allreduce": None},
+        "spec": {
+            "kind": "pcie",
+            "generation": "PCIe Gen4 x16, no peer access",
+            "bus_bw_bytes_s": 3.2e10,
+            "p2p": False,
+            "nccl": {"floor_s": 14.9e-6, "bus_bw_bytes_s": 12.8e9},
+            "custom_allreduce": None,
+        },
         "provenance": {
             "bus_bw_bytes_s": "datasheet: PCIe Gen4 x16, 32 GB/s per direction (no NVLink)",
             "p2p": "vendor: GeForce RTX 40 cards have no peer access under NVIDIA's driver, so vLLM's custom all-reduce is disabled and NCCL runs",
-            "nccl.floor_s": ("measured by others: all_reduce_perf on 4 RTX 4090, PCIe Gen4 (github.com/tinygrad/open-gpu-kernel-modules pull 22): "
-                             "32 KiB in 18.8 us, less its bus bytes at the bandwidth below; measured with a peer-access driver, no published "
-                             "2-GPU table without it was found"),
+            "nccl.floor_s": (
+                "measured by others: all_reduce_perf on 4 RTX 4090, PCIe Gen4 (github.com/tinygrad/open-gpu-kernel-modules pull 22): "
+                "32 KiB in 18.8 us, less its bus bytes at the bandwidth below; measured with a peer-access driver, no published "
+                "2-GPU table without it was found"
+            ),
             "nccl.bus_bw_bytes_s": "measured by others: the same run, bus bandwidth 12.6-12.8 GB/s from 8 MiB to 64 MiB",
             "custom_max_bytes": VLLM_MAX_BYTES + " (unused without peer access)",
         },
     },
     "pcie-gen5-p2p": {
-        "spec": {"kind": "pcie", "generation": "PCIe Gen5 x16, peer access", "bus_bw_bytes_s": 6.4e10, "p2p": True,
-                 "nccl": {"floor_s": 8.3e-6, "bus_bw_bytes_s": 17.7e9}, "custom_allreduce": {"floor_s": 4.1e-6, "bus_bw_bytes_s": 52e9}},
+        "spec": {
+            "kind": "pcie",
+            "generation": "PCIe Gen5 x16, peer access",
+            "bus_bw_bytes_s": 6.4e10,
+            "p2p": True,
+            "nccl": {"floor_s": 8.3e-6, "bus_bw_bytes_s": 17.7e9},
+            "custom_allreduce": {"floor_s": 4.1e-6, "bus_bw_bytes_s": 52e9},
+        },
         "provenance": {
             "bus_bw_bytes_s": "datasheet: PCIe Gen5 x16, 64 GB/s per direction (no NVLink)",
             "p2p": "measured by others: peer reads between RTX PRO 6000 Blackwell GPUs (github.com/local-inference-lab/b12x pull 139; "
-                   "github.com/vllm-project/vllm issue 56128: 4x RTX PRO 6000 Server Edition, PCIe peer-to-peer)",
-            "nccl.floor_s": ("measured by others: NCCL baseline of github.com/flashinfer-ai/flashinfer pull 5023 on SM120 PCIe hosts (RTX PRO "
-                             "6000 class), TP 2 table: 8.31 us for one BF16 row of 4,096 (8 KiB)"),
-            "nccl.bus_bw_bytes_s": ("measured by others: the same table, 32,768 rows (256 MiB gathered) in 7.60 ms: 35.3 GB/s algorithm "
-                                    "bandwidth, bus bandwidth (n - 1) / n of it at n = 2"),
-            "custom_allreduce.floor_s": ("measured by others: a CUDA-IPC collective synchronised by system-scope flags, as vLLM's custom "
-                                         "all-reduce is, on the same hosts (flashinfer pull 5023): 4.08 us at one row"),
-            "custom_allreduce.bus_bw_bytes_s": ("measured by others: about 52 GB/s peer reads on RTX PRO 6000 PCIe (b12x pull 139); vLLM's "
-                                                "one-shot all-reduce at 2 GPUs reads the peer's whole message"),
+            "github.com/vllm-project/vllm issue 56128: 4x RTX PRO 6000 Server Edition, PCIe peer-to-peer)",
+            "nccl.floor_s": (
+                "measured by others: NCCL baseline of github.com/flashinfer-ai/flashinfer pull 5023 on SM120 PCIe hosts (RTX PRO "
+                "6000 class), TP 2 table: 8.31 us for one BF16 row of 4,096 (8 KiB)"
+            ),
+            "nccl.bus_bw_bytes_s": (
+                "measured by others: the same table, 32,768 rows (256 MiB gathered) in 7.60 ms: 35.3 GB/s algorithm "
+                "bandwidth, bus bandwidth (n - 1) / n of it at n = 2"
+            ),
+            "custom_allreduce.floor_s": (
+                "measured by others: a CUDA-IPC collective synchronised by system-scope flags, as vLLM's custom "
+                "all-reduce is, on the same hosts (flashinfer pull 5023): 4.08 us at one row"
+            ),
+            "custom_allreduce.bus_bw_bytes_s": (
+                "measured by others: about 52 GB/s peer reads on RTX PRO 6000 PCIe (b12x pull 139); vLLM's "
+                "one-shot all-reduce at 2 GPUs reads the peer's whole message"
+            ),
             "custom_max_bytes": VLLM_MAX_BYTES,
         },
     },
     "nvlink3": _nvlink(
-        "NVLink 3 (A100 SXM4)", 3.0e11, "600 GB/s total, 300 GB/s per direction",
+        "NVLink 3 (A100 SXM4)",
+        3.0e11,
+        "600 GB/s total, 300 GB/s per direction",
         (2.35e11, "NCCL's tuning model (src/graph/tuning.cc) caps an A100's bus bandwidth at 235 GB/s, not a measurement"),
-        (8.7e-6, "assumed: the NVLink 4 measurement of vLLM's custom all-reduce on H100 (sglang pull 2904): launch and flag "
-                 "synchronisation, not the link's bandwidth"),
-        (38e9, "derived: the NVLink 4 measurement (57 GB/s, sglang pull 2904) scaled by the datasheets' per-direction bandwidth (300 / 450)"),
+        (
+            8.7e-6,
+            "assumed: the NVLink 4 measurement of vLLM's custom all-reduce on H100 (sglang pull 2904): launch and flag "
+            "synchronisation, not the link's bandwidth",
+        ),
+        (
+            38e9,
+            "derived: the NVLink 4 measurement (57 GB/s, sglang pull 2904) scaled by the datasheets' per-direction bandwidth (300 / 450)",
+        ),
     ),
     "nvlink4": _nvlink(
-        "NVLink 4 (H100 / H200 SXM)", 4.5e11, "900 GB/s total, 450 GB/s per direction",
+        "NVLink 4 (H100 / H200 SXM)",
+        4.5e11,
+        "900 GB/s total, 450 GB/s per direction",
         (3.6e11, "assumed: 80% of the datasheet's per-direction bandwidth (vLLM runs NCCL only above 8 MiB here)"),
-        (8.7e-6, "measured by others: vLLM's custom all-reduce on H100 at TP 2, eager mode (github.com/sgl-project/sglang pull 2904): "
-                 "8.7 us at 32 KiB"),
+        (
+            8.7e-6,
+            "measured by others: vLLM's custom all-reduce on H100 at TP 2, eager mode (github.com/sgl-project/sglang pull 2904): "
+            "8.7 us at 32 KiB",
+        ),
         (57e9, "measured by others: the same table, 26.6 us at 1 MiB: 57 GB/s between 32 KiB and 1 MiB"),
     ),
 }
@@ -179,7 +214,6 @@ GPUS: dict[str, dict[str, Any]] = {
         },
     },
 }
-
 
 
 def _attach_links() -> None:

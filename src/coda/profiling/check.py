@@ -101,13 +101,25 @@ def gain_coverage(cost: KernelCost | OperatorCost, pairs: PairSet, held: np.ndar
     """Measured vs predicted and conservative cohort gains on measured pairs: the cost model's own
     (unpaired) bounds, and the paired section's where the profile carries one."""
     out: dict[str, Any] = {
-        "pairs": {"source": pairs.fitted_on, "shapes": len(pairs.pairs), "skipped": pairs.skipped,
-                  "interpolated": sum(p.interpolated for p in pairs.pairs), "time_base_ratio": pairs.scale.factor},
-        "unpaired": {"all": bounds_on_pairs(cost.unpaired_gain_bounds, pairs), "held_out": bounds_on_pairs(cost.unpaired_gain_bounds, pairs, held)},
+        "pairs": {
+            "source": pairs.fitted_on,
+            "shapes": len(pairs.pairs),
+            "skipped": pairs.skipped,
+            "interpolated": sum(p.interpolated for p in pairs.pairs),
+            "time_base_ratio": pairs.scale.factor,
+        },
+        "unpaired": {
+            "all": bounds_on_pairs(cost.unpaired_gain_bounds, pairs),
+            "held_out": bounds_on_pairs(cost.unpaired_gain_bounds, pairs, held),
+        },
         "paired": None,
     }
     section = cost.profile.cohort_gain
     if section is not None:
-        out["paired"] = {"all": bounds_on_pairs(cost.cohort_gain_bounds, pairs), "section_held_out": section.held_out.model_dump(),
-                         "fitted_on": section.fitted_on, "transferred_from": section.transferred_from}
+        out["paired"] = {
+            "all": bounds_on_pairs(cost.cohort_gain_bounds, pairs),
+            "section_held_out": section.held_out.model_dump(),
+            "fitted_on": section.fitted_on,
+            "transferred_from": section.transferred_from,
+        }
     return out

@@ -107,17 +107,29 @@ def derive(src: Profile, target: Geometry, tp: int, *, name: str | None = None, 
     data["tiers"]["hbm_kv_bytes"] = max(1.0, 0.9 * gpu.memory_bytes - total * target.weight_bytes / tp)
     data["operators"] = {**data["operators"], "layer": layer, "step": step, "per_sequence": seqs, "moe": moe, "held_out": {},
                          "layer_counts": {op: ops.layer_counts.get(op, 1) for op in layer}}
-    prov = {k: v for k, v in src.provenance.items() if not k.startswith(("geometry.", "operators.layer", "operators.step", "operators.per_sequence",
-                                                                         "operators.moe", "operators.held_out", "tp"))}
+    prov = {
+        k: v
+        for k, v in src.provenance.items()
+        if not k.startswith(
+            ("geometry.", "operators.layer", "operators.step", "operators.per_sequence", "operators.moe", "operators.held_out", "tp")
+        )
+    }
     prov.update(notes)
-    prov.update({f"operators.layer_counts.{op}": src.provenance.get(f"operators.layer_counts.{op}", "model structure: once per layer") for op in layer})
+    prov.update(
+        {
+            f"operators.layer_counts.{op}": src.provenance.get(f"operators.layer_counts.{op}", "model structure: once per layer")
+            for op in layer
+        }
+    )
     for k, v in target.model_dump().items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             prov[f"geometry.{k}"] = f"model card: {target.name} config.json"
     if tp > 1:
         prov["tp"] = "given: coda profile derive --tp"
     for k in ("decode", "prefill", "mixed"):
-        prov[f"operators.attention.{k}"] = f"assumed: {src.name}'s correction of the kernel model on this GPU ({src.provenance.get(f'operators.attention.{k}', '')})"
+        prov[f"operators.attention.{k}"] = (
+            f"assumed: {src.name}'s correction of the kernel model on this GPU ({src.provenance.get(f'operators.attention.{k}', '')})"
+        )
     prov["tiers.hbm_kv_bytes"] = "derived: 90% of GPU memory minus the weights per rank (vLLM's activation peak not subtracted)"
     data["provenance"] = prov
     Profile.model_validate(data)
@@ -132,7 +144,12 @@ def _moe(src: Profile, s_rank: Rank, t_rank: Rank, floor: float, notes: dict[str
         s_flops, s_bytes = s_rank.expert_work()
         m = ops.moe
         note = f"derived: {src.name}'s measured MoE block scaled by expert bytes and FLOPs"
-        out = {"fixed_s": m.fixed_s, "expert_s": m.expert_s * t_bytes / s_bytes, "pair_s": m.pair_s * t_flops / s_flops, "tokens_max": m.tokens_max}
+        out = {
+            "fixed_s": m.fixed_s,
+            "expert_s": m.expert_s * t_bytes / s_bytes,
+            "pair_s": m.pair_s * t_flops / s_flops,
+            "tokens_max": m.tokens_max,
+        }
     else:
         big = max((g for g in GEMMS if g in ops.layer and s_rank.has(g)), key=lambda g: s_rank.work(g, 1)[1])
         curve = ops.layer[big]

@@ -148,9 +148,18 @@ def fit_api_stream(api: Sequence[ApiSample]) -> tuple[float, float, str]:
         token = per.pop(0) if keep[1] else 0.0
         if sse < best[0]:
             best = (sse, float(stream), float(token))
-    medians = "; ".join(f"{a.streams} streaming, {a.prompt_tokens} tokens: {a.seconds * 1e3:.2f} ms" for a in sorted(api, key=lambda a: (a.prompt_tokens, a.streams)))
-    return best[1], best[2], (f"fitted: the API server's time for a text request (client TTFT less vLLM's queue and prefill time for it) "
-                              f"while others stream, medians {medians}; least squares, the load terms non-negative")
+    medians = "; ".join(
+        f"{a.streams} streaming, {a.prompt_tokens} tokens: {a.seconds * 1e3:.2f} ms"
+        for a in sorted(api, key=lambda a: (a.prompt_tokens, a.streams))
+    )
+    return (
+        best[1],
+        best[2],
+        (
+            f"fitted: the API server's time for a text request (client TTFT less vLLM's queue and prefill time for it) "
+            f"while others stream, medians {medians}; least squares, the load terms non-negative"
+        ),
+    )
 
 
 def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample], api: Sequence[ApiSample] = ()) -> None:

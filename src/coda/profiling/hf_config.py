@@ -57,7 +57,10 @@ def geometry_of(raw: dict[str, Any], *, source: str, name: str, kv_dtype_bytes: 
         step = int(cfg.get("decoder_sparse_step") or 1)
         dense_only = set(cfg.get("mlp_only_layers") or []) | set(range(int(cfg.get("first_k_dense_replace") or 0)))
         moe_layers = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * moe_width
+    shared = (
+        int(cfg.get("shared_expert_intermediate_size") or 0)
+        or int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * moe_width
+    )
     weight_bytes = _weight_bytes(cfg, source)
     try:
         return Geometry(

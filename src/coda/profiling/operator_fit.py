@@ -111,7 +111,9 @@ def read_table(path: Path, key: str, columns: tuple[str, ...]) -> dict[str, tupl
             try:
                 n, t = float(row[key]), float(row["time_us"])
             except (TypeError, ValueError):
-                raise CodaError(f"{path}:{line}: {key}/time_us: {row.get(key)!r}, {row.get('time_us')!r} are not numbers; fix or delete the row") from None
+                raise CodaError(
+                    f"{path}:{line}: {key}/time_us: {row.get(key)!r}, {row.get('time_us')!r} are not numbers; fix or delete the row"
+                ) from None
             if n <= 0 or t <= 0:
                 raise CodaError(f"{path}:{line}: {key} and time_us must be positive")
             rows.setdefault(row["layer"], []).append((n, t * 1e-6))
@@ -275,12 +277,23 @@ def fit_attention(path: Path, hw: Hardware) -> tuple[dict[str, Any], dict[str, d
         errs[f"{regime} (kernel model alone)"] = errors(kern[te], meas[te])
     pure = [b for b in grid if b.regime == "pure"]
     kernel = {
-        "family": hw.family, "ctas_per_sm": hw.ctas_per_sm, "block_n": hw.block_n,
-        "mem_efficiency": consts[0] * hw.token_head_bytes() / hw.hbm_bw_bytes_s, "cta_bw_bytes_s": consts[1] * hw.token_head_bytes(),
-        "cta_overhead_s": consts[2] / consts[1], "launch_s": consts[3], "per_request_s": consts[4], "combine_s": consts[5],
-        "bounds": _bounds(pure, consts, ip), "held_out": {"batches": [64], "context_from": max(b.max_context for b in pure)},
-        "domain": {"context_min": int(min(int(b.decodes.min()) for b in pure)), "context_max": int(max(b.max_context for b in pure)),
-                   "batch_min": int(min(b.batch for b in pure)), "batch_max": int(max(b.batch for b in pure))},
+        "family": hw.family,
+        "ctas_per_sm": hw.ctas_per_sm,
+        "block_n": hw.block_n,
+        "mem_efficiency": consts[0] * hw.token_head_bytes() / hw.hbm_bw_bytes_s,
+        "cta_bw_bytes_s": consts[1] * hw.token_head_bytes(),
+        "cta_overhead_s": consts[2] / consts[1],
+        "launch_s": consts[3],
+        "per_request_s": consts[4],
+        "combine_s": consts[5],
+        "bounds": _bounds(pure, consts, ip),
+        "held_out": {"batches": [64], "context_from": max(b.max_context for b in pure)},
+        "domain": {
+            "context_min": int(min(int(b.decodes.min()) for b in pure)),
+            "context_max": int(max(b.max_context for b in pure)),
+            "batch_min": int(min(b.batch for b in pure)),
+            "batch_max": int(max(b.batch for b in pure)),
+        },
     }
     return {"kernel": kernel, **fixes}, errs, len(train)
 
@@ -292,13 +305,18 @@ def _bounds(pure: list[Batch], consts: np.ndarray, ip: np.ndarray) -> dict[str, 
     test = [b for b in pure if b.batch == 64 or b.max_context >= top]
     p = pack(test, ip)
     rel = p.seconds / predict(p, consts, ip) - 1.0
-    return {"lower": max(0.0, -float(np.quantile(rel, 0.025))), "upper": max(0.0, float(np.quantile(rel, 0.975))), "quantile": 0.95,
-            "held_out_rows": len(test)}
+    return {
+        "lower": max(0.0, -float(np.quantile(rel, 0.025))),
+        "upper": max(0.0, float(np.quantile(rel, 0.975))),
+        "quantile": 0.95,
+        "held_out_rows": len(test),
+    }
 
 
 # --- the profile -----------------------------------------------------------------------------
-def fit_operators(folder: Path, setup_name: str, tp: int, base: Profile, *, model_config: Path | None = None,
-                  name: str | None = None) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+def fit_operators(
+    folder: Path, setup_name: str, tp: int, base: Profile, *, model_config: Path | None = None, name: str | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """An operators profile (JSON-ready) for one setup, and the held-out errors per operator."""
     setup = open_setup(folder, setup_name, tp)
     if setup.gpu not in catalog.GPUS:
@@ -317,7 +335,9 @@ def fit_operators(folder: Path, setup_name: str, tp: int, base: Profile, *, mode
         elif op in GEMMS or op in ELEMENTWISE:
             layer[op], held[f"layer.{op}"] = curve, err
         else:
-            raise CodaError(f"{setup.csv('dense')}: layer {op!r} is not an operator the model knows ({', '.join(GEMMS + ELEMENTWISE + STEP_OPS)})")
+            raise CodaError(
+                f"{setup.csv('dense')}: layer {op!r} is not an operator the model knows ({', '.join(GEMMS + ELEMENTWISE + STEP_OPS)})"
+            )
     for op, (x, t) in per_seq.items():
         if op not in PER_SEQUENCE:
             raise CodaError(f"{setup.csv('per_sequence')}: layer {op!r} is not lm_head or sampler")
@@ -328,15 +348,31 @@ def fit_operators(folder: Path, setup_name: str, tp: int, base: Profile, *, mode
     moe, moe_note = None, ""
     if geo.moe_layers:
         moe, held, moe_note = _moe(setup, geo, held)
-    hw = Hardware(gpu["spec"]["hbm_bw_bytes_s"], gpu["spec"]["num_sms"], rank.q_heads, rank.kv_heads, geo.head_dim, geo.kv_dtype_bytes,
-                  "fa2-split", catalog.ctas_per_sm(setup.gpu))
+    hw = Hardware(
+        gpu["spec"]["hbm_bw_bytes_s"],
+        gpu["spec"]["num_sms"],
+        rank.q_heads,
+        rank.kv_heads,
+        geo.head_dim,
+        geo.kv_dtype_bytes,
+        "fa2-split",
+        catalog.ctas_per_sm(setup.gpu),
+    )
     attention, att_err, n_att = fit_attention(setup.csv("attention"), hw)
     held.update({f"attention.{k}": v for k, v in att_err.items() if "alone" not in k})
     reference = {f"attention.{k}": v for k, v in att_err.items() if "alone" in k}
     tokens_max = int(max(x.max() for x, _ in dense.values()))
-    ops = {"layer": layer, "layer_counts": {op: LAYER_COUNTS.get(op, 1) for op in layer}, "step": step, "per_sequence": seqs, "moe": moe,
-           "attention": attention, "tokens_max": tokens_max, "sequences_max": int(max(x.max() for x, _ in per_seq.values())),
-           "held_out": held}
+    ops = {
+        "layer": layer,
+        "layer_counts": {op: LAYER_COUNTS.get(op, 1) for op in layer},
+        "step": step,
+        "per_sequence": seqs,
+        "moe": moe,
+        "attention": attention,
+        "tokens_max": tokens_max,
+        "sequences_max": int(max(x.max() for x, _ in per_seq.values())),
+        "held_out": held,
+    }
     data = assemble(base, setup, geo, gpu, ops, name=name, n_attention=n_att, moe_note=moe_note)
     Profile.model_validate(data)
     return data, {**held, **reference}
@@ -358,8 +394,17 @@ def _moe(setup: Setup, geo: Geometry, held: dict[str, dict[str, float]]) -> tupl
     return {"fixed_s": coef[0], "expert_s": coef[1], "pair_s": coef[2], "tokens_max": int(rows[:, 0].max())}, held, note
 
 
-def assemble(base: Profile, setup: Setup, geo: Geometry, gpu: dict[str, Any], ops: dict[str, Any], *, name: str | None, n_attention: int,
-             moe_note: str) -> dict[str, Any]:
+def assemble(
+    base: Profile,
+    setup: Setup,
+    geo: Geometry,
+    gpu: dict[str, Any],
+    ops: dict[str, Any],
+    *,
+    name: str | None,
+    n_attention: int,
+    moe_note: str,
+) -> dict[str, Any]:
     tp = setup.tp
     spec = {k: v for k, v in gpu["spec"].items() if not k.endswith("efficiency")}
     total, _ = geo.params()
@@ -386,11 +431,15 @@ def assemble(base: Profile, setup: Setup, geo: Geometry, gpu: dict[str, Any], op
         "operators": ops,
         "engine": {"step_s": 0.0, "request_s": 0.0},
     }
-    prov = {k: f"assumed: copied from profile {base.name} ({base.provenance.get(k, '')})"
-            for k in ("h2d", "d2h", "ssd_read", "tiers.dram_kv_bytes", "tiers.ssd_kv_bytes", "tiers.workers_per_node")}
+    prov = {
+        k: f"assumed: copied from profile {base.name} ({base.provenance.get(k, '')})"
+        for k in ("h2d", "d2h", "ssd_read", "tiers.dram_kv_bytes", "tiers.ssd_kv_bytes", "tiers.workers_per_node")
+    }
     prov.update({k: v for k, v in gpu["provenance"].items() if not k.endswith("efficiency")})
-    prov["tiers.hbm_kv_bytes"] = ("derived: 90% of GPU memory (vLLM's default gpu_memory_utilization) minus the weights per rank; vLLM also "
-                                  "subtracts its measured activation peak, which only an engine's log states (pass num_gpu_blocks)")
+    prov["tiers.hbm_kv_bytes"] = (
+        "derived: 90% of GPU memory (vLLM's default gpu_memory_utilization) minus the weights per rank; vLLM also "
+        "subtracts its measured activation peak, which only an engine's log states (pass num_gpu_blocks)"
+    )
     if tp > 1:
         prov["tp"] = f"measured: the setup's TP {tp} files"
     for k, v in geo.model_dump().items():
@@ -400,7 +449,11 @@ def assemble(base: Profile, setup: Setup, geo: Geometry, gpu: dict[str, Any], op
         for op, err in ((op, ops["held_out"].get(f"{section}.{op}")) for op in ops[section]):
             prov[f"operators.{section}.{op}"] = f"fitted: {measured}; linear spline, held-out median error {err['median']:.3f}"
     for op in ops["layer_counts"]:
-        prov[f"operators.layer_counts.{op}"] = "model structure: vLLM runs the input and post-attention norms per layer" if op == "layernorm" else "model structure: once per layer"
+        prov[f"operators.layer_counts.{op}"] = (
+            "model structure: vLLM runs the input and post-attention norms per layer"
+            if op == "layernorm"
+            else "model structure: once per layer"
+        )
     prov["operators.tokens_max"] = prov["operators.sequences_max"] = f"{measured}; the largest count measured"
     for k in ("fixed_s", "expert_s", "pair_s", "tokens_max"):
         if ops["moe"] is not None:
@@ -416,7 +469,9 @@ def assemble(base: Profile, setup: Setup, geo: Geometry, gpu: dict[str, Any], op
             prov[f"operators.attention.kernel.{k}"] = fit_note
     for regime in ("decode", "prefill", "mixed"):
         e = ops["held_out"][f"attention.{regime}"]
-        prov[f"operators.attention.{regime}"] = f"fitted: {measured}; log-correction of the kernel model, held-out median error {e['median']:.3f}"
+        prov[f"operators.attention.{regime}"] = (
+            f"fitted: {measured}; log-correction of the kernel model, held-out median error {e['median']:.3f}"
+        )
     for k in ops["held_out"]:
         for stat in ("rows", "median", "p90"):
             prov[f"operators.held_out.{k}.{stat}"] = "fit: rows kept out of the fit"

@@ -143,7 +143,9 @@ def _device_identity(torch: Any, device: str) -> dict[str, Any]:
             "memory_bytes": int(props.total_memory), "compute_capability": f"{props.major}.{props.minor}", "cuda_version": torch.version.cuda}
 
 
-def run(out: Path, geometry: Geometry, *, tp: int = 1, device: str = "cuda", budget_s: float = 480.0, model_name: str | None = None) -> list[Path]:
+def run(
+    out: Path, geometry: Geometry, *, tp: int = 1, device: str = "cuda", budget_s: float = 480.0, model_name: str | None = None
+) -> list[Path]:
     """Measure the operator files of ``geometry`` at TP ``tp`` until ``budget_s`` is spent; the files written."""
     torch = _torch()
     if device == "cuda" and not torch.cuda.is_available():
@@ -182,9 +184,11 @@ def run(out: Path, geometry: Geometry, *, tp: int = 1, device: str = "cuda", bud
                 if left():
                     pre, dec = attention.prefill(n, 0), attention.launch(np.full(b, c))
                     att.append([n, 0, b, c, us(lambda pre=pre, dec=dec: (pre(), dec()))])
-    files = [write_csv(out / f"{setup}_tp{tp}_dense.csv", ["layer", "tokens", "time_us"], dense),
-             write_csv(out / f"{setup}_tp{tp}_per_sequence.csv", ["layer", "sequences", "time_us"], per_seq),
-             write_csv(out / f"{setup}_tp{tp}_attention.csv", ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"], att)]
+    files = [
+        write_csv(out / f"{setup}_tp{tp}_dense.csv", ["layer", "tokens", "time_us"], dense),
+        write_csv(out / f"{setup}_tp{tp}_per_sequence.csv", ["layer", "sequences", "time_us"], per_seq),
+        write_csv(out / f"{setup}_tp{tp}_attention.csv", ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"], att),
+    ]
     if geometry.moe_layers:
         moe = []
         for n in grid["tokens"]:
@@ -199,7 +203,8 @@ def run(out: Path, geometry: Geometry, *, tp: int = 1, device: str = "cuda", bud
         "variant": "bf16" if device == "cuda" else "float32 (CPU smoke test)",
         "tp_degrees": [tp],
         "profiled_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "measured_with": f"coda profile measure --model-config: PyTorch {torch.__version__}" + (f", Triton {_triton_version()}" if device == "cuda" else ""),
+        "measured_with": f"coda profile measure --model-config: PyTorch {torch.__version__}"
+        + (f", Triton {_triton_version()}" if device == "cuda" else ""),
         "budget_s": budget_s,
         "completed": left(),
         "geometry": geometry.model_dump(),

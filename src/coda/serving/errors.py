@@ -12,10 +12,28 @@ from starlette.responses import Response
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 # OpenAI's error types by status; Anthropic names them differently
-OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
-                413: "invalid_request_error", 429: "rate_limit_error", 502: "upstream_error", 503: "service_unavailable", 529: "overloaded_error"}
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                   413: "request_too_large", 429: "rate_limit_error", 502: "api_error", 503: "api_error", 529: "overloaded_error"}
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    529: "overloaded_error",
+}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "api_error",
+    529: "overloaded_error",
+}
 _encode = msgspec.json.Encoder().encode
 
 
@@ -24,8 +42,15 @@ class ApiError(Exception):
     without one the body carries the status, as vLLM's errors do. ``kind``: the error type, when
     not the API's usual one for the status."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None, retry_after_s: float = 0.0,
-                 kind: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: float = 0.0,
+        kind: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -36,7 +61,14 @@ class ApiError(Exception):
 
     def openai_body(self) -> dict[str, Any]:
         kind = self.kind or OPENAI_TYPES.get(self.status, "api_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code if self.code is not None else self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
 
     def anthropic_body(self) -> dict[str, Any]:
         return {"type": "error", "error": {"type": self.kind or ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}

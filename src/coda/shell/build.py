@@ -83,7 +83,9 @@ def make_policy(kind: str, name: str, params: dict[str, Any] | None = None, cost
 
 def _no_eviction_shadow(kind: str) -> None:
     if kind == "eviction":
-        raise CodaError("eviction.shadow: an eviction policy cannot run in shadow (its choice changes what the next one sees); drop the shadow")
+        raise CodaError(
+            "eviction.shadow: an eviction policy cannot run in shadow (its choice changes what the next one sees); drop the shadow"
+        )
 
 
 def build_policies(spec: PoliciesSpec, cost: Any = None, kinds: Iterable[str] = KINDS) -> PolicySet:

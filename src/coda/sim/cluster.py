@@ -106,33 +106,62 @@ class Simulation:
         self._owner_session: dict[int, SessionState] = {}
 
         # locations: an HBM pool per worker and at most a DRAM and an SSD store per worker
-        self.views = ClusterViews(C, self.worker_fields, self.ingress, KVIndexer(max_locations=3 * config.workers) if config.indexer else None)
+        self.views = ClusterViews(
+            C, self.worker_fields, self.ingress, KVIndexer(max_locations=3 * config.workers) if config.indexer else None
+        )
         if self.views.indexer is not None:
             kv_listener = self.views.indexing(kv_listener)
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
-        self.ssd_stores = [KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener) if self.tiers.ssd else None for i in range(n_stores)]
+        self.ssd_stores = [
+            KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener) if self.tiers.ssd else None
+            for i in range(n_stores)
+        ]
         self.dram_stores = [
-            KVStore("dram", i, self.tiers.dram_chunks, self.versions, lower=self.ssd_stores[i], listener=kv_listener) if self.tiers.dram else None
+            KVStore("dram", i, self.tiers.dram_chunks, self.versions, lower=self.ssd_stores[i], listener=kv_listener)
+            if self.tiers.dram
+            else None
             for i in range(n_stores)
         ]
         links = [NodeLinks() for _ in range(n_stores)]
         settings = WorkerSettings(
-            loop=self.loop, cost=self.cost, versions=self.versions, state_policy=self.policies.state, execution=self.policies.execution,
-            recorder=self.recorder, on_finish=self._finished, chunk_tokens=C, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, decode_run_max=config.decode_run_max, cpu_shadow=self.tiers.cpu_shadow,
-            observers=self.observers, on_first_token=self._first_token, on_admit=self._engine_admitted,
+            loop=self.loop,
+            cost=self.cost,
+            versions=self.versions,
+            state_policy=self.policies.state,
+            execution=self.policies.execution,
+            recorder=self.recorder,
+            on_finish=self._finished,
+            chunk_tokens=C,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            decode_run_max=config.decode_run_max,
+            cpu_shadow=self.tiers.cpu_shadow,
+            observers=self.observers,
+            on_first_token=self._first_token,
+            on_admit=self._engine_admitted,
         )
         groups = data_parallel_groups(config, self.cost, self.loop)
         self.workers = [
-            Worker(w, settings, HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims), self.dram_stores[w // wpn],
-                   self.ssd_stores[w // wpn], links[w // wpn], touched=self.views.touched, lockstep=groups[w])
+            Worker(
+                w,
+                settings,
+                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims),
+                self.dram_stores[w // wpn],
+                self.ssd_stores[w // wpn],
+                links[w // wpn],
+                touched=self.views.touched,
+                lockstep=groups[w],
+            )
             for w in range(config.workers)
         ]
-        self.views.attach(self.workers, [
-            WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
-            for w in range(config.workers)
-        ])
+        self.views.attach(
+            self.workers,
+            [
+                WorkerTiers(w, f"hbm:{w}", f"dram:{w // wpn}" if self.tiers.dram else None, f"ssd:{w // wpn}" if self.tiers.ssd else None)
+                for w in range(config.workers)
+            ],
+        )
         self.chains = ChunkChains(workload, C, self.versions)
         self.sessions = [SessionState(i, s, self.versions.new_owner()) for i, s in enumerate(workload.sessions)]
         self._owner_session.update((sess.owner, sess) for sess in self.sessions)
@@ -234,8 +263,14 @@ class Simulation:
             best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in matches.values()), default=0)
             hit = best / max(len(req.chain), 1)
         now, ages = self.loop.now, "queue_age" in ing.policy.signals
-        loads = tuple(dataclasses.replace(w, new_tokens=self._new_tokens(req, matches.get(w.worker_id)),
-                                          queue_age_s=ing.queue_age_s(w.worker_id, now) if ages else 0.0) for w in self.views.loads())
+        loads = tuple(
+            dataclasses.replace(
+                w,
+                new_tokens=self._new_tokens(req, matches.get(w.worker_id)),
+                queue_age_s=ing.queue_age_s(w.worker_id, now) if ages else 0.0,
+            )
+            for w in self.views.loads()
+        )
         return ing.snapshot(now, req, self._tenant(req), loads, hit, self.ttft_estimates)
 
     def _new_tokens(self, req: SimRequest, match: PrefixMatch | None) -> int:

@@ -26,9 +26,12 @@ class SimConfig(PoliciesConfig):
     chunk_tokens: PositiveInt = Field(256, description="KV bookkeeping granularity in tokens (an engine's block_size)")
     max_num_seqs: PositiveInt = 256
     max_num_batched_tokens: PositiveInt = 8192
-    data_parallel_size: PositiveInt = Field(1, description="ranks per data-parallel group: consecutive workers form a group (workers must be a multiple)")
-    enable_expert_parallel: bool = Field(False, description="a group's ranks hold experts / ranks whole experts each and step in lockstep "
-                                         "(an MoE profile at TP 1)")
+    data_parallel_size: PositiveInt = Field(
+        1, description="ranks per data-parallel group: consecutive workers form a group (workers must be a multiple)"
+    )
+    enable_expert_parallel: bool = Field(
+        False, description="a group's ranks hold experts / ranks whole experts each and step in lockstep (an MoE profile at TP 1)"
+    )
     # Engine KV capacity (None = the profile's): a block count as vLLM logs it, or vLLM's
     # gpu_memory_utilization share of the profile GPU's memory less the weights on a rank.
     num_gpu_blocks: PositiveInt | None = Field(None, description="HBM KV blocks of chunk_tokens tokens per worker, as the engine reports")
@@ -46,7 +49,9 @@ class SimConfig(PoliciesConfig):
     ssd_kv_gib: float | None = Field(None, ge=0)
     decode_run_max: PositiveInt = Field(1024, description="longest run of pure-decode steps advanced at once")
     sample_every_s: PositiveFloat = Field(10.0, description="occupancy time-series sampling period")
-    indexer: bool = Field(False, description="routers match prefixes through a KV indexer fed by the pools' block events (as the gateway does)")
+    indexer: bool = Field(
+        False, description="routers match prefixes through a KV indexer fed by the pools' block events (as the gateway does)"
+    )
     tenants: dict[str, TenantSpec] = Field(default_factory=dict, description="tenant weights and deadlines for the ingress policies")
 
     def with_overrides(self, **kw: Any) -> SimConfig:

@@ -26,7 +26,9 @@ from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
 
-SIM_SIGNALS = frozenset({"queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack"})
+SIM_SIGNALS = frozenset(
+    {"queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack"}
+)
 
 
 class SimIngress:
@@ -49,8 +51,15 @@ class SimIngress:
     def tenant(self, name: str) -> TenantSpec:
         return self.tenants.get(name) or TenantSpec()
 
-    def snapshot(self, now: float, req: SimRequest, tenant: str, loads: tuple[WorkerLoad, ...], prefix_hit: float,
-                 predicted_ttft_s: Sequence[float | None]) -> IngressSnapshot:
+    def snapshot(
+        self,
+        now: float,
+        req: SimRequest,
+        tenant: str,
+        loads: tuple[WorkerLoad, ...],
+        prefix_hit: float,
+        predicted_ttft_s: Sequence[float | None],
+    ) -> IngressSnapshot:
         sid = req.sess.session.session_id
         active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
         deadline_ms = self.tenant(tenant).deadline_ms

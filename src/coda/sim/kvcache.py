@@ -120,7 +120,9 @@ class HbmPool:
 
     __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor", "prefix_runs")
 
-    def __init__(self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None, evictor: Evictor | None = None) -> None:
+    def __init__(
+        self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None, evictor: Evictor | None = None
+    ) -> None:
         if capacity <= 0:
             raise ValueError("HBM capacity must be at least one chunk")
         self.worker = worker
@@ -255,7 +257,9 @@ class KVStore:
 
     __slots__ = ("name", "node", "capacity", "chunks", "lower", "versions", "listener", "prefix_runs")
 
-    def __init__(self, name: str, node: int, capacity: int, versions: Versions, lower: KVStore | None = None, listener: KVListener | None = None) -> None:
+    def __init__(
+        self, name: str, node: int, capacity: int, versions: Versions, lower: KVStore | None = None, listener: KVListener | None = None
+    ) -> None:
         self.name = name
         self.node = node
         self.capacity = capacity

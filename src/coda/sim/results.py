@@ -82,11 +82,18 @@ class SimResult:
             "preset": {"name": p.name, "description": p.description},
             "policies": sim.policies.spec.describe(),
             "tiers": sim.tiers.describe(),
-            "profile": {"name": sim.profile.name, "kind": sim.profile.kind, "description": sim.profile.description, "tp": sim.profile.tp,
-                        "engine_time": sim.profile.engine_time_note(),
-                        "extrapolated": sim.profile.beyond_measured(sim.config.max_num_batched_tokens, sim.config.max_num_seqs,
-                                                                    sim.largest_request_tokens)},
-            "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"} | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},
+            "profile": {
+                "name": sim.profile.name,
+                "kind": sim.profile.kind,
+                "description": sim.profile.description,
+                "tp": sim.profile.tp,
+                "engine_time": sim.profile.engine_time_note(),
+                "extrapolated": sim.profile.beyond_measured(
+                    sim.config.max_num_batched_tokens, sim.config.max_num_seqs, sim.largest_request_tokens
+                ),
+            },
+            "workload": {k: v for k, v in sim.workload.meta.items() if k != "choices"}
+            | {"sessions": len(sim.workload.sessions), "requests": sim.workload.num_requests},
             "slo": sim.config.slo.model_dump(),
         }
 

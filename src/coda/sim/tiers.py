@@ -48,7 +48,9 @@ def engine_kv_bytes(config: SimConfig, profile: Profile, chunk_bytes: int) -> fl
             raise CodaError(f"gpu_memory_utilization: profile {profile.name} states no GPU memory or weights; give num_gpu_blocks instead")
         kv = config.gpu_memory_utilization * memory - weights
         if kv <= 0:
-            raise CodaError(f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory after {weights / GiB:.1f} GiB of weights; raise it")
+            raise CodaError(
+                f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory after {weights / GiB:.1f} GiB of weights; raise it"
+            )
         return kv
     return config.hbm_kv_gib * GiB if config.hbm_kv_gib is not None else profile.tiers.hbm_kv_bytes
 
@@ -67,7 +69,9 @@ def resolve_tiers(config: SimConfig, preset: SystemPreset, profile: Profile, chu
         ssd /= t.workers_per_node
     hbm_chunks = int(hbm // chunk_bytes)
     if hbm_chunks < 1:
-        raise CodaError(f"HBM KV of {hbm / GiB:.3g} GiB holds no {chunk_bytes / 2**20:.3g} MiB chunk; raise hbm_kv_gib or lower chunk_tokens")
+        raise CodaError(
+            f"HBM KV of {hbm / GiB:.3g} GiB holds no {chunk_bytes / 2**20:.3g} MiB chunk; raise hbm_kv_gib or lower chunk_tokens"
+        )
     return Tiers(
         dram=dram_on,
         ssd=ssd_on and dram_on,

@@ -45,7 +45,9 @@ def read_azure(path: Path) -> Workload:
             try:
                 c, g = int(context), int(generated)
             except ValueError:
-                raise line_error(path, lineno, "ContextTokens/GeneratedTokens", f"{context!r}, {generated!r} are not integers", FORMAT) from None
+                raise line_error(
+                    path, lineno, "ContextTokens/GeneratedTokens", f"{context!r}, {generated!r} are not integers", FORMAT
+                ) from None
             if c < 0 or g < 0:
                 raise line_error(path, lineno, "ContextTokens/GeneratedTokens", f"{c}, {g}: token counts cannot be negative", FORMAT)
             if c == 0 or g == 0:

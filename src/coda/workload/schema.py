@@ -240,10 +240,7 @@ def read_workload(path: str | Path) -> Workload:
                 field, problem = describe_decode_error(err)
                 raise CodaError(f"{path}:{lineno}: {field}: {problem}") from None
             if session.session_id in seen:
-                raise CodaError(
-                    f"{path}:{lineno}: session_id: duplicate id {session.session_id!r}; "
-                    "each session must appear on one line"
-                )
+                raise CodaError(f"{path}:{lineno}: session_id: duplicate id {session.session_id!r}; each session must appear on one line")
             seen.add(session.session_id)
             sessions.append(session)
     if not sessions:

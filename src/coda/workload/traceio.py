@@ -94,7 +94,11 @@ def open_loop_workload(rows: list[tuple[float, int, int, int]], path: Path, fmt:
         raise no_rows(path, fmt, report)
     t0 = min(r[0] for r in rows)
     sessions = [
-        Session(session_id=f"{prefix}-{line}", start_s=t - t0, rounds=[Round(new_input_tokens=n_in, output_tokens=n_out, kind="user", at_s=t - t0)])
+        Session(
+            session_id=f"{prefix}-{line}",
+            start_s=t - t0,
+            rounds=[Round(new_input_tokens=n_in, output_tokens=n_out, kind="user", at_s=t - t0)],
+        )
         for t, n_in, n_out, line in rows
     ]
     meta = {

@@ -34,8 +34,13 @@ BLOCK = script["block"]
 init_none_hash(sha256)
 hasher = get_request_block_hasher(BLOCK, sha256)
 spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=64, dtype=torch.float32)
-kvm = KVCacheManager(KVCacheConfig(num_blocks=script["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)]),
-                     max_model_len=4096, scheduler_block_size=BLOCK, hash_block_size=BLOCK, enable_caching=True)
+kvm = KVCacheManager(
+    KVCacheConfig(num_blocks=script["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)]),
+    max_model_len=4096,
+    scheduler_block_size=BLOCK,
+    hash_block_size=BLOCK,
+    enable_caching=True,
+)
 pool = kvm.block_pool
 names: dict[Any, tuple[int, int]] = {}  # block hash -> (session, block index)
 requests: dict[str, tuple[Request, int]] = {}
@@ -73,8 +78,14 @@ for op in script["ops"]:
             req, session = requests[op["req"]]
         else:
             session = op["session"]
-            req = Request(op["req"], [token(session, i) for i in range(op["prompt"])], SamplingParams(max_tokens=4096), None,
-                          arrival_time=0.0, block_hasher=hasher)
+            req = Request(
+                op["req"],
+                [token(session, i) for i in range(op["prompt"])],
+                SamplingParams(max_tokens=4096),
+                None,
+                arrival_time=0.0,
+                block_hasher=hasher,
+            )
             requests[op["req"]] = (req, session)
             name_blocks(req, session)
         blocks, hit, _ = kvm.get_computed_blocks(req)

@@ -122,7 +122,9 @@ keys = [make_offload_key(h, 0) for h in d.block_hashes[:3]]  # the store holds t
 ctx = ReqContext(req_id="d")
 store.prepare_store(keys, ctx)
 store.complete_store(keys, ctx)
-offloaded = tiers.OffloadedPrefix(store, [tiers.ChunkGroup(0, BLOCK, 1)], make_offload_key, frozenset({LookupResult.HIT, LookupResult.HIT_PENDING}))
+offloaded = tiers.OffloadedPrefix(
+    store, [tiers.ChunkGroup(0, BLOCK, 1)], make_offload_key, frozenset({LookupResult.HIT, LookupResult.HIT_PENDING})
+)
 out["tiers"] = {"from_0": offloaded.tokens(d, 0), "from_1": offloaded.tokens(d, BLOCK), "valid": offloaded.still_valid(d, 0, 3 * BLOCK)}
 
 # --- the cohort backend on real attention metadata ----------------------------------------------------
@@ -140,21 +142,45 @@ out["backend"] = {
 n = 4
 lens = torch.tensor([900, 40, 1200, 70], dtype=torch.int32)
 cm_fields = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
-cm = CommonAttentionMetadata(**{k: v for k, v in dict(
-    query_start_loc=torch.arange(n + 1, dtype=torch.int32), query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32), seq_lens=lens,
-    num_reqs=n, num_actual_tokens=n, max_query_len=1, max_seq_len=1200, block_table_tensor=torch.arange(4 * 80).reshape(4, 80),
-    slot_mapping=torch.arange(n), causal=True, seq_lens_cpu_upper_bound=lens).items() if k in cm_fields})
+cm = CommonAttentionMetadata(
+    **{
+        k: v
+        for k, v in dict(
+            query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens=lens,
+            num_reqs=n,
+            num_actual_tokens=n,
+            max_query_len=1,
+            max_seq_len=1200,
+            block_table_tensor=torch.arange(4 * 80).reshape(4, 80),
+            slot_mapping=torch.arange(n),
+            causal=True,
+            seq_lens_cpu_upper_bound=lens,
+        ).items()
+        if k in cm_fields
+    }
+)
 STEP.begin((n, 2))
 rows = cohort_backend._cohort_rows(cm)
 short = cohort_backend._cohort_metadata(cm, rows[0]) if rows else None
 STEP.end()
-out["cohorts"] = {"rows": [r.tolist() for r in rows] if rows else None,
-                  "short": None if short is None else {"seq_lens": short.seq_lens.tolist(), "num_reqs": short.num_reqs,
-                                                       "max_seq_len": short.max_seq_len, "first_block_row": short.block_table_tensor[:, 0].tolist(),
-                                                       "query_start_loc": short.query_start_loc.tolist()},
-                  "without_plan": cohort_backend._cohort_rows(cm) is None}
+out["cohorts"] = {
+    "rows": [r.tolist() for r in rows] if rows else None,
+    "short": None
+    if short is None
+    else {
+        "seq_lens": short.seq_lens.tolist(),
+        "num_reqs": short.num_reqs,
+        "max_seq_len": short.max_seq_len,
+        "first_block_row": short.block_table_tensor[:, 0].tolist(),
+        "query_start_loc": short.query_start_loc.tolist(),
+    },
+    "without_plan": cohort_backend._cohort_rows(cm) is None,
+}
 try:  # the CUDA platform's backends, where this vLLM can import them without a GPU
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
     gpu = {}
     for name in ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"):
         try:

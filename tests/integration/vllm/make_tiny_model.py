@@ -17,7 +17,9 @@ tok = Tokenizer(models.BPE(unk_token="<unk>"))
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 tok.decoder = decoders.ByteLevel()
 corpus = " ".join(f"word{i} tool{i % 50} file{i % 97}.py def return import class result" for i in range(3000))
-trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+trainer = trainers.BpeTrainer(
+    vocab_size=1000, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+)
 tok.train_from_iterator([corpus] * 3, trainer)
 hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 hf.chat_template = (
@@ -25,8 +27,18 @@ hf.chat_template = (
     "{% if add_generation_prompt %}<s>assistant: {% endif %}"
 )
 hf.save_pretrained(out)
-cfg = LlamaConfig(vocab_size=len(hf), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, head_dim=64, max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)
+cfg = LlamaConfig(
+    vocab_size=len(hf),
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=64,
+    max_position_embeddings=8192,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 torch.manual_seed(0)
 LlamaForCausalLM(cfg).save_pretrained(out)
 print(out)

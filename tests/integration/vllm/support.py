@@ -40,7 +40,9 @@ def free_port() -> int:
 
 def build_tiny_model(dest: Path) -> Path:
     if not (dest / "config.json").exists():
-        subprocess.run([vllm_python(), str(Path(__file__).parent / "make_tiny_model.py"), str(dest)], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [vllm_python(), str(Path(__file__).parent / "make_tiny_model.py"), str(dest)], check=True, capture_output=True, timeout=300
+        )
     return dest
 
 
@@ -52,9 +54,15 @@ QUICK_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @contextmanager
-def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None = None, logs: list[Path] | None = None,
-                 quick: bool = True, procs: list[subprocess.Popen[bytes]] | None = None,
-                 envs: list[dict[str, str]] | None = None) -> Iterator[list[str]]:
+def vllm_servers(
+    model: Path,
+    args: list[list[str]],
+    env: dict[str, str] | None = None,
+    logs: list[Path] | None = None,
+    quick: bool = True,
+    procs: list[subprocess.Popen[bytes]] | None = None,
+    envs: list[dict[str, str]] | None = None,
+) -> Iterator[list[str]]:
     """Start one `vllm.entrypoints.openai.api_server` per argument list on free ports, all at once;
     yield their base URLs once every one is healthy; always stop them. ``quick``: start as tests
     do (``QUICK_ARGS``); a measurement passes False to run the engine as it is deployed. ``procs``:
@@ -72,8 +80,21 @@ def vllm_servers(model: Path, args: list[list[str]], env: dict[str, str] | None 
     try:
         for i, extra in enumerate(args):
             port = free_port()
-            cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
-                   "--host", "127.0.0.1", "--port", str(port), *(QUICK_ARGS if quick else ()), *extra]
+            cmd = [
+                vllm_python(),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model),
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *(QUICK_ARGS if quick else ()),
+                *extra,
+            ]
             out = open(logs[i], "w") if logs else subprocess.DEVNULL  # noqa: SIM115
             files.append(out)
             own = {**full_env, **(envs[i] if envs else {})}

@@ -42,7 +42,9 @@ def test_a_profile_measured_through_the_api_loads_and_drives_the_simulator(engin
                                                                                                          KV_BYTES_PER_TOKEN)
     # The constants are fitted from wall-clock timings, which a busy machine distorts: a term can
     # fit to 0. What holds on any machine is that the fit is usable, non-negative and finite.
-    constants = [getattr(step, t) for t in (*TERMS, "api_latency_s", "api_id_token_s", "api_text_token_s", "api_stream_s", "api_stream_token_s")]
+    constants = [
+        getattr(step, t) for t in (*TERMS, "api_latency_s", "api_id_token_s", "api_text_token_s", "api_stream_s", "api_stream_token_s")
+    ]
     assert step.fit.samples > 0 and all(math.isfinite(c) and c >= 0 for c in constants), constants
     # the API-under-load probes read vLLM's own queue and prefill times at /metrics
     assert profile.provenance["step_model.api_stream_s"].startswith("fitted: "), profile.provenance["step_model.api_stream_s"]

@@ -81,11 +81,19 @@ def cached(resp) -> int:
 def test_the_gateway_tokenizes_locally_exactly_as_vllm_does(stack):
     gw, urls, model = stack
     local = LocalTokenizer(model)
-    chats = [[{"role": "user", "content": "open the readme"}],
-             [{"role": "system", "content": "You are an agent.\nBe brief."}, {"role": "user", "content": "list\nfile3.py  word7 été"},
-              {"role": "assistant", "content": "done"}, {"role": "user", "content": "tool result: " + " ".join(f"file{i}.py" for i in range(50))}]]
+    chats = [
+        [{"role": "user", "content": "open the readme"}],
+        [
+            {"role": "system", "content": "You are an agent.\nBe brief."},
+            {"role": "user", "content": "list\nfile3.py  word7 été"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "tool result: " + " ".join(f"file{i}.py" for i in range(50))},
+        ],
+    ]
     for messages in chats:
-        theirs = httpx.post(urls[0] + "/tokenize", json={"model": "tiny", "messages": messages, "add_generation_prompt": True, "tools": TOOLS}).json()
+        theirs = httpx.post(
+            urls[0] + "/tokenize", json={"model": "tiny", "messages": messages, "add_generation_prompt": True, "tools": TOOLS}
+        ).json()
         assert list(local.encode(local.render_chat(messages, TOOLS), False)) == theirs["tokens"]
     text = "def main():\n    return 0\n"
     assert local.encode(text, True) == httpx.post(urls[0] + "/tokenize", json={"model": "tiny", "prompt": text}).json()["tokens"]
@@ -96,8 +104,14 @@ def test_the_gateway_tokenizes_locally_exactly_as_vllm_does(stack):
 
 def test_chat_with_tools_and_streaming_round_trip_through_the_gateway(stack):
     gw, urls, _ = stack
-    args = dict(model="tiny", messages=[{"role": "user", "content": "open the readme"}], tools=TOOLS, tool_choice="auto",
-                max_tokens=12, temperature=0.0)
+    args = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "open the readme"}],
+        tools=TOOLS,
+        tool_choice="auto",
+        max_tokens=12,
+        temperature=0.0,
+    )
     raw = client(gw).chat.completions.with_raw_response.create(**args)
     via = raw.parse()
     direct = client(urls[int(raw.headers["x-coda-worker"][1:])]).chat.completions.create(**args)
@@ -116,8 +130,9 @@ def test_a_prefix_cached_on_one_worker_routes_there_through_its_kv_events(stack,
     # warm the prefix on the holder directly, bypassing the gateway: only its KV events tell the gateway
     client(urls[holder]).completions.create(model="tiny", prompt=prefix, max_tokens=1, temperature=0)
     wait_until(lambda: indexed(gw, f"w{holder}") >= before + 20, "the holder's KV events for the 20-block prefix reach the gateway")
-    raw = client(gw).completions.with_raw_response.create(model="tiny", prompt=prefix + ids(64, 900 + holder), max_tokens=4,
-                                                          temperature=0, extra_headers={"x-session-id": f"fresh-{holder}"})
+    raw = client(gw).completions.with_raw_response.create(
+        model="tiny", prompt=prefix + ids(64, 900 + holder), max_tokens=4, temperature=0, extra_headers={"x-session-id": f"fresh-{holder}"}
+    )
     assert raw.headers["x-coda-worker"] == f"w{holder}"
     assert cached(raw.parse()) == 20 * BLOCK  # vLLM served it from the prefix the events announced
 
@@ -129,13 +144,16 @@ def test_a_session_s_continuations_go_to_the_worker_holding_its_context(stack):
     served, hits = [], []
     start = {w: indexed(gw, w) for w in ("w0", "w1")}
     for turn in range(3):
-        raw = c.chat.completions.with_raw_response.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
-                                                          extra_headers={"x-session-id": "agent-1"})
+        raw = c.chat.completions.with_raw_response.create(
+            model="tiny", messages=messages, max_tokens=16, temperature=0, extra_headers={"x-session-id": "agent-1"}
+        )
         resp = raw.parse()
         served.append(raw.headers["x-coda-worker"])
         hits.append(cached(resp))
-        messages += [{"role": "assistant", "content": resp.choices[0].message.content},
-                     {"role": "user", "content": f"tool result {turn} " + " ".join(f"file{i}.py" for i in range(40))}]
+        messages += [
+            {"role": "assistant", "content": resp.choices[0].message.content},
+            {"role": "user", "content": f"tool result {turn} " + " ".join(f"file{i}.py" for i in range(40))},
+        ]
         # the turn's KV events reach the gateway: every full block of its prompt is indexed on the worker that ran it
         w, blocks = served[-1], resp.usage.prompt_tokens // BLOCK
         wait_until(lambda w=w, blocks=blocks: indexed(gw, w) - start[w] >= blocks, f"turn {turn}'s KV events from {w}")

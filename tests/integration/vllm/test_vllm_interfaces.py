@@ -75,6 +75,12 @@ def test_the_cohort_backend_wraps_the_real_attention_classes(observed):
     # a 4-request decode step planned with a cut of 2: the two shortest contexts, then the two longest
     c = observed["cohorts"]
     assert c["rows"] == [[1, 3], [0, 2]] and c["without_plan"]
-    assert c["short"] == {"seq_lens": [40, 70], "num_reqs": 2, "max_seq_len": 70, "first_block_row": [80, 240], "query_start_loc": [0, 1, 2]}
+    assert c["short"] == {
+        "seq_lens": [40, 70],
+        "num_reqs": 2,
+        "max_seq_len": 70,
+        "first_block_row": [80, 240],
+        "query_start_loc": [0, 1, 2],
+    }
     # the CUDA backends wrap too where this environment can import them (FlashInfer's package is not installed here)
     assert observed["gpu_backends"]["FLASH_ATTN"] is True and observed["gpu_backends"]["TRITON_ATTN"] is True

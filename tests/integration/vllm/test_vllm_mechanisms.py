@@ -69,7 +69,10 @@ def engines(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mechanisms")
     model = build_tiny_model(tmp / "model")
     on, off = tmp / "on.jsonl", tmp / "off.jsonl"
-    envs = [{"CODA_SCHEDULER_CONFIG": json.dumps({**ON, "trace": str(on)})}, {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})}]
+    envs = [
+        {"CODA_SCHEDULER_CONFIG": json.dumps({**ON, "trace": str(on)})},
+        {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})},
+    ]
     with vllm_servers(model, [ARGS, ARGS], envs=envs, logs=[tmp / "on.log", tmp / "off.log"]) as (on_url, off_url):
         yield Engines(Engine(on_url, on), Engine(off_url, off))
 
@@ -77,7 +80,7 @@ def engines(tmp_path_factory):
 # --- reading the engines --------------------------------------------------------------------------
 def records(trace: Path, since: int = 0) -> list[dict[str, Any]]:
     """The trace's step records from line ``since`` on (the first line is the header)."""
-    return [json.loads(line) for line in trace.read_text().splitlines()[max(1, since):]]
+    return [json.loads(line) for line in trace.read_text().splitlines()[max(1, since) :]]
 
 
 def lines(trace: Path) -> int:
@@ -182,9 +185,14 @@ def test_a_prefix_held_only_in_dram_is_costed_as_a_load_and_ordered_between_an_h
 # --- cohorts --------------------------------------------------------------------------------------
 async def mixed_batch(url: str) -> list[Any]:
     c = client(url)
-    out = await asyncio.gather(*[c.completions.create(model="tiny", prompt=ids(n, 40 + i), max_tokens=24, temperature=0, logprobs=5,
-                                                      extra_body={"ignore_eos": True})
-                                 for i, n in enumerate([40, 90, 600, 1200])])
+    out = await asyncio.gather(
+        *[
+            c.completions.create(
+                model="tiny", prompt=ids(n, 40 + i), max_tokens=24, temperature=0, logprobs=5, extra_body={"ignore_eos": True}
+            )
+            for i, n in enumerate([40, 90, 600, 1200])
+        ]
+    )
     await c.close()
     return out
 
@@ -192,7 +200,9 @@ async def mixed_batch(url: str) -> list[Any]:
 def test_a_forced_cohort_split_changes_no_greedy_token_and_log_probabilities_agree(engines):
     marks = lines(engines.on.trace), lines(engines.off.trace)
     split, whole = asyncio.run(mixed_batch(engines.on.url)), asyncio.run(mixed_batch(engines.off.url))
-    worst = max(abs(x - y) for a, b in zip(split, whole) for x, y in zip(a.choices[0].logprobs.token_logprobs, b.choices[0].logprobs.token_logprobs))
+    worst = max(
+        abs(x - y) for a, b in zip(split, whole) for x, y in zip(a.choices[0].logprobs.token_logprobs, b.choices[0].logprobs.token_logprobs)
+    )
     print(f"largest log-probability difference, split against unsplit: {worst:.3g}")  # what LOGPROB_ABS's comment reports
     for a, b in zip(split, whole):
         la, lb = a.choices[0].logprobs, b.choices[0].logprobs

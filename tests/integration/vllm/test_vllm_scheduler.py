@@ -31,8 +31,19 @@ from tests.integration.vllm.support import ametric, build_tiny_model, vllm_serve
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 BLOCK = 32
-ARGS = ("--enable-prompt-tokens-details", "--block-size", str(BLOCK), "--num-gpu-blocks-override", "250", "--max-model-len", "6144", "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "4096")
+ARGS = (
+    "--enable-prompt-tokens-details",
+    "--block-size",
+    str(BLOCK),
+    "--num-gpu-blocks-override",
+    "250",
+    "--max-model-len",
+    "6144",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "4096",
+)
 
 
 PARAMS = {"tau_s": 60.0, "w_max_s": 1.0, "admission": "every_slot"}
@@ -64,8 +75,9 @@ async def scenario(url: str) -> dict[str, object]:
     results: dict[str, object] = {}
 
     async def complete(name: str, prompt: list[int], n: int) -> None:
-        results[name] = await client.completions.create(model="tiny", prompt=prompt, max_tokens=n, temperature=0,
-                                                        extra_body={"ignore_eos": True})
+        results[name] = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+        )
         ends[name] = time.monotonic()
 
     prefixes = [ids(320, 100 + i) for i in range(3)]

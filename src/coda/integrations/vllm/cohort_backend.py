@@ -91,33 +91,57 @@ def cohort_backend(base: type) -> type:
             rows = _cohort_rows(common_attn_metadata)
             if rows is not None:
                 meta.coda_cohorts = tuple(
-                    (r.to(common_attn_metadata.seq_lens.device), super(Builder, self).build(common_prefix_len, _cohort_metadata(common_attn_metadata, r), *args, **kwargs))
+                    (
+                        r.to(common_attn_metadata.seq_lens.device),
+                        super(Builder, self).build(common_prefix_len, _cohort_metadata(common_attn_metadata, r), *args, **kwargs),
+                    )
                     for r in rows
                 )
                 STEP.mark_split()
             return meta
 
     class Impl(base_impl):  # type: ignore[misc,valid-type]
-        def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, kv_cache: torch.Tensor,
-                    attn_metadata: Any, output: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        def forward(
+            self,
+            layer: Any,
+            query: torch.Tensor,
+            key: torch.Tensor | None,
+            value: torch.Tensor | None,
+            kv_cache: torch.Tensor,
+            attn_metadata: Any,
+            output: torch.Tensor | None = None,
+            **kwargs: Any,
+        ) -> torch.Tensor:
             cohorts = getattr(attn_metadata, "coda_cohorts", None)
             if cohorts is None:
                 return super().forward(layer, query, key, value, kv_cache, attn_metadata, output=output, **kwargs)
             assert output is not None, "cohort attention writes into the layer's output buffer"
             for rows, meta in cohorts:
                 part = output.new_empty((len(rows), *output.shape[1:]))
-                super().forward(layer, query[rows], None if key is None else key[rows], None if value is None else value[rows], kv_cache,
-                                meta, output=part, **kwargs)
+                super().forward(
+                    layer,
+                    query[rows],
+                    None if key is None else key[rows],
+                    None if value is None else value[rows],
+                    kv_cache,
+                    meta,
+                    output=part,
+                    **kwargs,
+                )
                 output.index_copy_(0, rows, part)
             return output
 
     Builder.__name__ = Builder.__qualname__ = f"Cohort{base_builder.__name__}"
     Impl.__name__ = Impl.__qualname__ = f"Cohort{base_impl.__name__}"
-    return type(f"Cohort{base.__name__}", (base,), {
-        "__doc__": f"{base.__name__} with cohort-split decode steps (coda.integrations.vllm.cohort_backend)",
-        "get_builder_cls": staticmethod(lambda: Builder),
-        "get_impl_cls": staticmethod(lambda: Impl),
-    })
+    return type(
+        f"Cohort{base.__name__}",
+        (base,),
+        {
+            "__doc__": f"{base.__name__} with cohort-split decode steps (coda.integrations.vllm.cohort_backend)",
+            "get_builder_cls": staticmethod(lambda: Builder),
+            "get_impl_cls": staticmethod(lambda: Impl),
+        },
+    )
 
 
 def __getattr__(name: str) -> type:

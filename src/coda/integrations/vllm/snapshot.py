@@ -37,5 +37,7 @@ def admission_snapshot(now_s: float, front: Sequence[Any], hit: HitFn, block_siz
         h = hit(req)
         # the blocks of the prompt vLLM must fit to admit it (scheduler_reserve_full_isl), less the HBM hit
         extra = -(-req.num_tokens // block_size) - h.hbm_tokens // block_size
-        rows.append((i, req.arrival_time, req.num_tokens, h.hbm_tokens, h.dram_tokens, h.ssd_tokens, extra, extra + h.idle_blocks <= free_blocks))
+        rows.append(
+            (i, req.arrival_time, req.num_tokens, h.hbm_tokens, h.dram_tokens, h.ssd_tokens, extra, extra + h.idle_blocks <= free_blocks)
+        )
     return AdmissionSnapshot.from_rows(now_s, rows, free_blocks=free_blocks)
