@@ -731,7 +731,8 @@ def show(result: dict[str, Any], compact: bool = False) -> None:
         + (
             "; the knee is the sweep's top level: raise --sweep"
             if k.get("at_top")
-            else "; the knee is the sweep's lowest level: the engines miss the SLO at the lightest load tried (lower --sweep or loosen the SLO)"
+            else "; the knee is the sweep's lowest level: the engines miss the SLO at the lightest load tried "
+            "(lower --sweep or loosen the SLO)"
             if k.get("at_bottom")
             else ""
         ),

@@ -147,7 +147,8 @@ def main() -> None:
         got = summarize(trace)
     profile = load_profile(DEFAULT_PROFILE)
     print(
-        f"engine overhead: vLLM {got['header']['vllm']}, Coda {got['header']['coda']}; CODA_SCHEDULER_CONFIG {json.dumps(config | {'trace': '...'})}"
+        f"engine overhead: vLLM {got['header']['vllm']}, Coda {got['header']['coda']}; "
+        f"CODA_SCHEDULER_CONFIG {json.dumps(config | {'trace': '...'})}"
     )
     print(f"  policies: {json.dumps(got['header']['policies'])}")
     print(f"  tiers: {got['header']['tiers']}; {got['header']['retention']}")

@@ -126,7 +126,8 @@ def misses(report: dict) -> list[str]:
     ta = report["tiered_aging"]
     if ta["error"] is None or abs(ta["error"]) > ta["target"]:
         out.append(
-            f"Tiered-Aging {ta['metric']} difference {ta['sim']:.4g} s simulated vs {ta['real']:.4g} s measured (target within {ta['target']:.0%})"
+            f"Tiered-Aging {ta['metric']} difference {ta['sim']:.4g} s simulated vs {ta['real']:.4g} s measured "
+            f"(target within {ta['target']:.0%})"
         )
     return out
 

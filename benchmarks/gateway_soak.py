@@ -315,7 +315,8 @@ def soak(
 
 
 def failures(rotation: Rotation, killed: dict[tuple[int, int], float]) -> dict:
-    """5xx and cut streams (a 200 whose stream broke included) split by whether the replica serving them was killed while they were in flight."""
+    """5xx and cut streams (a 200 whose stream broke included) split by whether the replica serving them
+    was killed while they were in flight."""
     own: Counter[str] = Counter()
     elsewhere: Counter[str] = Counter()
     rejected: Counter[int] = Counter()
@@ -444,7 +445,8 @@ def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows:
     if not cpu_rows:
         return
     t = Table(
-        title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, fake engines x{args.speedup:g})"
+        title=f"CPU cost of {args.replicas} gateway replicas (open loop, 64-token prompts, 16 streamed tokens, "
+        f"fake engines x{args.speedup:g})"
     )
     for c in (
         "offered req/s",
@@ -473,7 +475,8 @@ def cpu_table(console: Console, args: argparse.Namespace, idle: float, cpu_rows:
         lo, hi = cpu_rows[0], cpu_rows[-1]
         slope = (hi["cores"] - lo["cores"]) / (hi["completed_rps"] - lo["completed_rps"])
         console.print(
-            f"per request: {slope * 100:.3f} cores per 100 req/s more between {lo['completed_rps']:.1f} and {hi['completed_rps']:.1f} req/s; "
+            f"per request: {slope * 100:.3f} cores per 100 req/s more between {lo['completed_rps']:.1f} and "
+            f"{hi['completed_rps']:.1f} req/s; "
             f"at no rate (the line's intercept) {lo['cores'] - slope * lo['completed_rps']:.3f} cores for {args.replicas} replicas "
             "under traffic (each scrapes every engine every telemetry.scrape_interval_s while busy)",
             highlight=False,
@@ -500,7 +503,8 @@ def report(
         console.print(
             "ramp (sessions at a time -> goodput, completed, req/s, TTFT p95): "
             + "; ".join(
-                f"{r['concurrency']} -> {r['goodput']:.3f}, {r['completed']}, {r['request_tps']:.1f}, {r['ttft_p95_s'] or float('nan'):.2f} s"
+                f"{r['concurrency']} -> {r['goodput']:.3f}, {r['completed']}, {r['request_tps']:.1f}, "
+                f"{r['ttft_p95_s'] or float('nan'):.2f} s"
                 for r in ramp_rows
             )
             + ("; the top level still gained: the knee may lie above it" if level == ramp_rows[-1]["concurrency"] else ""),

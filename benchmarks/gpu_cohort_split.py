@@ -326,7 +326,9 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--budget-s", type=float, default=240.0, help="stop taking new shapes after this long (the run's goal: under 5 minutes)")
+    ap.add_argument(
+        "--budget-s", type=float, default=240.0, help="stop taking new shapes after this long (the run's goal: under 5 minutes)"
+    )
     ap.add_argument("--max-batch-tokens", type=int, default=1 << 20, help="context tokens in one batch, at most (sizes the KV pool)")
     ap.add_argument("--contexts", type=Path, help="a file of decode contexts, one per line, to draw the agent mixes from")
     ap.add_argument(
@@ -459,7 +461,8 @@ def main() -> None:
             json.dumps(meta | {"stopped_early": stopped, "elapsed_s": round(time.monotonic() - t_start, 1)}, indent=1)
         )
         print(
-            f"{name}: wrote {out}/{stem}_skew.csv, {stem}_attention.csv ({len(uniform_us.times)} uniform launches), agent_mixes.jsonl, meta.json"
+            f"{name}: wrote {out}/{stem}_skew.csv, {stem}_attention.csv ({len(uniform_us.times)} uniform launches), "
+            "agent_mixes.jsonl, meta.json"
         )
     print(f"done in {time.monotonic() - t_start:.0f} s on {gpu}" + (f"; stopped early: {stopped}" if stopped else ""))
 

@@ -117,7 +117,8 @@ def exp_paper() -> str:
         header(
             "Table 1 / Table 3 shape (paper-single)",
             ["M1", "M2", "M3"],
-            f"profile {DEFAULT_PROFILE}; default SLO TTFT <= 5 s, mean TBT <= 0.1 s; calibrated SLO TTFT <= {cal[0]:.4g} s, TBT <= {cal[1]:g} s.",
+            f"profile {DEFAULT_PROFILE}; default SLO TTFT <= 5 s, mean TBT <= 0.1 s; "
+            f"calibrated SLO TTFT <= {cal[0]:.4g} s, TBT <= {cal[1]:g} s.",
         )
     ]
     rows = []

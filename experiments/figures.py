@@ -22,7 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 FIG = ROOT / "docs" / "figures"
-FOOT = "seeds 0-4, one A100 worker (profile a100-qwen3coder30b-fp8-roofline), warm-up 1,200 s of 3,600 s; default SLO TTFT <= 5 s, mean TBT <= 100 ms"
+FOOT = (
+    "seeds 0-4, one A100 worker (profile a100-qwen3coder30b-fp8-roofline), warm-up 1,200 s of 3,600 s; "
+    "default SLO TTFT <= 5 s, mean TBT <= 100 ms"
+)
 
 
 def load(name: str) -> dict:
@@ -110,7 +113,8 @@ def fig_mechanism() -> Path:
     axes[1].grid(axis="y", alpha=0.3)
     axes[1].set_title("what the throughput costs: waiting of the worst-served request", fontsize=9)
     fig.suptitle(
-        "M3 (a quarter of the 7 req/s sessions): the starvation guard, then aging, not the cost unit, separate Tiered-Aging from fewest-blocks",
+        "M3 (a quarter of the 7 req/s sessions): the starvation guard, then aging, not the cost unit, "
+        "separate Tiered-Aging from fewest-blocks",
         fontsize=10,
     )
     fig.text(0.5, 0.005, FOOT + "; 'guard' = W_max 20 s starvation guard, 'aged' = cost/(1 + wait/5 s)", ha="center", fontsize=7)

@@ -509,7 +509,10 @@ def markdown(report: dict[str, Any]) -> str:
             row += f"{_fmt(cell['calibrated']['slo_tps'])} | "
         tbt = d.get("tbt_mean_s")
         short = cell["window_10min"]
-        row += f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | {_ms(short['tbt_mean_s'])} |"
+        row += (
+            f"{_fmt(d['goodput'], 3)} | {_fmt(d['ttft_p95_s'], 2)} | {_ms(tbt)} | {_fmt(short['output_tps'])} | "
+            f"{_ms(short['tbt_mean_s'])} |"
+        )
         lines.append(row)
     lines += [
         "",
@@ -570,7 +573,8 @@ def markdown(report: dict[str, Any]) -> str:
                 return "-" if x is None else (f"{x:.1%}" if pct else f"{x:.3f}")
 
             lines.append(
-                f"| {k} | {v['decisions']} | {f(v['differs_frac'], True)} | {f(v['mean_distance_coda'])} | {f(v['mean_distance_smetric'])} | {f(v['distance_reduction'], True)} |"
+                f"| {k} | {v['decisions']} | {f(v['differs_frac'], True)} | {f(v['mean_distance_coda'])} | "
+                f"{f(v['mean_distance_smetric'])} | {f(v['distance_reduction'], True)} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -282,7 +282,8 @@ def exp_concentration() -> str:
     out = [
         f"## Load concentration without affinity ({AZURE.name}, one-round requests)",
         "",
-        f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, open-loop replay with timestamps divided by the speed-up; "
+        f"{WORKERS} workers, FCFS engines, profile a100-qwen3coder30b-fp8-roofline, "
+        "open-loop replay with timestamps divided by the speed-up; "
         "seed 0 (the replay is deterministic); warm-up = first third of the replay; default SLO.",
         "",
     ]

@@ -130,7 +130,8 @@ def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
         lines += [
             f"## {label} (seeds {', '.join(map(str, seeds))})",
             "",
-            "| candidate | seeds | output tok/s | vs cachewise | SLO tok/s | goodput | p99 slowdown | p99 TTFT s | max TTFT s | starved | target |",
+            "| candidate | seeds | output tok/s | vs cachewise | SLO tok/s | goodput | "
+            "p99 slowdown | p99 TTFT s | max TTFT s | starved | target |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         pareto_rows = []
@@ -150,7 +151,8 @@ def report(runs: dict[tuple[str, int, str], dict[str, Any]], out: Path) -> str:
                     ok_tail = vllm_tail is not None and (mean_ci(col["slowdown_p99"])["mean"] or 0) <= vllm_tail
                     check = "met" if ok_out and ok_tail else ("output" if ok_tail else "tail" if ok_out else "both") + " missed"
             lines.append(
-                f"| {c} | {len(rs)} | {fmt_ci(col['output_tps'], 1)} | {gain} | {fmt_ci(col['slo_tps'], 1)} | {fmt_ci(col['goodput'], 3)} | "
+                f"| {c} | {len(rs)} | {fmt_ci(col['output_tps'], 1)} | {gain} | {fmt_ci(col['slo_tps'], 1)} | "
+                f"{fmt_ci(col['goodput'], 3)} | "
                 f"{fmt_ci(col['slowdown_p99'], 1)} | {fmt_ci(col['ttft_p99_s'], 0)} | {fmt_ci(col['ttft_max_s'], 0)} | "
                 f"{fmt_ci(col['stalled'], 0)} | {check} |"
             )

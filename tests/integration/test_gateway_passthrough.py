@@ -98,7 +98,10 @@ def setup(tmp_path_factory):
         thread.join(10)
 
 
-RAW = b'{ "model":"rec",\n  "messages":[{"role":"user","content":"caf\\u00e9 \xe2\x9c\x93"}], "temperature": 0.50, "x_vendor": {"k": [1, 2.0]}}'
+RAW = (
+    b'{ "model":"rec",\n  "messages":[{"role":"user","content":"caf\\u00e9 \xe2\x9c\x93"}], '
+    b'"temperature": 0.50, "x_vendor": {"k": [1, 2.0]}}'
+)
 
 
 def test_body_and_response_bytes_cross_unchanged(setup):

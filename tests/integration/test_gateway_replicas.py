@@ -175,7 +175,9 @@ def test_a_tenant_s_share_holds_over_all_replicas(tmp_path, engines, redis_serve
             a = client(procs[i % 3].url, default_headers={"x-tenant-id": "a"})
             go.wait()
             try:
-                s = a.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long task a"}], max_tokens=3000, stream=True)
+                s = a.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "long task a"}], max_tokens=3000, stream=True
+                )
                 next(iter(s))
                 streams.append(s)
                 outcomes.append("admitted")

@@ -154,7 +154,9 @@ def test_plan_charges_exactly_the_two_cohorts(ctx, frac):
     c = np.array(ctx)
     cut = 1 + int(frac * (len(c) - 2))
     plan = CohortPlan(cut)
-    assert cost.step_s((), c, plan) - cost.step_s((), c) == pytest.approx(cost.kernel.cohorts_s(c, cut) - cost.kernel.decode_s(c), abs=1e-12)
+    assert cost.step_s((), c, plan) - cost.step_s((), c) == pytest.approx(
+        cost.kernel.cohorts_s(c, cut) - cost.kernel.decode_s(c), abs=1e-12
+    )
 
 
 @settings(max_examples=80)

@@ -134,7 +134,10 @@ def test_hop_by_hop_headers_are_stripped():
 
 
 def test_usage_from_the_final_event_of_a_stream_or_the_json_body():
-    chat = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n'
+    chat = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}'
+        b"\n\ndata: [DONE]\n\n"
+    )
     assert stream_usage(chat) == (12, 5)
     assert stream_usage(b"ge more text\n\n" + chat.replace(b"\n", b"\r\n")) == (12, 5)  # a tail cut mid-event, CRLF line ends
     anthropic = (
@@ -145,7 +148,10 @@ def test_usage_from_the_final_event_of_a_stream_or_the_json_body():
     assert stream_usage(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n') is None
     assert stream_usage(b'data: {"usage": {"prompt_tokens": 1') is None  # cut off
     # a "usage" key inside generated text is not the response's usage
-    body = b'{"choices":[{"message":{"content":"\\"usage\\": {\\"prompt_tokens\\": 1, \\"completion_tokens\\": 2}"}}],"usage":{"prompt_tokens":9,"completion_tokens":4}}'
+    body = (
+        b'{"choices":[{"message":{"content":"\\"usage\\": {\\"prompt_tokens\\": 1, \\"completion_tokens\\": 2}"}}],'
+        b'"usage":{"prompt_tokens":9,"completion_tokens":4}}'
+    )
     assert usage_of(body) == (9, 4)
     assert usage_of(b'{"choices":[]}') is None and usage_of(b"not json") is None
 
@@ -168,8 +174,10 @@ vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0
 # TYPE vllm:num_requests_waiting_by_reason gauge
 vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 7.0
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1000",prefix_caching_hash_algo="sha256"} 1.0
-vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="1",num_gpu_blocks="500",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",\
+num_gpu_blocks="1000",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="1",\
+num_gpu_blocks="500",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 

@@ -147,7 +147,8 @@ def test_routing_snapshots_are_equal(shells):
     sim, req, gw, ticket = shells
     a, b = sim.routing_snapshot(req), gw.routing_snapshot(ticket, set())
     assert a == b
-    assert a.workers[0].decode_contexts == (180,) and a.workers[0].active_requests == 2 and a.workers[0].active_kv_blocks == (160 + 20 + 64) // C
+    assert a.workers[0].decode_contexts == (180,) and a.workers[0].active_requests == 2
+    assert a.workers[0].active_kv_blocks == (160 + 20 + 64) // C
     assert a.workers[1].match.hbm_blocks == 10 and a.request.is_continuation
 
 

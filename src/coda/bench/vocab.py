@@ -3,7 +3,8 @@
 ``WordVocabulary`` is the word tokenizer shared with ``coda fake-engine`` (exact there).
 ``HFVocabulary`` sizes text in an endpoint's own tokens (``--tokenizer`` with a Hugging Face
 ``tokenizer.json``): text is a leading space then words that are one token each after a space,
-so a text of n words is n tokens, checked with the tokenizer and trimmed or padded to be exact. Chat-template tokens stay approximated by Coda's template (two per message, one for the
+so a text of n words is n tokens, checked with the tokenizer and trimmed or padded to be exact.
+Chat-template tokens stay approximated by Coda's template (two per message, one for the
 generation prompt), since the endpoint's template is not known to the client.
 """
 

@@ -266,7 +266,8 @@ def _print_table(s: dict[str, Any], files: list[Path]) -> None:
     out_console.print(
         f"[bold]coda bench[/bold] endpoint={cfg['endpoint']} model={cfg['model']} api={cfg['api']} workload={wl['spec']} "
         f"({wl['sessions']} sessions, {cfg['sessions_started']} started) {load} time_scale={cfg['time_scale']} seed={s['seed']}\n"
-        f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; window {s['window_s'][0]:.1f}-{s['window_s'][1]:.1f} s; "
+        f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; "
+        f"window {s['window_s'][0]:.1f}-{s['window_s'][1]:.1f} s; "
         f"retries: at most {cfg['max_attempts']} attempts, budget {cfg['retry_rate']}/s burst {cfg['retry_burst']}\n{cfg['tokenizer']}",
         highlight=False,
         soft_wrap=True,

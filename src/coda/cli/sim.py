@@ -152,7 +152,8 @@ def _print_sim_table(s: dict[str, Any]) -> None:
     out_console.print(
         f"[bold]coda sim[/bold] system={s['system']} workers={cfg['workers']} seed={s['seed']} workload={s.get('workload_spec')}\n"
         f"profile={cfg['profile']['name']} ({cfg['profile']['kind']}) tiers={cfg['tiers']}\n"
-        f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; window {s['window_s'][0]:.0f}-{s['window_s'][1]:.0f} s"
+        f"SLO: TTFT <= {cfg['slo']['ttft_s']} s, mean TBT <= {cfg['slo']['tbt_s']} s; "
+        f"window {s['window_s'][0]:.0f}-{s['window_s'][1]:.0f} s"
     )
     table = Table(show_header=True)
     table.add_column("metric")

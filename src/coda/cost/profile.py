@@ -214,7 +214,9 @@ class StepModel(StrictModel):
     api_latency_s: float = Field(ge=0, description="client-observed latency outside the engine's steps")
     api_id_token_s: float = Field(ge=0, description="API latency per token of a token-id prompt (parsing)")
     api_text_token_s: float = Field(ge=0, description="API latency per token of a text prompt (tokenization)")
-    api_stream_s: float = Field(0.0, ge=0, description="API latency per request the engine is running at arrival (the server streams for them)")
+    api_stream_s: float = Field(
+        0.0, ge=0, description="API latency per request the engine is running at arrival (the server streams for them)"
+    )
     api_stream_token_s: float = Field(0.0, ge=0, description="API latency per prompt token and per request running at arrival")
     kv_bytes_per_token: PositiveInt
     block_tokens: PositiveInt = Field(description="the engine's KV block size (use it as the simulator's chunk_tokens)")

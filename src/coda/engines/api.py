@@ -296,7 +296,9 @@ class Responses:
             msgs.append(("user", items))
         else:
             msgs.extend(_messages(items, "input"))
-        return Generation(prompt=tok.render(msgs), max_tokens=_max_tokens(body, "max_output_tokens"), stream=_stream(body), tool=_openai_tool(body))
+        return Generation(
+            prompt=tok.render(msgs), max_tokens=_max_tokens(body, "max_output_tokens"), stream=_stream(body), tool=_openai_tool(body)
+        )
 
     @staticmethod
     def _item(g: Generation, text: str, done: bool) -> Json:

@@ -223,7 +223,9 @@ def _replay(workload: Workload, config: SimConfig, observer: DecodeMix | Routing
     return result
 
 
-def characterize(workload: Workload, base: SimConfig, *, workload_info: dict[str, Any], progress: Progress | None = None) -> Characterization:
+def characterize(
+    workload: Workload, base: SimConfig, *, workload_info: dict[str, Any], progress: Progress | None = None
+) -> Characterization:
     """Run both replays and compute F1-F8. ``base`` sets workers, profile, warm-up and the rest;
     the system and the SSD tier are set here."""
     timing: dict[str, float] = {}

@@ -258,7 +258,9 @@ class RedisStore:
         return Synced(others, Sessions(bool(out[0]), int(out[1]), float(out[2]) / 1000))
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
-        await self._call(self._settle, [self.sessions_key, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms])
+        await self._call(
+            self._settle, [self.sessions_key, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms]
+        )
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         args: list[Any] = [self.session_ttl_ms]

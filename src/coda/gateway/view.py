@@ -69,7 +69,8 @@ class Worker:
     ttft_s: float | None = None
     first_sent_s: float | None = None  # when the gateway first sent this worker a request
     kv_batches: int = 0  # KV event batches applied
-    answered_s: float = -math.inf  # when it last answered a proxied request or relayed a chunk of one (below 500): as good as a health check
+    # when it last answered a proxied request or relayed a chunk of one (below 500): as good as a health check
+    answered_s: float = -math.inf
     #: configured KV events that have not come (``GatewayState.check_kv_events``): its blocks come from the gateway's own index
     kv_missing: bool = False
 

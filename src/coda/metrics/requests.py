@@ -7,7 +7,8 @@ its mean inter-token gap are both within their SLOs. Two views of decode speed a
 ITL is per request, ``(e2e - ttft) / (output_tokens - 1)``, with percentiles over requests (what
 AIPerf and GuideLLM call inter-token latency and vLLM's benchmark calls TPOT); TBT percentiles
 pool every inter-token gap of every measured request, where tokens that arrive together (one
-streamed chunk, one simulated step of several) are one gap followed by zeros. Goodput = SLO-meeting requests / offered requests (ready in window),
+streamed chunk, one simulated step of several) are one gap followed by zeros. Goodput = SLO-meeting
+requests / offered requests (ready in window),
 so rejecting or never finishing a request counts against it. A request *stalled* when it waited
 more than ``STALL_S`` for its first token or never finished. Task (whole-session) metrics are
 ``coda.metrics.tasks``'s.

@@ -42,7 +42,8 @@ LINKS: dict[str, dict[str, Any]] = {
         },
         "provenance": {
             "bus_bw_bytes_s": "datasheet: PCIe Gen4 x16, 32 GB/s per direction (no NVLink)",
-            "p2p": "vendor: GeForce RTX 40 cards have no peer access under NVIDIA's driver, so vLLM's custom all-reduce is disabled and NCCL runs",
+            "p2p": "vendor: GeForce RTX 40 cards have no peer access under NVIDIA's driver, "
+            "so vLLM's custom all-reduce is disabled and NCCL runs",
             "nccl.floor_s": (
                 "measured by others: all_reduce_perf on 4 RTX 4090, PCIe Gen4 (github.com/tinygrad/open-gpu-kernel-modules pull 22): "
                 "32 KiB in 18.8 us, less its bus bytes at the bandwidth below; measured with a peer-access driver, no published "
@@ -158,8 +159,10 @@ GPUS: dict[str, dict[str, Any]] = {
         },
         "smem_per_sm_bytes": 100 * 1024,
         "provenance": {
-            "gpu.hbm_bw_bytes_s": "datasheet: RTX PRO 6000 Blackwell Server Edition, 1,597 GB/s GDDR7 (the measured card, per its meta.yaml; the Workstation Edition has 1,792 GB/s)",
-            "gpu.peak_flops": "derived: datasheet 4,000 sparse FP4 TOPS halved per precision step, ~500 TFLOP/s dense BF16 (the Workstation Edition's figure; the Server Edition's clocks may be lower)",
+            "gpu.hbm_bw_bytes_s": "datasheet: RTX PRO 6000 Blackwell Server Edition, 1,597 GB/s GDDR7 "
+            "(the measured card, per its meta.yaml; the Workstation Edition has 1,792 GB/s)",
+            "gpu.peak_flops": "derived: datasheet 4,000 sparse FP4 TOPS halved per precision step, ~500 TFLOP/s dense BF16 "
+            "(the Workstation Edition's figure; the Server Edition's clocks may be lower)",
             "gpu.num_sms": "datasheet: 24,064 CUDA cores / 128 per SM = 188 SMs",
             "gpu.memory_bytes": "datasheet: RTX PRO 6000 Blackwell, 96 GB GDDR7",
             "gpu.mem_efficiency": "assumed: 80% of peak bandwidth for weight streaming (dense part)",
@@ -248,7 +251,8 @@ MODELS: dict[str, dict[str, Any]] = {
             "model.head_dim": "model card: head_dim 128",
             "model.kv_dtype_bytes": "paper setup: bf16 KV cache (2 bytes), 96 KiB per token",
             "model.active_params": "model card: 3.3B activated parameters",
-            "model.dense_weight_bytes": "derived from the model config: attention 48 x 18.9M + router 48 x 262K params at 1 B (FP8) + bf16 lm_head 151,936 x 2,048",
+            "model.dense_weight_bytes": "derived from the model config: attention 48 x 18.9M + router 48 x 262K params "
+            "at 1 B (FP8) + bf16 lm_head 151,936 x 2,048",
             "model.num_experts": "model card: 128 experts",
             "model.experts_per_token": "model card: 8 activated experts",
             "model.expert_bytes": "derived: 3 x 2,048 x 768 FP8 params per expert per layer",

@@ -196,7 +196,10 @@ def measured_profile(
         raise ValueError("the engine did not report its block size, KV capacity and max_model_len")
     kv_tok, kv_source = kv_bytes_per_token
     engine = f"{served_model(info)} served by engine {info.version or '(version unknown)'}"
-    src = f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes of {engine} measured through its API on {date}; samples in {samples}"
+    src = (
+        f"fitted: {len(prefill)} prefill and {len(decode)} decode shapes of {engine} measured through its API on {date}; "
+        f"samples in {samples}"
+    )
     metrics = "measured: vllm:cache_config_info at /metrics"
     c = fit.constants
     stream_s, stream_token_s, stream_note = fit_api_stream(api)

@@ -217,7 +217,8 @@ def fit_profile(
     test = [b for b in pure if held_out(b, list(holdout_batches), ctx_from)]
     if len(train) < 8 or not test:
         raise CodaError(
-            f"profile fit: the held-out groups leave {len(train)} batches to fit and {len(test)} to check; change --holdout-batch / --holdout-context"
+            f"profile fit: the held-out groups leave {len(train)} batches to fit and {len(test)} to check; "
+            "change --holdout-batch / --holdout-context"
         )
     consts, train_err = fit_constants(pack(train, ip), hw)
     pt = pack(test, ip)
@@ -247,11 +248,16 @@ def _assemble(base, gpu, model, hw, consts, train_err, test_err, bounds, pure, h
     m = catalog.MODELS[model]
     tok = hw.token_head_bytes()
     src = ", ".join(p.name for p in paths)
-    fitted = f"fitted: {src}, {n_train} pure-decode and prefill batches (held out: batch {', '.join(map(str, hb))} and contexts >= {ctx_from}); train mean |rel err| {train_err:.3f}, held-out {test_err:.3f}"
+    fitted = (
+        f"fitted: {src}, {n_train} pure-decode and prefill batches "
+        f"(held out: batch {', '.join(map(str, hb))} and contexts >= {ctx_from}); "
+        f"train mean |rel err| {train_err:.3f}, held-out {test_err:.3f}"
+    )
     data = base.model_dump()
     data["name"] = name or f"{gpu.lower()}-{model.lower()}"
     data["description"] = (
-        f"{g['spec']['name']} serving {m['spec']['name']}: attention fitted to {src}; tiers, links and step overhead assumed (copied from {base.name})."
+        f"{g['spec']['name']} serving {m['spec']['name']}: attention fitted to {src}; "
+        f"tiers, links and step overhead assumed (copied from {base.name})."
     )
     data["kind"] = "fitted"
     data["gpu"] = dict(g["spec"])
@@ -296,7 +302,8 @@ def _assemble(base, gpu, model, hw, consts, train_err, test_err, bounds, pure, h
     prov["tiers.hbm_kv_bytes"] = "derived: 90% of GPU memory minus the weights"
     smem = g["smem_per_sm_bytes"] // 1024
     prov |= {
-        "attention.ctas_per_sm": f"derived: {catalog.FA2_SPLIT_CTA_SMEM_BYTES // 1024} KiB of shared memory per split-KV CTA (head_dim 128), {smem} KiB per SM",
+        "attention.ctas_per_sm": f"derived: {catalog.FA2_SPLIT_CTA_SMEM_BYTES // 1024} KiB of shared memory per split-KV CTA "
+        f"(head_dim 128), {smem} KiB per SM",
         "attention.block_n": "FlashAttention-2 split-KV kernel: kBlockN = 128 for head_dim 128",
         "attention.mem_efficiency": fitted,
         "attention.cta_bw_bytes_s": fitted,
@@ -304,8 +311,10 @@ def _assemble(base, gpu, model, hw, consts, train_err, test_err, bounds, pure, h
         "attention.launch_s": fitted,
         "attention.per_request_s": fitted,
         "attention.combine_s": fitted,
-        "attention.bounds.lower": f"held-out: {(1 - BOUND_QUANTILE) / 2:.1%} quantile of measured/predicted - 1 over {n_test} held-out batches",
-        "attention.bounds.upper": f"held-out: {1 - (1 - BOUND_QUANTILE) / 2:.1%} quantile of measured/predicted - 1 over {n_test} held-out batches",
+        "attention.bounds.lower": f"held-out: {(1 - BOUND_QUANTILE) / 2:.1%} quantile of measured/predicted - 1 "
+        f"over {n_test} held-out batches",
+        "attention.bounds.upper": f"held-out: {1 - (1 - BOUND_QUANTILE) / 2:.1%} quantile of measured/predicted - 1 "
+        f"over {n_test} held-out batches",
         "attention.bounds.quantile": "fit setting: central share of held-out residuals inside the bounds",
         "attention.bounds.held_out_rows": "fit: held-out pure-decode batches",
         "attention.domain.context_min": f"measured: {src}",

@@ -140,7 +140,8 @@ def _device_identity(torch: Any, device: str) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
     name = torch.cuda.get_device_name(0)
     return {"gpu": name, "hardware": catalog.gpu_key(name) or name.replace(" ", ""), "sms": props.multi_processor_count,
-            "memory_bytes": int(props.total_memory), "compute_capability": f"{props.major}.{props.minor}", "cuda_version": torch.version.cuda}
+            "memory_bytes": int(props.total_memory), "compute_capability": f"{props.major}.{props.minor}",
+            "cuda_version": torch.version.cuda}
 
 
 def run(

@@ -54,7 +54,8 @@ def decode_read(profile: Profile, batch: int) -> tuple[float, float]:
         experts = m.num_layers * expected_experts(batch, m.num_experts, m.experts_per_token) * m.expert_bytes
     else:
         raise CodaError(
-            f"profile {profile.name} states no model weights (a {profile.kind} profile); the roofline needs an operators or analytic profile"
+            f"profile {profile.name} states no model weights (a {profile.kind} profile); "
+            "the roofline needs an operators or analytic profile"
         )
     return (dense + experts) / tp, float(profile.kv_bytes_per_token())
 

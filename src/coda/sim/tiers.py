@@ -49,7 +49,8 @@ def engine_kv_bytes(config: SimConfig, profile: Profile, chunk_bytes: int) -> fl
         kv = config.gpu_memory_utilization * memory - weights
         if kv <= 0:
             raise CodaError(
-                f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory after {weights / GiB:.1f} GiB of weights; raise it"
+                f"gpu_memory_utilization={config.gpu_memory_utilization:g} leaves no KV memory "
+                f"after {weights / GiB:.1f} GiB of weights; raise it"
             )
         return kv
     return config.hbm_kv_gib * GiB if config.hbm_kv_gib is not None else profile.tiers.hbm_kv_bytes

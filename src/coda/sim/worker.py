@@ -208,7 +208,8 @@ class Worker:
             if h > cap:
                 idle = min(idle, cap)
                 h = cap
-        total = -(-req.prompt_tokens // self.C)  # the prompt's blocks: the first output token's slot comes with the first decode step, as in vLLM
+        # the prompt's blocks: the first output token's slot comes with the first decode step, as in vLLM
+        total = -(-req.prompt_tokens // self.C)
         return h, idle, d, s, total - h
 
     def _row(self, req: SimRequest) -> tuple[int, float, int, int, int, int, int, bool]:

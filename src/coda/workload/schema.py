@@ -199,7 +199,10 @@ def describe_decode_error(err: msgspec.DecodeError) -> tuple[str, str]:
 def open_text(path: Path) -> Iterator[TextIO]:
     """Open a workload file's text, transparently decompressing ``.gz``; what goes wrong reading it
     within the block is one line naming the file (``coda.errors.reading``)."""
-    with reading(path, "workload"), gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open("r", encoding="utf-8") as fh:
+    with (
+        reading(path, "workload"),
+        gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open("r", encoding="utf-8") as fh,
+    ):
         yield fh
 
 
