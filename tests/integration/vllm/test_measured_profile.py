@@ -49,6 +49,8 @@ def test_a_profile_measured_through_the_api_loads_and_drives_the_simulator(engin
     # the API-under-load probes read vLLM's own queue and prefill times at /metrics
     assert profile.provenance["step_model.api_stream_s"].startswith("fitted: "), profile.provenance["step_model.api_stream_s"]
     summary = sim(WORKLOAD, "vllm", path, tmp_path / "sim", 30.0)
-    assert summary["config"]["profile"]["name"] == "vllm-cpu-tiny" and summary["config"]["tiers"]["hbm_chunks_per_worker"] == BLOCKS
+    assert summary["config"]["profile"]["name"] == "vllm-cpu-tiny"
+    # the engine's KV cache, less vLLM's null block (block 0, never allocated), as the simulator's HBM
+    assert summary["config"]["tiers"]["hbm_chunks_per_worker"] == BLOCKS - 1
     # the API server's measured time is charged before a request reaches the scheduler
     assert summary["completed"] > 0 and summary["output_tps"] > 0 and summary["ttft_p50_s"] >= step.api_latency_s

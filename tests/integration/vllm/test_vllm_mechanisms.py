@@ -96,8 +96,8 @@ async def until(url: str, name: str, value: float) -> None:
     """Wait until the engine's gauge ``name`` reads ``value`` (a hang guard only bounds the wait)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + HANG_GUARD_S
-    while await metric(url, name) != value:
-        assert loop.time() < end, f"{name} never reached {value} (a hang guard)"
+    while (now := await metric(url, name)) != value:
+        assert loop.time() < end, f"{name} never reached {value}, last read {now} (a hang guard)"
         await asyncio.sleep(0.05)
 
 
