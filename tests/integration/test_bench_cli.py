@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,8 +25,8 @@ JSON_KEYS = set(JSON_ORDER)
 SMALL = "synth:rate=6,duration=60,seed=1"  # 4 sessions; with --time-scale 0.05 a 3 s arrival window
 
 
-def coda(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coda.cli", *args], capture_output=True, text=True, timeout=timeout)
+def coda(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coda.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +341,8 @@ def busy_port() -> socket.socket:
         (("fake-engine", "--port", "0", "--kv-events", "tcp://*:notaport"), "KV events: cannot open"),
     ],
 )
-def test_user_errors_are_one_line_and_exit_2(args, needle):
-    proc = coda(*args, timeout=60)
+def test_user_errors_are_one_line_and_exit_2(args, needle, tmp_path):
+    proc = coda(*args, timeout=60, cwd=tmp_path)  # a relative --out lands in the test's folder
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1  # one line, no traceback
 
