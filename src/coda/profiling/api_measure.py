@@ -53,6 +53,10 @@ PROBES = 4  # probes per load and round
 STREAM_MAX = 1024  # answer of a request streaming beside the probes: it must outlast them (they are cancelled after)
 #: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
 ENGINE_TTFT_PARTS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+#: how long a probe waits for the engine's histograms to count it (assumed bound): vLLM records a
+#: request's queue and prefill time as its output is processed, which a busy host can delay past
+#: the moment the client holds the answer
+ENGINE_STATS_SETTLE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +342,17 @@ class Prober:
             return None
         return sum(sums), counts[0]
 
+    async def _engine_ttft_counting(self, before: tuple[float, float] | None) -> tuple[float, float] | None:
+        """The engine's histograms once they count one request more than ``before`` (or as they
+        stand after ``ENGINE_STATS_SETTLE_S``): the probe's timing reaches /metrics after its answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ENGINE_STATS_SETTLE_S
+        while True:
+            after = await self._engine_ttft_s()
+            if before is None or after is None or after[1] > before[1] or loop.time() >= deadline:
+                return after
+            await asyncio.sleep(0.02)
+
     async def _stream(self, prompt: list[int], max_tokens: int, started: asyncio.Event) -> None:
         """A background request streaming its answer; ``started`` is set at its first chunk."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
@@ -361,7 +376,7 @@ class Prober:
             for words in [w for _ in range(probes) for w in sizes]:
                 before = await self._engine_ttft_s()
                 t = await self.first_token(tok.text(self.rng.randrange(1 << 62), words))
-                after = await self._engine_ttft_s()
+                after = await self._engine_ttft_counting(before)
                 if any(task.done() for task in tasks):  # a stream ended: the load changed under the probe
                     break
                 if before is not None and after is not None and after[1] - before[1] == 1:
