@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,8 +85,8 @@ def _fill(args: list[str], **paths: Path) -> list[str]:
 @given(command=st.sampled_from(sorted(READERS)), kind=st.sampled_from(["bytes", "truncated gzip", "directory"]),
        data=st.binary(min_size=1, max_size=512), cut=st.floats(0.0, 0.99))
 def test_a_bad_input_file_is_one_error_line(tmp_path, valid, command, kind, data, cut):
-    case = tmp_path / f"{command}-{kind}-{len(data)}-{cut}".replace(" ", "_")
-    case.mkdir()
+    # a fresh folder per example: two examples can share command, kind, size and cut
+    case = Path(tempfile.mkdtemp(prefix=f"{command}-{kind}-".replace(" ", "_"), dir=tmp_path))
     if kind == "directory":
         src = case / "input"
         src.mkdir()
