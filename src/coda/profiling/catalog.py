@@ -65,7 +65,7 @@ LINKS: dict[str, dict[str, Any]] = {
         "provenance": {
             "bus_bw_bytes_s": "datasheet: PCIe Gen5 x16, 64 GB/s per direction (no NVLink)",
             "p2p": "measured by others: peer reads between RTX PRO 6000 Blackwell GPUs (github.com/local-inference-lab/b12x pull 139; "
-            "github.com/vllm-project/vllm issue 56128: 4x RTX PRO 6000 Server Edition, PCIe peer-to-peer)",
+            "github.com/vllm-project/vllm/issues/56128: 4x RTX PRO 6000 Server Edition, PCIe peer-to-peer)",
             "nccl.floor_s": (
                 "measured by others: NCCL baseline of github.com/flashinfer-ai/flashinfer pull 5023 on SM120 PCIe hosts (RTX PRO "
                 "6000 class), TP 2 table: 8.31 us for one BF16 row of 4,096 (8 KiB)"
