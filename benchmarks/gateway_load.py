@@ -21,7 +21,10 @@ gateway's /metrics. ``--json`` prints one object, ``{"rows": [...]}``, one row p
 
     python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--overload 4] [--rates 0.5,1,2,4] [--out runs/gateway-load]
                                       [--sweep-json runs/gateway-load/sweep/sweep.json | --knee RATE]
-                                      [--policies admit_all,queue_limit,session] [--json]
+                                      [--policies admit_all,queue_limit,session] [--gateway-config FILE] [--json]
+
+``--gateway-config`` is a `coda serve --config` file every gateway of the run starts with (for
+example ``telemetry: {stale: last_value}``); the title names it.
 """
 
 from __future__ import annotations
@@ -70,12 +73,12 @@ def bench(endpoint: str, args: list[str], out: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def policy_run(backends: list[str], phase: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
+def policy_run(serve_args: list[str], phase: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
     """One policy's loaded (or unloaded) run behind a fresh gateway: its measures on the symmetric
     denominator, its bench summary's, and the gateway's RSS over time."""
     label = f"{phase}-{policy}"
     wl = f"synth:rate={rate:g},duration={duration:.0f},seed=11"
-    with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", policy) as gw:
+    with running("serve", "--port", "0", *serve_args, "--router", "coda", "--ingress", policy) as gw:
         samples: list[tuple[float, float]] = []
         stop = threading.Event()
         t0 = time.monotonic()
@@ -126,14 +129,17 @@ def main() -> None:
     ap.add_argument("--knee", type=float, help="the knee rate (req/s), e.g. from an earlier sweep, instead of sweeping")
     ap.add_argument("--overload", type=float, default=4.0, help="the loaded runs' rate as a multiple of the knee")
     ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
+    ap.add_argument("--gateway-config", type=Path, help="a `coda serve --config` file (YAML or TOML) for every gateway of the run")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (one row per phase and policy) instead of the table')
     args = ap.parse_args()
+    if args.gateway_config and not args.gateway_config.is_file():
+        ap.error(f"--gateway-config {args.gateway_config}: no such file; give a `coda serve --config` YAML or TOML file")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scale = 1.0 / args.speedup  # replay the trace as fast as the engines simulate it
     console = Console(stderr=args.json)
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
-        backends = ["--backend", e0.url, "--backend", e1.url]
+        serve_args = ["--backend", e0.url, "--backend", e1.url, *(["--config", str(args.gateway_config)] if args.gateway_config else [])]
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
         if args.knee:
             sweep = {"knee_rate": args.knee, "given": True}
@@ -141,7 +147,7 @@ def main() -> None:
             sweep = json.loads(args.sweep_json.read_text())
         else:
             try:  # everything after needs the knee
-                with running("serve", "--port", "0", *backends, "--router", "coda", "--ingress", "admit_all") as gw:
+                with running("serve", "--port", "0", *serve_args, "--router", "coda", "--ingress", "admit_all") as gw:
                     sweep = bench(gw.url, ["--workload", sweep_wl, "--sweep", args.rates, "--repeats", str(args.repeats),
                                            "--time-scale", str(scale), "--warmup-s", str(args.sweep_duration / 3 * scale)], out / "sweep")
             except RunFailed as err:
@@ -155,7 +161,7 @@ def main() -> None:
         rows = []
         for phase, rate, policy in runs:
             try:
-                rows.append(policy_run(backends, phase, rate, policy, duration, scale, out))
+                rows.append(policy_run(serve_args, phase, rate, policy, duration, scale, out))
             except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.serving.procs)
                 console.print(f"{phase} {policy} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
                 rows.append({"phase": phase, "policy": policy, "rate": rate, "error": str(err)})
@@ -173,7 +179,8 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
     unloaded = rows[0]["ttft_p95_s"] or float("nan")
     table = Table(
         title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
-        f"fake engines x{args.speedup:g}, default thresholds; offered: the symmetric denominator (docs/bench.md)"
+        f"fake engines x{args.speedup:g}, default thresholds, gateway config {args.gateway_config or 'none'}; "
+        "offered: the symmetric denominator (docs/bench.md)"
     )
     cols = (
         "phase",

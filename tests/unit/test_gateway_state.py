@@ -157,6 +157,21 @@ def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_satur
     assert s.decide(t)[0].action == "admit"
 
 
+def test_with_last_value_old_telemetry_is_scraped_again_but_does_not_count_the_worker_full():
+    clock = Clock()
+    s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"stale_after_s": 1.0, "stale": "last_value"})
+    t = ticket(s, "a", "s", 640)
+    clock.t = 5.0
+    # a decision still asks for a scrape first (Telemetry.fresh), but decides on the last values
+    assert all(s.needs_scrape(w, clock.t) for w in s.workers)
+    assert not any(x.stale for x in s.ingress_snapshot(t).workers)
+    assert s.decide(t)[0].action == "admit"
+    # the last scraped values still bind: every engine queue last seen at max_waiting defers
+    for w in s.workers:
+        w.queue_depth = 4
+    assert s.decide(t)[0].action == "defer"
+
+
 def test_shadows_run_beside_the_enforced_policies_and_unknown_names_fail():
     from coda.errors import CodaError
 

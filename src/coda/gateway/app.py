@@ -402,7 +402,7 @@ class Gateway:
                     "label": w.label,
                     "url": w.cfg.url,
                     "healthy": w.healthy,
-                    "stale": now - w.scraped_at > s.config.telemetry.stale_after_s,
+                    "stale": s.telemetry_old(w, now),
                     "telemetry_age_s": round(now - w.scraped_at, 3) if w.scraped_at > -1e308 else None,
                     "queue_depth": w.queue_depth,
                     "running": w.running,

@@ -110,7 +110,7 @@ class GatewayMetrics:
             self.w_tokens.labels(lab).set(w.inflight_tokens)
             self.w_new_tokens.labels(lab).set(w.inflight_new_tokens)
             self.w_healthy.labels(lab).set(int(w.healthy))
-            self.w_stale.labels(lab).set(int(now - w.scraped_at > state.config.telemetry.stale_after_s))
+            self.w_stale.labels(lab).set(int(state.telemetry_old(w, now)))
             self.w_queue.labels(lab).set(w.queue_depth)
             self.w_kv.labels(lab).set(w.kv_usage)
             if w.id in kv_stats:

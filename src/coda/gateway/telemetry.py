@@ -110,7 +110,7 @@ class Telemetry:
         self._wake = asyncio.Event()
         state = self.state
         now = state.clock()
-        stale = [w for w in state.workers if w.healthy and state.stale(w, now)]
+        stale = [w for w in state.workers if w.healthy and state.needs_scrape(w, now)]
         if stale:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(self._scrape_once(w) for w in stale)), self.cfg.stale_after_s)

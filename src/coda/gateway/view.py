@@ -237,9 +237,18 @@ class GatewayState:
         """No request in flight and none for ``telemetry.idle_interval_s``: telemetry may slow down."""
         return now - self.last_active_s > self.config.telemetry.idle_interval_s and not any(w.inflight for w in self.workers)
 
+    def telemetry_old(self, w: Worker, now: float) -> bool:
+        """The worker's last scrape is older than ``telemetry.stale_after_s`` (or it has none)."""
+        return now - w.scraped_at > self.config.telemetry.stale_after_s
+
+    def needs_scrape(self, w: Worker, now: float) -> bool:
+        """A decision reads a scraped signal of ``w`` and its scrape is old: scrape before deciding."""
+        return bool(self.needed_signals & SCRAPED_SIGNALS.keys()) and self.telemetry_old(w, now)
+
     def stale(self, w: Worker, now: float) -> bool:
-        scraped = bool(self.needed_signals & SCRAPED_SIGNALS.keys())
-        return scraped and self.config.telemetry.stale == "saturated" and now - w.scraped_at > self.config.telemetry.stale_after_s
+        """Admission counts ``w`` as full for its old telemetry (``telemetry.stale: saturated``);
+        with ``last_value`` its scraped signals keep their last value."""
+        return self.config.telemetry.stale == "saturated" and self.needs_scrape(w, now)
 
     # --- planning --------------------------------------------------------------------------
     def next_rid(self) -> int:
@@ -336,7 +345,7 @@ class GatewayState:
         the engine's fresh /metrics says it runs and queues (which counts the other replicas'
         requests even while the store is away)."""
         n = len(w.inflight) + self.other("n", w.label)
-        if self.shared and self.clock() - w.scraped_at <= self.config.telemetry.stale_after_s:
+        if self.shared and not self.telemetry_old(w, self.clock()):
             return max(n, w.running + w.queue_depth)
         return n
 
