@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -52,6 +54,7 @@ from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
 
 POLICIES = "admit_all,queue_limit,session"
+LOOP_LAG = "coda_gateway_event_loop_lag_seconds"
 
 
 def rss_mib(pid: int) -> float:
@@ -89,6 +92,7 @@ def policy_run(serve_args: list[str], phase: str, rate: float, policy: str, dura
         finally:
             stop.set()
         alive = gw.popen.poll() is None
+        lag = loop_lag(gw.url) if alive else {}
     after_1 = [r for t, r in samples if t >= 60]
     records = [json.loads(line) for line in (out / label / "requests.jsonl").read_text().splitlines()]
     workload = load_workload(wl)
@@ -97,9 +101,20 @@ def policy_run(serve_args: list[str], phase: str, rate: float, policy: str, dura
     ingress = s.get("ingress") or {}
     return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput_replayed": s["goodput"], "offered_replayed": s["offered"],
             "slo_tps": s["slo_tps"], "output_tps": s["output_tps"], "ttft_p95_s": s["ttft_p95_s"], "alive": alive,
-            "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []),
+            "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []), **lag,
             "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
             "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples, "error": None}
+
+
+def loop_lag(url: str) -> dict[str, float]:
+    """The gateway's event-loop lag over its run (``coda_gateway_event_loop_lag_seconds``): the
+    mean, and the share of wakes more than 1 s late (the default ``telemetry.stale_after_s``)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name.startswith(LOOP_LAG)]
+    total = next(s.value for s in samples if s.name == LOOP_LAG + "_count")
+    lag_sum = next(s.value for s in samples if s.name == LOOP_LAG + "_sum")
+    within_1s = next(s.value for s in samples if s.name == LOOP_LAG + "_bucket" and float(s.labels["le"]) == 1.0)
+    return {"loop_lag_mean_s": lag_sum / total if total else 0.0, "loop_lag_over_1s": 1 - within_1s / total if total else 0.0}
 
 
 def alone_ends(workload) -> dict[str, list[float]]:
@@ -200,6 +215,7 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         "vs unloaded",
         "SLO req/s",
         "gateway up",
+        "loop lag mean (>1 s)",
         "RSS min 1 -> end (MiB)",
     )
     for c in cols:
@@ -222,6 +238,7 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             f"{p95 / unloaded:.2f}x" if p95 else "-",
             f"{r['slo_rps']:.2f}",
             str(r["alive"]),
+            f"{r['loop_lag_mean_s']:.3f} s ({r['loop_lag_over_1s']:.1%})" if "loop_lag_mean_s" in r else "-",
             f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-",
         )
     console.print(table)

@@ -167,3 +167,13 @@ def test_tenant_over_its_share_gets_429_while_another_tenant_is_served(tmp_path,
             s.close()
         for t in queued:
             t.join(60)
+
+
+def test_the_gateway_reports_how_late_its_event_loop_runs(tmp_path, engines):
+    """The loop-lag histogram counts every housekeeping wake: the gauge of the gateway's own CPU
+    saturation, which makes every scrape (and so telemetry.stale_after_s) late alike."""
+    with gateway(tmp_path, engines, ingress={"name": "admit_all"}) as gw:
+        wait_until(lambda: metric(gw.url, "coda_gateway_event_loop_lag_seconds_count") >= 2, "two housekeeping wakes observed")
+        total = metric(gw.url, "coda_gateway_event_loop_lag_seconds_count")
+        within = metric(gw.url, 'coda_gateway_event_loop_lag_seconds_bucket{le="+Inf"}')
+        assert within >= total >= 2

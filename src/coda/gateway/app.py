@@ -129,8 +129,13 @@ class Gateway:
         self._housekeeping = asyncio.create_task(self._keep_house())
 
     async def _keep_house(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            asked = loop.time()
             await asyncio.sleep(HOUSEKEEPING_S)
+            # how late the loop woke this timer: the gateway's own CPU saturation, which delays every
+            # decision, relay and scrape alike (old telemetry under load is often this, not the engine)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - asked - HOUSEKEEPING_S))
             self.housekeeping()
 
     def housekeeping(self) -> None:

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from coda.engines.prometheus import E2E_BUCKETS, TTFT_BUCKETS
 from coda.gateway.view import GatewayState
 
+#: event-loop lag: from a scheduling hiccup to a loop too busy to scrape within ``telemetry.stale_after_s``
+LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
 
@@ -37,6 +39,12 @@ class GatewayMetrics:
             "coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r
         )
         self.upstream_errors = Counter("coda_upstream_errors", "Failed upstream attempts", ("worker", "kind"), registry=r)
+        self.loop_lag = Histogram(
+            "coda_gateway_event_loop_lag_seconds",
+            "How late the gateway's event loop wakes its housekeeping timer (its own CPU saturation)",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
         self.overhead = Histogram(
             "coda_gateway_overhead_seconds", "Time from request received to upstream request sent", buckets=OVERHEAD_BUCKETS, registry=r
         )
