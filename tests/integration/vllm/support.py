@@ -9,8 +9,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -157,9 +157,13 @@ async def ametric(url: str, name: str) -> float:
 
 # Ordering requests at the engine. A server started with ``--enable-log-requests`` logs "Added
 # request <id>." once a request is in the engine core's input, in the order the engine core will
-# read it. A test that needs its requests to reach the engine in an order, or together, waits on
-# that line rather than sleeping: a sleep races the engine's steps and the API server's intake.
+# read it. A test that needs its requests to reach the engine in an order, or together, pauses the
+# scheduler (``scheduler_paused``; the server needs ``DEV_MODE`` for it), sends them, waiting on that
+# line after each, and resumes: a sleep races the engine's steps against the API server's intake,
+# which a starved API server loses (a tiny model decodes 1,000 tokens in about 2 s).
 LOG_REQUESTS = "--enable-log-requests"
+#: the environment that turns on vLLM's development endpoints, among them /pause and /resume
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def added_requests(log: Path) -> int:
@@ -173,3 +177,15 @@ async def until_added(log: Path, n: int) -> None:
     while (now := added_requests(log)) < n:
         assert time.monotonic() < end, f"the engine logged {now} requests as added, never {n} (a hang guard)"
         await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def scheduler_paused(url: str) -> AsyncIterator[None]:
+    """vLLM's scheduler paused in ``keep`` mode (requests are queued, none scheduled, none dropped, the
+    prefix cache kept) for the block, then resumed, even if the block fails."""
+    async with httpx.AsyncClient(timeout=60) as h:
+        (await h.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+        try:
+            yield
+        finally:
+            (await h.post(url + "/resume")).raise_for_status()

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,7 +28,16 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.vllm.support import LOG_REQUESTS, added_requests, build_tiny_model, metric_sum, until_added, vllm_servers
+from tests.integration.vllm.support import (
+    DEV_MODE,
+    LOG_REQUESTS,
+    added_requests,
+    build_tiny_model,
+    metric_sum,
+    scheduler_paused,
+    until_added,
+    vllm_servers,
+)
 from tests.tolerance import approx_tree
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -82,7 +89,7 @@ def engines(tmp_path_factory):
         {"CODA_SCHEDULER_CONFIG": json.dumps({**ON, "trace": str(on)})},
         {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})},
     ]
-    with vllm_servers(model, [ARGS, ARGS], env={"VLLM_SERVER_DEV_MODE": "1"}, envs=envs, logs=logs) as (on_url, off_url):
+    with vllm_servers(model, [ARGS, ARGS], env=DEV_MODE, envs=envs, logs=logs) as (on_url, off_url):
         yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]))
 
 
@@ -99,18 +106,6 @@ def lines(trace: Path) -> int:
 async def metric(url: str, name: str) -> float:
     async with httpx.AsyncClient(timeout=10) as client:
         return metric_sum((await client.get(url + "/metrics")).text, name)
-
-
-@asynccontextmanager
-async def scheduler_paused(url: str) -> AsyncIterator[None]:
-    """vLLM's scheduler paused in ``keep`` mode (requests are queued, none scheduled, none dropped, the
-    prefix cache kept) for the block, then resumed, even if the block fails."""
-    async with httpx.AsyncClient(timeout=60) as h:
-        (await h.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
-        try:
-            yield
-        finally:
-            (await h.post(url + "/resume")).raise_for_status()
 
 
 def client(url: str) -> AsyncOpenAI:

@@ -5,10 +5,12 @@ tau 60 s, asked for every admission slot) with a short bound, W_max 1 s, so that
 rules act in one scenario: the age-adjusted cost bypasses a blocked cold request, and the bound
 admits that request first once it fits.
 
-Scenario (block size 32, 250 KV blocks): a long request A holds 126-157 blocks while it decodes;
-a large cold request B (128 blocks) arrives and cannot fit until A finishes; then three
-continuations C1-C3 arrive whose 320-token prefixes are in the prefix cache and which need 3 new
-blocks each.
+Scenario (block size 32, 250 KV blocks): a long request A, a large cold request B (128 blocks),
+then three continuations C1-C3 whose 320-token prefixes are in the prefix cache and which need 3
+new blocks each reach the engine in that order while its scheduler is paused, and it resumes once
+A has waited past W_max (see ``support.scheduler_paused``: the order then holds however slow the
+API server). Both schedulers admit A first (FCFS as the head, Tiered-Aging by the bound); A holds
+126-157 blocks while it decodes, so B cannot fit until A finishes.
 FCFS holds C1-C3 behind B (head-of-line blocking) until A ends. Tiered-Aging's feasible set is
 {C1, C2, C3}, so it admits them at once, with their cached prefixes; when A ends, B (waiting far
 longer than W_max) fits and the bound admits it. The assertions read what
@@ -27,7 +29,16 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.vllm.support import LOG_REQUESTS, added_requests, ametric, build_tiny_model, until_added, vllm_servers
+from tests.integration.vllm.support import (
+    DEV_MODE,
+    LOG_REQUESTS,
+    added_requests,
+    ametric,
+    build_tiny_model,
+    scheduler_paused,
+    until_added,
+    vllm_servers,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -49,6 +60,8 @@ ARGS = (
 
 
 PARAMS = {"tau_s": 60.0, "w_max_s": 1.0, "admission": "every_slot"}
+#: how long A waits, at least, before the scheduler resumes: past W_max, so the bound admits it first
+A_WAITS_S = 1.5 * PARAMS["w_max_s"]
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -64,7 +77,8 @@ def engines(tmp_path_factory):
     model = build_tiny_model(tmp / "model")
     trace = tmp / "trace.jsonl"
     # read by CodaScheduler only: the policies block every shell reads, FCFS in shadow
-    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": {"state": {"params": PARAMS, "shadow": "fifo"}}})}
+    policies = {"state": {"params": PARAMS, "shadow": "fifo"}}
+    env = {"CODA_SCHEDULER_CONFIG": json.dumps({"trace": str(trace), "policies": policies}), **DEV_MODE}
     args = [list(ARGS), [*ARGS, "--scheduler-cls", "coda.integrations.vllm.scheduler.CodaScheduler"]]
     logs = [tmp / "fcfs.log", tmp / "coda.log"]
     with vllm_servers(model, args, env=env, logs=logs) as (fcfs, coda):
@@ -88,15 +102,19 @@ async def scenario(url: str, log: Path) -> dict[str, object]:
     for i, p in enumerate(prefixes):  # warm the prefix cache
         await complete(f"warm{i}", p, 1)
     queries_before = await ametric(url, "vllm:prefix_cache_queries_total")
-    # A, B, C1-C3 reach the engine in that order, each sent once the engine has the one before: A is
-    # admitted first (vLLM reserves a whole prompt before admitting it), then decodes for 1,000
-    # steps, holding 126-157 blocks; B does not fit.
+    # A, B, C1-C3 reach the paused engine in that order, each sent once the engine has the one
+    # before. A has waited past W_max when it resumes (a lower bound on A's age: waiting longer
+    # changes nothing), so both schedulers admit A first (vLLM reserves a whole prompt before
+    # admitting it); A then decodes for 1,000 steps, holding 126-157 blocks, and B does not fit.
     mark = added_requests(log)
-    tasks = [asyncio.create_task(complete("A", ids(4000, 1), 1000))]
-    await until_added(log, mark + 1)
-    tasks.append(asyncio.create_task(complete("B", ids(4090, 2), 4)))
-    await until_added(log, mark + 2)
-    tasks += [asyncio.create_task(complete(f"C{i}", prefixes[i] + ids(64, 200 + i), 8)) for i in range(3)]
+    async with scheduler_paused(url):
+        tasks = [asyncio.create_task(complete("A", ids(4000, 1), 1000))]
+        await until_added(log, mark + 1)
+        await asyncio.sleep(A_WAITS_S)
+        tasks.append(asyncio.create_task(complete("B", ids(4090, 2), 4)))
+        await until_added(log, mark + 2)
+        tasks += [asyncio.create_task(complete(f"C{i}", prefixes[i] + ids(64, 200 + i), 8)) for i in range(3)]
+        await until_added(log, mark + 5)
     await asyncio.gather(*tasks)
     await client.close()
     return {"ends": ends, "results": results, "queries": await ametric(url, "vllm:prefix_cache_queries_total") - queries_before}
@@ -130,6 +148,9 @@ def test_tiered_aging_admits_cached_continuations_ahead_of_a_blocked_cold_reques
     assert header["policies"]["state"] == {"name": "tiered_aging", "params": PARAMS, "shadow": {"name": "fifo", "params": {}}}
     admitted = {rid: cached for s in steps for rid, cached in s["scheduled_new"]}
     decisions = [(d["chosen"], d["head"], d["shadow"], d["rule"]) for s in steps for d in s["decisions"]]
+    # A, waiting past W_max when the scheduler resumed, was admitted first, by the bound
+    (a,) = {chosen for chosen, *_ in decisions if chosen.startswith(coda["results"]["A"].id + "-")}
+    assert [rule for chosen, _, _, rule in decisions if chosen == a] == ["W_max: oldest feasible"]
     # the scheduler chose requests other than the FCFS head (B, blocked) ...
     bypass = [(chosen, head) for chosen, head, _, _ in decisions if chosen != head]
     # FCFS in shadow, on the same snapshots, would have admitted nothing while the blocked head did not fit
