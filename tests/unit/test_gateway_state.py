@@ -141,7 +141,7 @@ def test_reads_scraped_only_when_a_decision_reads_engine_metrics():
 
 def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():
     clock = Clock()
-    s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0})
+    s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0, "stale": "saturated"})
     t = ticket(s, "a", "s", 640)
     w, _ = s.route(t, set())
     s.begin(t, w)

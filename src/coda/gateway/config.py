@@ -69,7 +69,13 @@ class AuthConfig(StrictModel):
 class TelemetryConfig(StrictModel):
     scrape_interval_s: PositiveFloat = Field(0.25, description="how often each engine's /metrics is read")
     stale_after_s: PositiveFloat = Field(1.0, description="telemetry older than this is stale")
-    stale: Literal["saturated", "last_value"] = Field("saturated", description="how admission treats a worker with stale telemetry")
+    stale: Literal["saturated", "last_value"] = Field(
+        "last_value",
+        description="how admission treats a worker whose telemetry is older than stale_after_s: last_value (its scraped "
+        "signals keep their last value beside the gateway's own exact counts; an engine that stops answering is ejected "
+        "by health checks) or saturated (it counts as full; under the gateway's own CPU saturation every scrape is late "
+        "and this refuses everything)",
+    )
     health_interval_s: PositiveFloat = Field(1.0, description="how often each engine's /health is checked")
     idle_interval_s: PositiveFloat = Field(
         5.0,
