@@ -24,7 +24,9 @@ gateway's /metrics. ``--json`` prints one object, ``{"rows": [...]}``, one row p
                                       [--policies admit_all,queue_limit,session] [--gateway-config FILE] [--json]
 
 ``--gateway-config`` is a `coda serve --config` file every gateway of the run starts with (for
-example ``telemetry: {stale: last_value}``); the title names it.
+example ``telemetry: {stale: saturated}``); the title names it. The policy ``vllm-router`` runs
+the peer router instead of `coda serve`, with its concurrency limit set to the engines' seats
+(``--max-concurrent-requests``, a queue of ``--peer-queue`` requests held up to ``--peer-queue-timeout-s``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -52,6 +56,10 @@ from coda.metrics.tasks import alone_times_s
 from coda.serving.procs import running
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the peer router's harness is shared with the other benchmarks
+from benchmarks.proxies import PEER, PEER_VERSION, peer_python, vllm_router  # noqa: E402
 
 POLICIES = "admit_all,queue_limit,session"
 LOOP_LAG = "coda_gateway_event_loop_lag_seconds"
@@ -76,23 +84,45 @@ def bench(endpoint: str, args: list[str], out: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def policy_run(serve_args: list[str], phase: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
-    """One policy's loaded (or unloaded) run behind a fresh gateway: its measures on the symmetric
-    denominator, its bench summary's, and the gateway's RSS over time."""
+@dataclass(frozen=True)
+class Door:
+    """What every run's traffic goes through: `coda serve` with an ingress policy, or the peer."""
+
+    serve_args: list[str]
+    engines: list[str]
+    peer: Path | None  # the peer's Python (None: no peer in this run)
+    peer_limits: list[str]
+
+    @contextlib.contextmanager
+    def open(self, policy: str, log: Path) -> Iterator[tuple[str, int, Callable[[], bool]]]:
+        """(URL, process id, whether it is still up) of the door for ``policy``."""
+        if policy == PEER:
+            assert self.peer is not None
+            with vllm_router(self.peer, self.engines, log, self.peer_limits) as proxy:
+                yield proxy.url, proxy.pid, lambda: Path(f"/proc/{proxy.pid}").exists()
+            return
+        with running("serve", "--port", "0", *self.serve_args, "--router", "coda", "--ingress", policy) as gw:
+            yield gw.url, gw.pid, lambda: gw.popen.poll() is None
+
+
+def policy_run(door: Door, phase: str, rate: float, policy: str, duration: float, scale: float, out: Path) -> dict:
+    """One policy's loaded (or unloaded) run behind a fresh gateway (or the peer): its measures on
+    the symmetric denominator, its bench summary's, and the door's RSS over time."""
     label = f"{phase}-{policy}"
     wl = f"synth:rate={rate:g},duration={duration:.0f},seed=11"
-    with running("serve", "--port", "0", *serve_args, "--router", "coda", "--ingress", policy) as gw:
+    out.mkdir(parents=True, exist_ok=True)
+    with door.open(policy, out / f"{label}.log") as (url, pid, up):
         samples: list[tuple[float, float]] = []
         stop = threading.Event()
         t0 = time.monotonic()
-        th = threading.Thread(target=sample_rss, args=(gw.pid, samples, stop, t0), daemon=True)
+        th = threading.Thread(target=sample_rss, args=(pid, samples, stop, t0), daemon=True)
         th.start()
         try:
-            s = bench(gw.url, ["--workload", wl, "--time-scale", str(scale), "--warmup-s", "60"], out / label)
+            s = bench(url, ["--workload", wl, "--time-scale", str(scale), "--warmup-s", "60"], out / label)
         finally:
             stop.set()
-        alive = gw.popen.poll() is None
-        lag = loop_lag(gw.url) if alive else {}
+        alive = up()
+        lag = loop_lag(url) if alive and policy != PEER else {}
     after_1 = [r for t, r in samples if t >= 60]
     records = [json.loads(line) for line in (out / label / "requests.jsonl").read_text().splitlines()]
     workload = load_workload(wl)
@@ -144,6 +174,9 @@ def main() -> None:
     ap.add_argument("--knee", type=float, help="the knee rate (req/s), e.g. from an earlier sweep, instead of sweeping")
     ap.add_argument("--overload", type=float, default=4.0, help="the loaded runs' rate as a multiple of the knee")
     ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
+    ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
+    ap.add_argument("--peer-queue", type=int, default=100, help="vllm-router's --queue-size (its default)")
+    ap.add_argument("--peer-queue-timeout-s", type=int, default=5, help="vllm-router's --queue-timeout-secs (the gateway's defer wait)")
     ap.add_argument("--gateway-config", type=Path, help="a `coda serve --config` file (YAML or TOML) for every gateway of the run")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (one row per phase and policy) instead of the table')
     args = ap.parse_args()
@@ -155,6 +188,11 @@ def main() -> None:
     console = Console(stderr=args.json)
     with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
         serve_args = ["--backend", e0.url, "--backend", e1.url, *(["--config", str(args.gateway_config)] if args.gateway_config else [])]
+        peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.policies.split(",") else None
+        seats = 2 * SimConfig().max_num_seqs  # the fake engines' --max-num-seqs, both
+        peer_limits = ["--max-concurrent-requests", str(seats), "--queue-size", str(args.peer_queue),
+                       "--queue-timeout-secs", str(args.peer_queue_timeout_s)]
+        door = Door(serve_args, [e0.url, e1.url], peer, peer_limits)
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
         if args.knee:
             sweep = {"knee_rate": args.knee, "given": True}
@@ -176,7 +214,7 @@ def main() -> None:
         rows = []
         for phase, rate, policy in runs:
             try:
-                rows.append(policy_run(serve_args, phase, rate, policy, duration, scale, out))
+                rows.append(policy_run(door, phase, rate, policy, duration, scale, out))
             except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.serving.procs)
                 console.print(f"{phase} {policy} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
                 rows.append({"phase": phase, "policy": policy, "rate": rate, "error": str(err)})

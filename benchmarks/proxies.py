@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +53,12 @@ def peer_python(version: str, venv: Path) -> Path:
 
 
 @contextlib.contextmanager
-def vllm_router(python: Path, engines: list[str], log: Path) -> Iterator[Proxy]:
+def vllm_router(python: Path, engines: list[str], log: Path, extra: Sequence[str] = ()) -> Iterator[Proxy]:
+    """vllm-router with its cache-aware policy in front of ``engines``; ``extra``: more of its flags
+    (its concurrency limit, for example)."""
     port = free_port()
     cmd = [str(python.parent / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
-           "--prometheus-port", str(free_port()), "--log-level", "warning", "--worker-urls", *engines]
+           "--prometheus-port", str(free_port()), "--log-level", "warning", *extra, "--worker-urls", *engines]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
