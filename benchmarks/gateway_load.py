@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -174,12 +175,15 @@ def main() -> None:
     ap.add_argument("--knee", type=float, help="the knee rate (req/s), e.g. from an earlier sweep, instead of sweeping")
     ap.add_argument("--overload", type=float, default=4.0, help="the loaded runs' rate as a multiple of the knee")
     ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
+    ap.add_argument("--load-repeats", type=int, default=1, help="runs of every phase and policy, interleaved; medians with ranges")
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
     ap.add_argument("--peer-queue", type=int, default=100, help="vllm-router's --queue-size (its default)")
     ap.add_argument("--peer-queue-timeout-s", type=int, default=5, help="vllm-router's --queue-timeout-secs (the gateway's defer wait)")
     ap.add_argument("--gateway-config", type=Path, help="a `coda serve --config` file (YAML or TOML) for every gateway of the run")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (one row per phase and policy) instead of the table')
     args = ap.parse_args()
+    if args.load_repeats < 1:
+        ap.error(f"--load-repeats {args.load_repeats}: give 1 or more")
     if args.gateway_config and not args.gateway_config.is_file():
         ap.error(f"--gateway-config {args.gateway_config}: no such file; give a `coda serve --config` YAML or TOML file")
     out = Path(args.out)
@@ -210,32 +214,72 @@ def main() -> None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
         duration = args.minutes * 60 / scale  # trace seconds that replay in `minutes` of wall time
         policies = args.policies.split(",")
-        runs = [("unloaded", knee / 4, "admit_all")] + [("overload", args.overload * knee, p) for p in policies]
+        # repeats interleaved (every policy once, then again), so a drift of the host spreads over all of them
+        phases = [("unloaded", knee / 4, "admit_all"), *(("overload", args.overload * knee, p) for p in policies)]
+        runs = [(r, phase, rate, policy) for r in range(args.load_repeats) for phase, rate, policy in phases]
         rows = []
-        for phase, rate, policy in runs:
+        for repeat, phase, rate, policy in runs:
+            where = out / f"r{repeat}" if args.load_repeats > 1 else out
             try:
-                rows.append(policy_run(door, phase, rate, policy, duration, scale, out))
+                rows.append({"repeat": repeat, **policy_run(door, phase, rate, policy, duration, scale, where)})
             except (RunFailed, RuntimeError) as err:  # RuntimeError: the gateway did not start (coda.serving.procs)
                 console.print(f"{phase} {policy} at {rate:g} req/s failed, the next policy runs: {err}", highlight=False)
-                rows.append({"phase": phase, "policy": policy, "rate": rate, "error": str(err)})
-        if rows[0]["error"]:
-            raise SystemExit(f"the unloaded run failed, so nothing compares against it: {rows[0]['error']}")
-    (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "args": vars(args)}, indent=2, default=str))
+                rows.append({"repeat": repeat, "phase": phase, "policy": policy, "rate": rate, "error": str(err)})
+        if all(r.get("error") for r in rows if r["phase"] == "unloaded"):
+            raise SystemExit(f"every unloaded run failed, so nothing compares against it: {rows[0]['error']}")
+    summary = medians(rows)
+    (out / "load.json").write_text(json.dumps({"knee": knee, "sweep": sweep, "rows": rows, "medians": summary, "args": vars(args)},
+                                              indent=2, default=str))
     if args.json:
-        print(json.dumps({"rows": [{k: v for k, v in r.items() if k != "rss_samples"} for r in rows]}, default=str))
+        print(json.dumps({"rows": [{k: v for k, v in r.items() if k != "rss_samples"} for r in rows], "medians": summary}, default=str))
         return
     report(console, rows, knee, args)
+    if args.load_repeats > 1:
+        report_medians(console, summary)
+
+
+#: the measures whose medians over repeats the summary gives, with their range
+MEDIAN_KEYS = ("goodput", "session_goodput", "sessions_completed", "slo_rps", "ttft_p95_s", "rss_growth_mib")
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """Per phase and policy, over the repeats that produced a summary: each of ``MEDIAN_KEYS``'s
+    median and its range (``[min, max]``), and how many repeats ran and failed."""
+    out = []
+    for phase, policy in dict.fromkeys((r["phase"], r["policy"]) for r in rows):
+        done = [r for r in rows if (r["phase"], r["policy"]) == (phase, policy) and not r.get("error")]
+        failed = sum(1 for r in rows if (r["phase"], r["policy"]) == (phase, policy) and r.get("error"))
+        row: dict = {"phase": phase, "policy": policy, "repeats": len(done), "failed": failed}
+        for key in MEDIAN_KEYS:
+            values = sorted(r[key] for r in done if r.get(key) is not None)
+            row[key] = statistics.median(values) if values else None
+            row[key + "_range"] = [values[0], values[-1]] if values else None
+        out.append(row)
+    return out
+
+
+def report_medians(console: Console, summary: list[dict]) -> None:
+    """Medians over the repeats with their ranges, each policy beside admit_all's at the same load."""
+    table = Table(title="medians over the repeats [min, max]")
+    for c in ("phase", "policy", "repeats (failed)", *MEDIAN_KEYS):
+        table.add_column(c, justify="right")
+    for r in summary:
+        cells = [f"{r[k]:.3g} [{r[k + '_range'][0]:.3g}, {r[k + '_range'][1]:.3g}]" if r[k] is not None else "-" for k in MEDIAN_KEYS]
+        table.add_row(r["phase"], r["policy"], f"{r['repeats']} ({r['failed']})", *cells)
+    console.print(table)
 
 
 def report(console: Console, rows: list[dict], knee: float, args: argparse.Namespace) -> None:
-    """The table, each policy against admit_all at the same load, and each liveness verdict."""
-    unloaded = rows[0]["ttft_p95_s"] or float("nan")
+    """The table, each policy against admit_all at the same load in the same repeat, and each liveness verdict."""
+    unloaded_p95 = {r["repeat"]: r["ttft_p95_s"] or float("nan") for r in rows if r["phase"] == "unloaded" and not r.get("error")}
+    bases = {r["repeat"]: r for r in rows if r["phase"] == "overload" and r["policy"] == "admit_all" and not r.get("error")}
     table = Table(
         title=f"gateway at {args.overload:g}x the knee ({knee:g} req/s; unloaded: {knee / 4:g} req/s), {args.minutes:g} min each, "
         f"fake engines x{args.speedup:g}, default thresholds, gateway config {args.gateway_config or 'none'}; "
         "offered: the symmetric denominator (docs/bench.md)"
     )
     cols = (
+        "repeat",
         "phase",
         "policy",
         "rate",
@@ -260,10 +304,13 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         table.add_column(c, justify="right")
     for r in rows:
         if r.get("error"):
-            table.add_row(r["phase"], r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}", *["-"] * (len(cols) - 4))
+            cells = [str(r["repeat"]), r["phase"], r["policy"], f"{r['rate']:g}", f"failed: {r['error'][:200]}"]
+            table.add_row(*cells, *["-"] * (len(cols) - len(cells)))
             continue
         p95 = r["ttft_p95_s"]
+        unloaded = unloaded_p95.get(r["repeat"], float("nan"))
         table.add_row(
+            str(r["repeat"]),
             r["phase"],
             r["policy"],
             f"{r['rate']:g}",
@@ -280,13 +327,15 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-",
         )
     console.print(table)
-    base = next((r for r in rows if r["phase"] == "overload" and r["policy"] == "admit_all" and not r.get("error")), None)
-    for r in rows[1:]:
+    for r in rows:
+        if r["phase"] == "unloaded":
+            continue
         for line in r.get("verdict") or ():
             console.print(f"{r['policy']}: {line}", highlight=False)
+        base = bases.get(r["repeat"])
         if r.get("error") or base is None or r is base:
             continue
-        ratio = (r["ttft_p95_s"] or float("inf")) / unloaded
+        ratio = (r["ttft_p95_s"] or float("inf")) / unloaded_p95.get(r["repeat"], float("nan"))
         console.print(
             f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
             f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {base['goodput']:.3f}); "
