@@ -245,11 +245,13 @@ MEDIAN_KEYS = ("goodput", "session_goodput", "sessions_completed", "slo_rps", "t
 def medians(rows: list[dict]) -> list[dict]:
     """Per phase and policy, over the repeats that produced a summary: each of ``MEDIAN_KEYS``'s
     median and its range (``[min, max]``), and how many repeats ran and failed."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["phase"], r["policy"]), []).append(r)
     out = []
-    for phase, policy in dict.fromkeys((r["phase"], r["policy"]) for r in rows):
-        done = [r for r in rows if (r["phase"], r["policy"]) == (phase, policy) and not r.get("error")]
-        failed = sum(1 for r in rows if (r["phase"], r["policy"]) == (phase, policy) and r.get("error"))
-        row: dict = {"phase": phase, "policy": policy, "repeats": len(done), "failed": failed}
+    for (phase, policy), runs in groups.items():
+        done = [r for r in runs if not r.get("error")]
+        row: dict = {"phase": phase, "policy": policy, "repeats": len(done), "failed": len(runs) - len(done)}
         for key in MEDIAN_KEYS:
             values = sorted(r[key] for r in done if r.get(key) is not None)
             row[key] = statistics.median(values) if values else None

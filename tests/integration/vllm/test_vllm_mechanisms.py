@@ -24,7 +24,6 @@ import random
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import httpx
 import pytest
 from openai import AsyncOpenAI
 
@@ -32,8 +31,8 @@ from tests.integration.vllm.support import (
     DEV_MODE,
     LOG_REQUESTS,
     added_requests,
+    ametric,
     build_tiny_model,
-    metric_sum,
     scheduler_paused,
     until_added,
     vllm_servers,
@@ -103,11 +102,6 @@ def lines(trace: Path) -> int:
     return len(trace.read_text().splitlines())
 
 
-async def metric(url: str, name: str) -> float:
-    async with httpx.AsyncClient(timeout=10) as client:
-        return metric_sum((await client.get(url + "/metrics")).text, name)
-
-
 def client(url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
 
@@ -143,7 +137,8 @@ async def tiers_scenario(eng: Engine) -> dict[str, Any]:
     for i in range(4):  # 44 blocks each: the GPU cache's LRU order evicts that prefix
         await complete(c, ids(1400, 20 + i), 1)
     await complete(c, p_hbm, 1)  # the most recently used prefix: still in the GPU cache below
-    before = {n: await metric(url, n) for n in ("vllm:kv_offload_lookup_sync_delay_seconds_count", "vllm:external_prefix_cache_hits_total")}
+    counted = ("vllm:kv_offload_lookup_sync_delay_seconds_count", "vllm:external_prefix_cache_hits_total")
+    before = {n: await ametric(url, n) for n in counted}
     # the three arrive while nothing is scheduled, so all three wait when the first slot opens
     waiting = {}
     async with scheduler_paused(url):
@@ -152,7 +147,7 @@ async def tiers_scenario(eng: Engine) -> dict[str, Any]:
             waiting[name] = asyncio.create_task(complete(c, prompt, 8))
         await until_added(eng.log, mark + 3)
     done = {name: await t for name, t in waiting.items()}
-    after = {n: await metric(url, n) for n in before}
+    after = {n: await ametric(url, n) for n in before}
     await c.close()
     return {"done": done, "delta": {n: after[n] - before[n] for n in before}}
 
@@ -237,9 +232,9 @@ async def tool_pause(url: str, seed: int) -> dict[str, Any]:
     await complete(c, ids(1600, seed + 1), 1)
     await complete(c, ids(2000, seed + 2), 1)
     names = ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total")
-    before = [await metric(url, n) for n in names]
+    before = [await ametric(url, n) for n in names]
     second = await complete(c, prompt + ids(40, seed + 3), 1)
-    after = [await metric(url, n) for n in names]
+    after = [await ametric(url, n) for n in names]
     await c.close()
     return {"first": first, "second": second, "gpu_hit": after[0] - before[0], "host_hit": after[1] - before[1]}
 
@@ -270,9 +265,9 @@ def test_retention_keeps_a_tool_pause_prefix_in_the_gpu_cache_that_lru_order_evi
 async def yield_scenario(url: str) -> dict[str, Any]:
     c = client(url)
     held = await complete(c, ids(320, 60), 64, **FORCE_TOOL_CALL)
-    preempted = await metric(url, "vllm:num_preemptions_total")
+    preempted = await ametric(url, "vllm:num_preemptions_total")
     big = await complete(c, ids(2900, 61), 1)  # 91 of the 95 blocks: only with 6 of the 10 held ones
-    preempted = await metric(url, "vllm:num_preemptions_total") - preempted
+    preempted = await ametric(url, "vllm:num_preemptions_total") - preempted
     await c.close()
     return {"held": held, "big": big, "preempted": preempted}
 
