@@ -22,6 +22,7 @@ Configurations (``--configs``), interleaved within each repeat, each on freshly 
 - ``coda-gateway``: ``coda serve`` in front (its defaults, KV events, the engine's tokenizer); FCFS;
 - ``coda``: ``coda serve`` and ``CodaScheduler`` with Tiered-Aging alone; ``coda+tiers``,
   ``coda+retention``, ``coda+cohorts`` turn one engine mechanism on over it (a one-factor ablation);
+  ``coda+hold`` (run only when named) makes W_max bind a request that does not fit too;
 - ``coda-tail``: ``coda serve`` and the ``coda-tail`` preset in the engine, every mechanism on.
 
 Per configuration and load, over ``--repeats`` repeats (seeds ``--seed``, +1, ...): medians with
@@ -54,8 +55,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -67,7 +69,17 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
-from benchmarks.proxies import PEER, PEER_VERSION, REAL_BLOCK, coda_serve, cpu_s, kv_events_args, peer_python, vllm_router  # noqa: E402
+from benchmarks.proxies import (  # noqa: E402
+    PEER,
+    PEER_VERSION,
+    REAL_BLOCK,
+    coda_serve,
+    cpu_s,
+    group_cpu_s,
+    kv_events_args,
+    peer_python,
+    vllm_router,
+)
 from coda import __version__  # noqa: E402
 from coda.bench.client import Attempt, Endpoint  # noqa: E402
 from coda.bench.replay import BenchConfig, Replay  # noqa: E402
@@ -107,8 +119,14 @@ CONFIGS: dict[str, Setup] = {
     "coda+tiers": Setup("coda", {**TA_ONLY, "tiers": True}, tiers=True),
     "coda+retention": Setup("coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "eviction": "tool_aware"}}),
     "coda+cohorts": Setup("coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "execution": "cohort"}}, cohorts=True),
+    # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
+    "coda+hold": Setup(
+        "coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "state": {"name": "tiered_aging", "params": {"hold_queue": True}}}}
+    ),
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True),
 }
+#: what runs without ``--configs``: the door, engine and mechanism ablation; ``coda+hold`` runs when named
+DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "coda+hold")
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
 #: the row keys a configuration and load report (medians; ``_ci95`` siblings hold the intervals)
@@ -129,7 +147,13 @@ METRICS = (
     "deferred",
     "failed",
     "door_cpu_pct",
+    "engine_cpu_pct",
+    "engine_running_mean",
+    "engine_waiting_mean",
+    "kv_usage_mean",
 )
+#: the engines' gauges (vLLM's /metrics), per engine averaged over the window, then over engines: why a latency is what it is
+ENGINE_GAUGES = {"engine_running_mean": "running_mean", "engine_waiting_mean": "waiting_mean", "kv_usage_mean": "kv_usage_mean"}
 #: the metrics compared with each baseline as ratios of medians
 RATIO_METRICS = ("goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 BOOTSTRAP = 2000
@@ -216,6 +240,7 @@ class Engines:
     urls: list[str]
     events: list[tuple[int, int]] | None  # (pub, replay) ports of each engine's KV events
     fresh: bool
+    groups: list[int] = field(default_factory=list)  # each started vLLM server's process group (its API server and engine core)
 
 
 @contextlib.contextmanager
@@ -262,8 +287,9 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
         for i in range(args.workers)
     ]
     logs = [args.logs / f"{tag}-engine{i}.log" for i in range(args.workers)]
-    with vllm_servers(model, [[*base, *kv_events_args(pub, rep)] for pub, rep in ports], envs=envs, logs=logs) as urls:
-        yield Engines(urls, ports, True)
+    procs: list[Any] = []
+    with vllm_servers(model, [[*base, *kv_events_args(pub, rep)] for pub, rep in ports], envs=envs, logs=logs, procs=procs) as urls:
+        yield Engines(urls, ports, True, [p.pid for p in procs])  # each server leads its own process group
 
 
 @contextlib.contextmanager
@@ -279,7 +305,7 @@ def door(
             yield [proxy.url], proxy.pid
     else:
         (tmp / tag).mkdir(exist_ok=True)
-        with coda_serve(engines.urls, engines.events, tmp / tag, model) as proxy:
+        with coda_serve(engines.urls, engines.events, tmp / tag, model, logs / f"{tag}-coda-serve.log") as proxy:
             yield [proxy.url], proxy.pid
 
 
@@ -333,12 +359,19 @@ def bench_config(
     )
 
 
-def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_pid: int | None) -> dict[str, Any]:
-    """One replay; its metrics (the keys of ``METRICS``) and the bench summary."""
+def replay_once(
+    workload: Workload, cfg: BenchConfig, targets: list[str], door_pid: int | None, engines: Engines, records: Path
+) -> dict[str, Any]:
+    """One replay; its metrics (the keys of ``METRICS``), why requests failed or were refused,
+    and the bench summary. Every request's record goes to ``records`` (JSON lines)."""
     rep = SpreadReplay(workload, cfg, targets) if len(targets) > 1 else Replay(workload, cfg)
     c0 = cpu_s(door_pid) if door_pid else 0.0
+    e0 = [group_cpu_s(g) for g in engines.groups]
     asyncio.run(rep.run())
     door_cpu = 100 * (cpu_s(door_pid) - c0) / rep.wall_s if door_pid else None
+    # % of one core per engine, over the replay: near 100 on an engine bound to one core is an engine that never waits for work
+    engine_cpu = _mean([100 * (group_cpu_s(g) - c) / rep.wall_s for g, c in zip(engines.groups, e0)]) if engines.groups else None
+    records.write_text("".join(json.dumps(r) + "\n" for r in rep.records))
     s = summary_of(rep, f"agent burst at {workload.meta.get('sessions_per_s')} sessions/s")
     window = Window(*s["window_s"])
     agents = {
@@ -346,7 +379,14 @@ def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_p
         for r in rep.records
         if r["round"] == 0 and not is_cold(r["session_id"]) and window.start_s <= r["ready_s"] <= window.end_s
     }
-    return {**metrics_of(rep.records, window, s, door_cpu), "agent_sessions_per_s": len(agents) / window.length_s, "summary": s}
+    reasons = Counter(r.get("reason") or r["state"] for r in rep.records if r["state"] in ("failed", "rejected"))
+    return {
+        **metrics_of(rep.records, window, s, door_cpu),
+        "engine_cpu_pct": engine_cpu,
+        "agent_sessions_per_s": len(agents) / window.length_s,
+        "not_served": dict(reasons.most_common()),
+        "summary": s,
+    }
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -379,7 +419,13 @@ def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, A
         "deferred": s.get("deferred", 0),
         "failed": s["failed"],
         "door_cpu_pct": door_cpu,
+        **{key: _mean([e.get(gauge) for e in engines]) for key, gauge in ENGINE_GAUGES.items()},
     }
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 # --- statistics ----------------------------------------------------------------------------------
@@ -417,7 +463,7 @@ def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> l
     for (config, load), reps in runs.items():
         row: dict[str, Any] = {"config": config, "load": load, "repeats": len(reps)}
         for key in METRICS:
-            row[key], row[f"{key}_ci95"] = median_ci([r[key] for r in reps], rng)
+            row[key], row[f"{key}_ci95"] = median_ci([r.get(key) for r in reps], rng)
         for base in BASELINES:
             other = runs.get((base, load))
             if other is None or base == config:
@@ -439,11 +485,18 @@ SIM_SYSTEMS: dict[str, dict[str, Any]] = {
     "coda+tiers": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}, "dram": True},
     "coda+retention": {"system": "coda", "policies": {"execution": "full", "eviction": "tool_aware"}, "dram": False},
     "coda+cohorts": {"system": "coda", "policies": {"execution": "cohort", "eviction": "lru"}, "dram": False},
+    "coda+hold": {
+        "system": "coda",
+        "policies": {"state": {"name": "tiered_aging", "params": {"hold_queue": True}}, "execution": "full", "eviction": "lru"},
+        "dram": False,
+    },
     "coda-tail": {"system": "coda-tail", "dram": True},
 }
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
-#: (every engine-side metric: not the arrival rate, nor what only a real door sheds, defers, fails or spends)
-SIM_ERROR_METRICS = tuple(m for m in METRICS if m not in ("offered_rps", "shed", "deferred", "failed", "door_cpu_pct"))
+#: (every engine-side metric: not the arrival rate, nor what only a real door sheds, defers, fails or spends, nor
+#: the gauges, which only real engines publish)
+SIM_LEFT_OUT = ("offered_rps", "shed", "deferred", "failed", "door_cpu_pct", "engine_cpu_pct", *ENGINE_GAUGES)
+SIM_ERROR_METRICS = tuple(m for m in METRICS if m not in SIM_LEFT_OUT)
 SIM_TARGETED = ("goodput", "ttft_p50_s")
 SIM_TARGET = 0.10
 
@@ -581,7 +634,7 @@ def measure_knee(
         for c in args.sweep:
             tick(f"knee sweep: {c} sessions at a time")
             cfg = bench_config(args, targets, eng.urls, model, args.seed + 1000, max_concurrency=c)
-            run = replay_once(workload, cfg, targets, pid)
+            run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"sweep-c{c}.requests.jsonl")
             levels.append(
                 {
                     "concurrency": c,
@@ -720,7 +773,8 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                     for load in args.loads:
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x the knee")
                         workload = burst_workload(args.scenario, load * rate, load_seed(seed, load))
-                        run = replay_once(workload, bench_config(args, targets, eng.urls, model, seed), targets, pid)
+                        cfg = bench_config(args, targets, eng.urls, model, seed)
+                        run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"{tag}-{load:g}x.requests.jsonl")
                         run.pop("summary")
                         runs.setdefault((config, load), []).append(run)
                         saved.done[Saved.key(config, load, rep)] = run
@@ -762,6 +816,7 @@ TABLE = (
     ("shed", "shed"),
     ("deferred", "deferred"),
     ("door_cpu_pct", "door CPU %"),
+    ("engine_cpu_pct", "engine CPU %"),
 )
 
 
@@ -872,7 +927,9 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", help=f"comma-separated, of {', '.join(CONFIGS)} (default: all; --quick: {', '.join(QUICK_CONFIGS)})")
+    ap.add_argument(
+        "--configs", help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but coda+hold; --quick: {', '.join(QUICK_CONFIGS)})"
+    )
     ap.add_argument("--loads", help="multiples of the knee (default 0.5,1,2,4; --quick: 1,4)")
     ap.add_argument("--repeats", type=int, help="repeats per configuration and load (default 3; --quick: 1)")
     ap.add_argument("--sweep", help="sessions at a time of the knee sweep (default 1,2,4,8; --quick: 2,4,8)")
@@ -921,7 +978,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.loads_arg = args.loads
     q = args.quick
-    args.configs = args.configs.split(",") if args.configs else list(QUICK_CONFIGS if q else CONFIGS)
+    args.configs = args.configs.split(",") if args.configs else list(QUICK_CONFIGS if q else DEFAULT_CONFIGS)
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad:
         ap.error(f"--configs: unknown {', '.join(bad)}; valid: {', '.join(CONFIGS)}")

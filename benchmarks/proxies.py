@@ -40,6 +40,22 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of a process group (a vLLM server: its API
+    server and engine core); a process that exits between reads is left out."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # the process group (after state and parent)
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
 
 def peer_python(version: str, venv: Path) -> Path:
     """vllm-router ``version`` in a virtual environment of its own (created on first use)."""
@@ -90,7 +106,11 @@ def kv_events_args(pub: int, rep: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None) -> Iterator[Proxy]:
+def coda_serve(
+    engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None, log: Path | None = None
+) -> Iterator[Proxy]:
+    """``coda serve`` in front of ``engines`` (with their KV events and tokenizer where given);
+    with ``log``, its stderr (warnings and errors) is kept there when it stops."""
     cfg: dict = {"backends": [{"url": u} for u in engines]}
     if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
         cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
@@ -99,4 +119,8 @@ def coda_serve(engines: list[str], events: list[tuple[int, int]] | None, tmp: Pa
     path = tmp / "coda.json"
     path.write_text(json.dumps(cfg))
     with running("serve", "--config", str(path), "--port", "0") as gw:
-        yield Proxy(gw.url, gw.pid)
+        try:
+            yield Proxy(gw.url, gw.pid)
+        finally:
+            if log is not None:
+                log.write_text(gw.stderr())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks.agent_burst import METRICS, RATIO_METRICS, Scenario, burst_workload, is_cold, ratio_ci
+from benchmarks.proxies import cpu_s, group_cpu_s
 
 ROOT = Path(__file__).resolve().parents[2]
 ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
@@ -72,6 +75,14 @@ def test_every_column_is_present_in_the_json_and_the_csv(result):
         header = next(csv.reader(fh))
     assert set(ISSUE_KEYS) <= set(header)
     assert (out / "burst.png").stat().st_size > 0
+    # every replay's requests are kept, and why any was not served is counted
+    for config in ("plain", "coda-gateway"):
+        for rep in (0, 1):
+            lines = (out / "logs" / f"{config}-r{rep}-1x.requests.jsonl").read_text().splitlines()
+            assert lines and all(json.loads(line)["session_id"] for line in lines)
+    assert (out / "logs" / "coda-gateway-r0-coda-serve.log").exists()
+    for run in res["runs"]["plain@1"]:
+        assert isinstance(run["not_served"], dict)
 
 
 def test_ratios_are_computed_from_the_rows_and_the_runs(result):
@@ -105,6 +116,24 @@ def test_a_rerun_with_other_settings_on_the_same_out_is_refused(result):
     assert proc.stderr.count("\n") == 1 and "--out" in proc.stderr and "progress.json" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "progress.json").read_text() == before  # nothing saved is lost
+
+
+def test_group_cpu_counts_every_process_of_the_group_and_nothing_else():
+    """The engines' CPU column sums a vLLM server's process group (API server and engine core)."""
+    burn = "import sys; sum(range(30_000_000)); print('done', flush=True); sys.stdin.read()"
+    spawn = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {burn!r}]); {burn}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", spawn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "done"
+        assert child.stdout.readline().strip() == "done"  # both the leader and its child have done the same work
+        leader = cpu_s(child.pid)
+        assert group_cpu_s(child.pid) >= leader + 0.5 * leader  # the child's share counts too (it did the leader's work)
+        assert group_cpu_s(2**22 + 12345) == 0.0  # no such group: nothing
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the leader and its child
+        child.wait()
 
 
 def test_ratio_interval_brackets_the_ratio_of_medians():
