@@ -22,15 +22,19 @@ Configurations (``--configs``), interleaved within each repeat, each on freshly 
 - ``coda-gateway``: ``coda serve`` in front (its defaults, KV events, the engine's tokenizer); FCFS;
 - ``coda``: ``coda serve`` and ``CodaScheduler`` with Tiered-Aging alone; ``coda+tiers``,
   ``coda+retention``, ``coda+cohorts`` turn one engine mechanism on over it (a one-factor ablation);
-  ``coda+hold`` (run only when named) makes W_max bind a request that does not fit too;
+  two controls run only when named: ``coda-gateway+tiers`` (vLLM's FCFS with the same host store)
+  and ``coda+hold`` (W_max binds a request that does not fit too);
 - ``coda-tail``: ``coda serve`` and the ``coda-tail`` preset in the engine, every mechanism on.
 
 Per configuration and load, over ``--repeats`` repeats (seeds ``--seed``, +1, ...): medians with
 95% bootstrap intervals of goodput (SLO-meeting over offered), TTFT p50/p95 of continuations and
 of cold requests, the longest wait, session completion p50/p99, the engines' prefix-cache hit rate
-and preemptions, requests shed (rejected) and deferred, the door's CPU; ratios of medians against
+and preemptions, requests shed (rejected) and deferred, the door's CPU, and, to say why, the
+engines' CPU and vLLM's gauges (running, waiting, KV use); ratios of medians against
 ``vllm-router`` and ``plain`` with bootstrap intervals. Writes a table, ``rows.csv``,
-``result.json`` and ``burst.png`` (goodput and continuation TTFT p95 against load).
+``result.json`` and ``burst.png`` (goodput and continuation TTFT p95 against load), and keeps every
+replay's requests and the engines' and gateway's logs under ``logs/``; each finished replay is
+saved at once (``progress.json``), so a run given the same ``--out`` resumes.
 
 Simulator: on real engines, ``coda profile measure --endpoint`` measures one plain engine before the
 sweep, and ``coda sim`` replays the identical sessions and loads with that profile for every
@@ -109,6 +113,12 @@ class Setup:
     scheduler: dict[str, Any] | None = None  # CODA_SCHEDULER_CONFIG; None: vLLM's own scheduler
     tiers: bool = False  # the host-store connector
     cohorts: bool = False  # CodaWorker
+    ingress: str | None = None  # the door's ingress policy (None: its default, admit everything)
+
+    @property
+    def in_engine(self) -> bool:
+        """Whether the configuration changes the engines (so they must be started here)."""
+        return self.scheduler is not None or self.tiers or self.cohorts
 
 
 CONFIGS: dict[str, Setup] = {
@@ -119,14 +129,20 @@ CONFIGS: dict[str, Setup] = {
     "coda+tiers": Setup("coda", {**TA_ONLY, "tiers": True}, tiers=True),
     "coda+retention": Setup("coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "eviction": "tool_aware"}}),
     "coda+cohorts": Setup("coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "execution": "cohort"}}, cohorts=True),
+    # controls, run when named: vLLM's FCFS with the same host store (what the store gives without Coda's order)
+    "coda-gateway+tiers": Setup("coda", tiers=True),
+    # the door's admission on FCFS engines: Coda's session admission, and admitperf's kv_threshold through its adapter
+    "coda-gateway+session": Setup("coda", ingress="session"),
+    "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold"),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
     "coda+hold": Setup(
         "coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "state": {"name": "tiered_aging", "params": {"hold_queue": True}}}}
     ),
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True),
 }
-#: what runs without ``--configs``: the door, engine and mechanism ablation; ``coda+hold`` runs when named
-DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "coda+hold")
+#: what runs without ``--configs``: the door, engine and mechanism ablation; the controls below run when named
+NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda+hold")
+DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
 #: the row keys a configuration and load report (medians; ``_ci95`` siblings hold the intervals)
@@ -294,18 +310,21 @@ def start_engines(setup: Setup, args: argparse.Namespace, tmp: Path, model: Path
 
 @contextlib.contextmanager
 def door(
-    setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str, logs: Path
+    setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Path | None, tag: str, args: argparse.Namespace
 ) -> Iterator[tuple[list[str], int | None]]:
     """The URLs the client sends to and the door's pid (None without one)."""
     if setup.door == "none":
         yield engines.urls, None
     elif setup.door == PEER:
         assert peer is not None
-        with vllm_router(peer, engines.urls, logs / f"{tag}-{PEER}.log") as proxy:
+        with vllm_router(peer, engines.urls, args.logs / f"{tag}-{PEER}.log") as proxy:
             yield [proxy.url], proxy.pid
     else:
         (tmp / tag).mkdir(exist_ok=True)
-        with coda_serve(engines.urls, engines.events, tmp / tag, model, logs / f"{tag}-coda-serve.log") as proxy:
+        # an ingress policy's default thresholds come from the engines' seats, which vLLM does not publish
+        seats = args.max_num_seqs if setup.ingress else None
+        log = args.logs / f"{tag}-coda-serve.log"
+        with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=setup.ingress, max_num_seqs=seats) as proxy:
             yield [proxy.url], proxy.pid
 
 
@@ -481,6 +500,7 @@ def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> l
 SIM_SYSTEMS: dict[str, dict[str, Any]] = {
     "plain": {"system": "vllm", "dram": False},
     "coda-gateway": {"system": "coda-route-only", "dram": False},
+    "coda-gateway+tiers": {"system": "coda-route-only", "dram": True},
     "coda": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}, "dram": False},
     "coda+tiers": {"system": "coda", "policies": {"execution": "full", "eviction": "lru"}, "dram": True},
     "coda+retention": {"system": "coda", "policies": {"execution": "full", "eviction": "tool_aware"}, "dram": False},
@@ -627,7 +647,7 @@ def measure_knee(
     workload = burst_workload(sc, 2.0 * max(args.sweep), args.seed + 1000)
     levels = []
     setup = CONFIGS["plain"]
-    with start_engines(setup, args, tmp, model, "sweep") as eng, door(setup, eng, tmp, model, peer, "sweep", args.logs) as (targets, pid):
+    with start_engines(setup, args, tmp, model, "sweep") as eng, door(setup, eng, tmp, model, peer, "sweep", args) as (targets, pid):
         if profile is not None:
             tick("measuring the engine's profile (coda profile measure --endpoint)")
             measure_profile(eng.urls[0], profile, args)
@@ -768,7 +788,7 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                 tick(f"repeat {rep + 1}/{args.repeats} {config}: starting engines")
                 with (
                     start_engines(setup, args, tmp, model, tag) as eng,
-                    door(setup, eng, tmp, model, peer, tag, args.logs) as (targets, pid),
+                    door(setup, eng, tmp, model, peer, tag, args) as (targets, pid),
                 ):
                     for load in args.loads:
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x the knee")
@@ -928,7 +948,8 @@ def plot(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--configs", help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but coda+hold; --quick: {', '.join(QUICK_CONFIGS)})"
+        "--configs",
+        help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but {', '.join(NAMED_ONLY)}; --quick: {', '.join(QUICK_CONFIGS)})",
     )
     ap.add_argument("--loads", help="multiples of the knee (default 0.5,1,2,4; --quick: 1,4)")
     ap.add_argument("--repeats", type=int, help="repeats per configuration and load (default 3; --quick: 1)")
@@ -1003,7 +1024,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.repeats = args.repeats or (1 if q else 3)
     args.profile_repeats = args.profile_repeats or (1 if q else 3)
     args.endpoints = args.endpoints.split(",") if args.endpoints else None
-    if (args.endpoints or args.fake) and any(CONFIGS[c].scheduler is not None for c in args.configs):
+    if (args.endpoints or args.fake) and any(CONFIGS[c].in_engine for c in args.configs):
         ap.error("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and coda-gateway run; pass --configs")
     window = args.window_s or (20.0 if q else Scenario.window_s)
     args.drain_s = args.drain_s if args.drain_s is not None else (15.0 if q else 30.0)

@@ -107,15 +107,27 @@ def kv_events_args(pub: int, rep: int) -> list[str]:
 
 @contextlib.contextmanager
 def coda_serve(
-    engines: list[str], events: list[tuple[int, int]] | None, tmp: Path, model: Path | None, log: Path | None = None
+    engines: list[str],
+    events: list[tuple[int, int]] | None,
+    tmp: Path,
+    model: Path | None,
+    log: Path | None = None,
+    ingress: str | None = None,
+    max_num_seqs: int | None = None,
 ) -> Iterator[Proxy]:
-    """``coda serve`` in front of ``engines`` (with their KV events and tokenizer where given);
-    with ``log``, its stderr (warnings and errors) is kept there when it stops."""
+    """``coda serve`` in front of ``engines`` (with their KV events and tokenizer where given), with
+    an ``ingress`` policy (default: the gateway's) and the engines' seats (``max_num_seqs``) where
+    given; with ``log``, its stderr (warnings and errors) is kept there when it stops."""
     cfg: dict = {"backends": [{"url": u} for u in engines]}
     if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
         cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
                            for u, (pub, rep) in zip(engines, events)]
         cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
+    if max_num_seqs is not None:
+        for backend in cfg["backends"]:
+            backend["max_num_seqs"] = max_num_seqs
+    if ingress is not None:
+        cfg["policies"] = {"ingress": ingress}
     path = tmp / "coda.json"
     path.write_text(json.dumps(cfg))
     with running("serve", "--config", str(path), "--port", "0") as gw:

@@ -28,7 +28,7 @@ def fake_burst_cmd(out: Path, window_s: str = "3") -> list[str]:
         str(ROOT / "benchmarks" / "agent_burst.py"),
         "--fake",
         "--configs",
-        "plain,coda-gateway",
+        "plain,coda-gateway,coda-gateway+session",
         "--loads",
         "1",
         "--repeats",
@@ -60,7 +60,7 @@ def result(tmp_path_factory):
 def test_every_column_is_present_in_the_json_and_the_csv(result):
     res, out = result
     rows = res["rows"]
-    assert [(r["config"], r["load"]) for r in rows] == [("plain", 1.0), ("coda-gateway", 1.0)]
+    assert [(r["config"], r["load"]) for r in rows] == [("plain", 1.0), ("coda-gateway", 1.0), ("coda-gateway+session", 1.0)]
     for row in rows:
         for key in (*ISSUE_KEYS, *METRICS, *(f"{m}_ci95" for m in METRICS)):
             assert key in row, key
@@ -80,14 +80,15 @@ def test_every_column_is_present_in_the_json_and_the_csv(result):
         for rep in (0, 1):
             lines = (out / "logs" / f"{config}-r{rep}-1x.requests.jsonl").read_text().splitlines()
             assert lines and all(json.loads(line)["session_id"] for line in lines)
-    assert (out / "logs" / "coda-gateway-r0-coda-serve.log").exists()
+    assert "ingress admit_all" in (out / "logs" / "coda-gateway-r0-coda-serve.log").read_text()
+    assert "ingress session" in (out / "logs" / "coda-gateway+session-r0-coda-serve.log").read_text()  # the named door ran
     for run in res["runs"]["plain@1"]:
         assert isinstance(run["not_served"], dict)
 
 
 def test_ratios_are_computed_from_the_rows_and_the_runs(result):
     res, _ = result
-    plain, gateway = res["rows"]
+    plain, gateway, _ = res["rows"]
     for m in RATIO_METRICS:
         if plain[m]:
             assert gateway[f"{m}_vs_plain"] == pytest.approx(gateway[m] / plain[m], rel=1e-9)
