@@ -398,7 +398,9 @@ def replay_once(
         for r in rep.records
         if r["round"] == 0 and not is_cold(r["session_id"]) and window.start_s <= r["ready_s"] <= window.end_s
     }
-    reasons = Counter(r.get("reason") or r["state"] for r in rep.records if r["state"] in ("failed", "rejected"))
+    # a reason's kind and status, without the message's own numbers (each Retry-After differs)
+    unserved = (r.get("reason") or r["state"] for r in rep.records if r["state"] in ("failed", "rejected"))
+    reasons = Counter(": ".join(reason.split(": ")[:2]) for reason in unserved)
     return {
         **metrics_of(rep.records, window, s, door_cpu),
         "engine_cpu_pct": engine_cpu,
