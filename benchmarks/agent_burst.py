@@ -681,13 +681,13 @@ def measure_knee(
     }
 
 
-#: what a run has finished so far, rewritten after every replay: ``--resume`` starts from it
+#: what a run has finished so far, rewritten after every replay: a run given the same ``--out`` starts from it
 PROGRESS = "progress.json"
 
 
 class Saved:
     """The finished replays of a run (and its knee), kept on disk as they finish so that an
-    interrupted run loses at most the replay in flight; ``--resume`` reads them back."""
+    interrupted run loses at most the replay in flight; a run given the same ``--out`` reads them back."""
 
     def __init__(self, path: Path, knee: dict[str, Any] | None = None, done: dict[str, dict[str, Any]] | None = None) -> None:
         self.path = path
@@ -744,10 +744,9 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
     ``profile``, the simulator's replay of the same sessions and its errors. Each finished replay
     is saved at once (``PROGRESS``); what is saved there is not run again."""
     saved = Saved.load(args.out / PROGRESS, args)
-    if saved.knee is not None and args.knee_sessions_per_s is None:
-        args.knee_sessions_per_s = saved.knee["knee_sessions_per_s"]
+    sweep = saved.knee is None and args.knee_sessions_per_s is None
     runs_per_config = len(args.loads)
-    total = (1 if args.knee_sessions_per_s is None else 0) + args.repeats * len(args.configs) * runs_per_config
+    total = (1 if sweep else 0) + args.repeats * len(args.configs) * runs_per_config
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
     with Progress(
         TextColumn("{task.description}"),
@@ -764,7 +763,7 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
 
         if saved.knee is not None:
             knee_result = saved.knee
-        elif args.knee_sessions_per_s is None:
+        elif sweep:
             knee_result = measure_knee(args, tmp, model, peer, tick, profile)
             tick("knee measured", 1)
         else:

@@ -34,10 +34,18 @@ class Proxy:
 
 
 
+def _stat(proc: Path) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state, parent, group, ...)."""
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return _cpu(_stat(Path(f"/proc/{pid}")))
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -48,11 +56,11 @@ def group_cpu_s(pgid: int) -> float:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat(entry)
         except OSError:
             continue
-        if int(fields[2]) == pgid:  # the process group (after state and parent)
-            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        if int(fields[2]) == pgid:
+            total += _cpu(fields)
     return total
 
 
