@@ -401,6 +401,7 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
 
         await asyncio.gather(*(one(r, sid) for r, sid in arrivals))
         assert 1 <= len(admitted) <= 2  # two workers, one seat each
+        assert all(w.inflight_peak <= 1 for adm in admissions for w in adm.state.workers)  # as each replica counted them
         assert len({t.session_id for t in admitted} - {None}) <= 1  # one session slot
         assert ledger.count(clock()) <= 1  # and the claims of refused sessions were dropped
 

@@ -187,6 +187,7 @@ class Admission:
                 d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
             else:
                 state.queued += 1
+                state.watch()
                 try:
                     deadline = start + self.defer.max_wait_s
                     while d.action == "defer" and (left := deadline - time.monotonic()) > 0:
@@ -201,6 +202,7 @@ class Admission:
                         self._observe(t, d, snap, gates)
                 finally:
                     state.queued -= 1
+                    state.watch()
         waited = time.monotonic() - start
         rec = record(t, d, snap, shadow, waited, deferred, gates)
         self.metrics.requests_decided.inc()
@@ -211,6 +213,8 @@ class Admission:
             self.metrics.shadow.labels(shadow.policy, str(shadow.action == d.action).lower()).inc()
         if d.action == "admit":
             return rec
+        if state.some_idle():
+            self.metrics.refused_while_idle.inc()
         self.log.write(rec)
         why = MESSAGES.get(d.reason, d.reason)
         if d.action == "defer":

@@ -35,6 +35,19 @@ class GatewayMetrics:
             "coda_shadow_decisions", "Shadow decisions, by whether they agreed with the enforced one", ("shadow", "agree"), registry=r
         )
         self.queue = Gauge("coda_ingress_queue_length", "Requests held by defer decisions", registry=r)
+        self.idle_while_held = Gauge(
+            "coda_ingress_idle_while_held_seconds",
+            "Seconds so far during which a healthy worker had nothing in flight while this gateway held deferred requests",
+            registry=r,
+        )
+        self.idle_while_held_longest = Gauge(
+            "coda_ingress_idle_while_held_longest_seconds", "The longest of those intervals so far", registry=r
+        )
+        self.refused_while_idle = Counter(
+            "coda_ingress_refused_while_idle",
+            "Requests answered 503, 429 or 529 by the ingress policy while a healthy worker had nothing in flight",
+            registry=r,
+        )
         self.retries = Counter(
             "coda_upstream_retries", "Requests retried on another worker after a failure before the first byte", ("worker",), registry=r
         )
@@ -95,6 +108,12 @@ class GatewayMetrics:
             w,
             registry=r,
         )
+        self.w_peak = Gauge(
+            "coda_worker_inflight_peak_requests",
+            "The most requests in flight on the worker at once through every gateway replica, since start",
+            w,
+            registry=r,
+        )
         self.w_healthy = Gauge("coda_worker_healthy", "1 while the worker passes health checks", w, registry=r)
         self.w_stale = Gauge("coda_worker_telemetry_stale", "1 while the worker's telemetry is stale", w, registry=r)
         self.w_queue = Gauge("coda_worker_queue_depth", "Requests waiting in the engine (scraped)", w, registry=r)
@@ -117,6 +136,7 @@ class GatewayMetrics:
             self.w_inflight.labels(lab).set(len(w.inflight))
             self.w_tokens.labels(lab).set(w.inflight_tokens)
             self.w_new_tokens.labels(lab).set(w.inflight_new_tokens)
+            self.w_peak.labels(lab).set(w.inflight_peak)
             self.w_healthy.labels(lab).set(int(w.healthy))
             self.w_stale.labels(lab).set(int(state.telemetry_old(w, now)))
             self.w_queue.labels(lab).set(w.queue_depth)
@@ -126,4 +146,6 @@ class GatewayMetrics:
                 self.w_kv_gaps.labels(lab).set(kv_stats[w.id][1])
                 self.w_kv_missing.labels(lab).set(int(kv_stats[w.id][2]))
         self.queue.set(state.queued)
+        self.idle_while_held.set(state.idle_watch.total_s(now))
+        self.idle_while_held_longest.set(state.idle_watch.longest(now))
         return generate_latest(self.registry)

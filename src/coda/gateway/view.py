@@ -18,6 +18,7 @@ from coda.gateway.config import BackendConfig, GatewayConfig
 from coda.gateway.identity import ResponseChains
 from coda.gateway.prompt import Tokenizer
 from coda.gateway.store import Sessions
+from coda.gateway.watch import IdleWatch
 from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
 from coda.policy.routing import rendezvous
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
@@ -73,6 +74,9 @@ class Worker:
     answered_s: float = -math.inf
     #: configured KV events that have not come (``GatewayState.check_kv_events``): its blocks come from the gateway's own index
     kv_missing: bool = False
+    #: the most requests in flight here at once through every replica (``inflight_of`` at each send):
+    #: with ``cfg.max_num_seqs`` and a door that counts seats, never above it
+    inflight_peak: int = 0
 
     @property
     def label(self) -> str:
@@ -176,6 +180,8 @@ class GatewayState:
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
+        #: time a healthy worker had nothing in flight while requests were held here (``watch``)
+        self.idle_watch = IdleWatch()
         #: replicas share a store: each one's own view (the approximate index) would diverge, so
         #: sessions go to their rendezvous home where no KV events say where their context lives
         self.shared = config.store.url is not None
@@ -420,8 +426,23 @@ class GatewayState:
         return d, snap, self.ingress.last_shadow if isinstance(self.ingress, Shadowed) else None
 
     # --- routing ---------------------------------------------------------------------------
+    @property
+    def counts_seats(self) -> bool:
+        """The ingress policy admits by free seats (it reads ``inflight_requests``)."""
+        return "inflight_requests" in self.needed_signals
+
+    def has_seat(self, w: Worker) -> bool:
+        """``WorkerLoad.has_seat`` of ``w``: a seat free for one more request (unknown seats do not bind)."""
+        return not w.cfg.max_num_seqs or self.inflight_of(w) < w.cfg.max_num_seqs
+
     def routing_snapshot(self, t: Ticket, exclude: set[int]) -> RoutingSnapshot:
+        """The candidates ``t`` may go to. Under a policy that counts seats, the healthy ones with a
+        free seat where there are any: the policy admitted ``t`` because some worker has room, and the
+        router, which weighs affinity and load but not seats, must not send it to one without (so no
+        engine is sent more requests than its seats while the policy holds the rest back)."""
         ws = [w for w in t.candidates if w.id not in exclude]
+        if self.counts_seats:
+            ws = [w for w in ws if w.healthy and self.has_seat(w)] or ws
         session = self.sessions.get(t.session_id) if t.session_id is not None else None
         req = RouteRequest(
             seq=t.rid,
@@ -501,6 +522,8 @@ class GatewayState:
                 s.last_worker = w.id
         if not self.uses_events(w) and not self.shared:
             self.approx.sent(w.tiers.hbm, t.hashes)
+        w.inflight_peak = max(w.inflight_peak, self.inflight_of(w))
+        self.watch()
         self.changed()
 
     def end(self, t: Ticket, ttft_s: float | None = None, completed: bool = False) -> None:
@@ -526,6 +549,7 @@ class GatewayState:
             self.tenant_inflight.pop(t.tenant, None)
         if ttft_s is not None:
             w.ttft_s = ttft_estimate(w.ttft_s, ttft_s)
+        self.watch()
         self.changed()
 
     # --- health ----------------------------------------------------------------------------
@@ -549,6 +573,14 @@ class GatewayState:
             w.healthy = True
             return True
         return False
+
+    def some_idle(self) -> bool:
+        """A healthy worker has no request in flight through any replica."""
+        return any(w.healthy and self.inflight_of(w) == 0 for w in self.workers)
+
+    def watch(self) -> None:
+        """Called on every change of the held requests or of what is in flight (``IdleWatch``)."""
+        self.idle_watch.update(self.clock(), self.queued > 0, self.queued > 0 and self.some_idle())
 
     def inflight_total(self) -> int:
         return sum(len(w.inflight) for w in self.workers)
