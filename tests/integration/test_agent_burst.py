@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 
 
-def fake_burst_cmd(out: Path, window_s: str = "3") -> list[str]:
+def fake_burst_cmd(out: Path, window_s: str = "3", knee: str = "1.5") -> list[str]:
     return [
         sys.executable,
         str(ROOT / "benchmarks" / "agent_burst.py"),
@@ -34,7 +34,7 @@ def fake_burst_cmd(out: Path, window_s: str = "3") -> list[str]:
         "--repeats",
         "2",
         "--knee-sessions-per-s",
-        "1.5",
+        knee,
         "--window-s",
         window_s,
         "--drain-s",
@@ -84,6 +84,12 @@ def test_every_column_is_present_in_the_json_and_the_csv(result):
     assert "ingress session" in (out / "logs" / "coda-gateway+session-r0-coda-serve.log").read_text()  # the named door ran
     for run in res["runs"]["plain@1"]:
         assert isinstance(run["not_served"], dict)
+    # the door's own counts come from coda serve's /metrics; the symmetric measures from every replay
+    assert rows[0]["inflight_peak"] is None and rows[0]["idle_while_held_s"] is None
+    for row in rows[1:]:
+        assert row["inflight_peak"] >= 1 and row["idle_while_held_s"] >= 0 and row["refused_while_idle"] >= 0
+    for row in rows:
+        assert 0.0 <= row["goodput_symmetric"] <= 1.0 and 0.0 <= row["session_goodput"] <= 1.0
 
 
 def test_ratios_are_computed_from_the_rows_and_the_runs(result):
@@ -117,6 +123,15 @@ def test_a_rerun_with_other_settings_on_the_same_out_is_refused(result):
     assert proc.stderr.count("\n") == 1 and "--out" in proc.stderr and "progress.json" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "progress.json").read_text() == before  # nothing saved is lost
+
+
+def test_a_rerun_at_another_knee_on_the_same_out_is_refused(result):
+    _, out = result
+    before = (out / "progress.json").read_text()
+    proc = subprocess.run(fake_burst_cmd(out, knee="2"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--knee-sessions-per-s 2" in proc.stderr and "1.5" in proc.stderr
+    assert (out / "progress.json").read_text() == before
 
 
 def test_group_cpu_counts_every_process_of_the_group_and_nothing_else():
