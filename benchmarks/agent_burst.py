@@ -24,8 +24,8 @@ Configurations (``--configs``), interleaved within each repeat, each on freshly 
   ``coda+retention``, ``coda+cohorts`` turn one engine mechanism on over it (a one-factor ablation);
   controls run only when named: ``coda-gateway+tiers`` (vLLM's FCFS with the same host store),
   ``coda+hold`` (W_max binds a request that does not fit too), and the doors' admission on FCFS
-  engines: ``coda-gateway+session``, ``coda-gateway+kv_threshold`` (admitperf's, through its adapter)
-  and ``vllm-router+limit`` (its concurrency limit at the engines' seats), each door told the seats;
+  engines: ``coda-gateway+session``, ``coda-gateway+queue_limit``, ``coda-gateway+kv_threshold``
+  (admitperf's, through its adapter) and ``vllm-router+limit`` (its concurrency limit at the engines' seats), each door told the seats;
 - ``coda-tail``: ``coda serve`` and the ``coda-tail`` preset in the engine, every mechanism on.
 
 Per configuration and load, over ``--repeats`` repeats (seeds ``--seed``, +1, ...): medians with
@@ -145,6 +145,7 @@ CONFIGS: dict[str, Setup] = {
     # the door's admission on FCFS engines: Coda's session admission, and admitperf's kv_threshold through its adapter
     "coda-gateway+session": Setup("coda", ingress="session", seats=True),
     "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold", seats=True),
+    "coda-gateway+queue_limit": Setup("coda", ingress="queue_limit", seats=True),
     # the peer's own admission: vllm-router's concurrency limit at the engines' seats, its queue in front
     "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
@@ -154,7 +155,8 @@ CONFIGS: dict[str, Setup] = {
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True),
 }
 #: what runs without ``--configs``: the door, engine and mechanism ablation; the controls below run when named
-NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "vllm-router+limit", "coda+hold")
+NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit", "vllm-router+limit",
+              "coda+hold")
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
