@@ -1142,7 +1142,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         result["wall_s"] = time.perf_counter() - t0
         finish(args, out, result, f"the simulator alone ({args.workers} workers, profile {args.simulate}, the engines' settings below)")
         return
-    peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.configs else None
+    needs_peer = any(CONFIGS[c].door == PEER for c in args.configs)
+    peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if needs_peer else None
     with tempfile.TemporaryDirectory(prefix="agent-burst-") as d:
         tmp = Path(d)
         real = not (args.fake or args.endpoints)
