@@ -3,8 +3,8 @@
 each with its default thresholds (derived from the engines' limits), and report goodput, TTFT of
 admitted requests against the unloaded run's, and the gateway's RSS.
 
-Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`), `coda serve` in
-front of them with the `coda` router, `coda bench` replaying the synthetic agent workload through
+Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`, ``--seats``
+sequences each), `coda serve` in front of them with the `coda` router, told their seats, `coda bench` replaying the synthetic agent workload through
 the gateway. Checks printed at the end: the gateway stays up; p95 TTFT of admitted (completed)
 requests with a shedding policy is within 2x of the unloaded p95; its RSS grows by <= 50 MiB from
 minute 1 to the end; goodput is printed beside SLO-meeting output tokens per second, since the two
