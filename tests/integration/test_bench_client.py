@@ -287,6 +287,20 @@ def test_sse_joins_multi_line_data_skips_comments_and_reads_usage_from_the_final
     assert rec["server_prompt_tokens"] == 7 and rec["hbm_hit_tokens"] == 4  # the final event's usage, decoded as JSON
 
 
+def test_a_properly_ended_stream_whose_tokens_decode_to_no_text_is_served(server):
+    """A token that decodes to no text (a special token) comes as a chunk with empty text; the
+    usage block counts it. Without a usage count, a stream with no text carried no tokens."""
+    empty = 'data: {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]}\n\n'
+    usage = 'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}\n\n'
+    bodies = {"special": empty + usage + "data: [DONE]\n\n", "nothing": empty + "data: [DONE]\n\n"}
+    server.reset(lambda s: raw_stream(bodies[s.session].encode()))
+    replay, _ = bench(server.url, sessions(("special", 1), ("nothing", 1)))
+    recs = {r["session_id"]: r for r in replay.records}
+    assert recs["special"]["state"] == "completed" and recs["special"]["output_tokens"] == 1
+    assert recs["special"]["first_token_s"] is not None
+    assert recs["nothing"]["state"] == "failed" and recs["nothing"]["reason"] == "bad_response: the stream carried no tokens"
+
+
 def test_requests_carry_session_tenant_model_and_trace_lengths(server):
     server.reset(lambda s: ok(5))
     bench(server.url, sessions(("s1", 2), tenant="acme", out=5))

@@ -163,16 +163,16 @@ def test_api_load_plan_leaves_the_probe_a_seat_and_the_streams_their_kv():
     assert 7 * (64 + plan.stream_tokens + 32) + 3 * 384 + 32 <= 8000  # seven streams and the largest probe fit the KV
 
 
-def test_a_probe_whose_one_token_decodes_to_no_text_is_timed_to_the_streams_end():
+def test_a_probe_is_timed_to_its_first_token_and_a_failed_stream_is_one_error():
     import asyncio
 
-    from coda.bench.client import NO_TOKENS, Attempt
+    from coda.bench.client import Attempt
 
     prober = Prober("http://127.0.0.1:9")
     usage = {"completion_tokens": 1, "prompt_tokens": 64}
 
-    async def empty(body, headers):
-        return Attempt(sent_s=1.0, status=200, reason=NO_TOKENS, end_s=1.25, usage=usage)
+    async def served(body, headers):
+        return Attempt(sent_s=1.0, status=200, first_token_s=1.2, end_s=1.25, usage=usage)
 
     async def cut(body, headers):
         return Attempt(sent_s=1.0, status=200, reason="stream_cut: closed", end_s=1.25, usage=usage)
@@ -181,7 +181,7 @@ def test_a_probe_whose_one_token_decodes_to_no_text_is_timed_to_the_streams_end(
         prober.endpoint.send = send
         return await prober.first_token([11, 12])
 
-    assert asyncio.run(go(empty)).seconds == pytest.approx(0.25)
+    assert asyncio.run(go(served)).seconds == pytest.approx(0.2)
     with pytest.raises(CodaError, match="stream_cut"):
         asyncio.run(go(cut))
 

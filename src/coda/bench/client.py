@@ -180,6 +180,7 @@ class Endpoint:
         chat = self.api == "chat"
         pieces: list[str] = []
         finished = done = False
+        first_choice_s: float | None = None  # when the first chunk with a choice came (it carries the first token)
         async for event in EventSource(resp).aiter_sse():
             now = clock()
             if event.data == "[DONE]":
@@ -207,6 +208,7 @@ class Endpoint:
             if not choices:
                 continue
             choice = choices[0]
+            first_choice_s = now if first_choice_s is None else first_choice_s
             piece = _piece(choice, chat)
             if piece:
                 k = max(1, tok.count_tokens(piece))
@@ -224,7 +226,14 @@ class Endpoint:
         if not (done or finished):
             a.reason = "stream_cut: the stream ended before [DONE] or a finish_reason"
         elif a.first_token_s is None:
-            a.reason = NO_TOKENS
+            produced = (a.usage or {}).get("completion_tokens")
+            if isinstance(produced, int) and produced > 0 and first_choice_s is not None:
+                # every token decoded to no text (a special token, for one): the usage block counts them, and they
+                # came with the first chunk that carried a choice
+                a.first_token_s = a.last_token_s = first_choice_s
+                a.tokens = produced
+            else:
+                a.reason = NO_TOKENS
 
 
 def _piece(choice: dict[str, Any], chat: bool) -> str:

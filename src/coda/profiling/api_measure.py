@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from coda.bench.client import NO_TOKENS, Endpoint
+from coda.bench.client import Endpoint
 from coda.engines import tokenizer as tok
 from coda.errors import CodaError
 
@@ -286,11 +286,8 @@ class Prober:
         )
         a = await self.endpoint.send(body, {})
         first = a.first_token_s
-        if first is None and a.reason == NO_TOKENS and (a.usage or {}).get("completion_tokens") == 1:
-            first = a.end_s  # the one token decoded to no text (a special token): it came with the stream's end
-        elif not a.ok or first is None:
+        if not a.ok or first is None:
             raise _fail(self.url, f"POST /v1/completions (streamed): {a.reason or f'HTTP {a.status}'}")
-        assert first is not None
         return self._timing(a.sent_s, first, 1, a.usage)
 
     def _timing(self, sent: float, done: float, max_tokens: int, usage: Any) -> Timing:
