@@ -3,14 +3,15 @@
 each with its default thresholds (derived from the engines' limits), and report goodput, TTFT of
 admitted requests against the unloaded run's, and the gateway's RSS.
 
-Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`, ``--seats``
-sequences each), `coda serve` in front of them with the `coda` router, told their seats, `coda bench` replaying the synthetic agent workload through
-the gateway. Checks printed at the end: the gateway stays up; p95 TTFT of admitted (completed)
-requests with a shedding policy is within 2x of the unloaded p95; its RSS grows by <= 50 MiB from
-minute 1 to the end; goodput is printed beside SLO-meeting output tokens per second, since the two
-can disagree in a closed loop: a session slowed by overload offers fewer rounds, a shed one is
-charged the rounds it would have sent. A policy whose run fails (`coda bench` exits non-zero, or
-the gateway does not start) is a row with its reason, and the next policy runs.
+Setup: two `coda fake-engine` workers (the paper's A100 profile, `--speedup`, ``--seats`` sequences
+each), `coda serve` in front of them with the `coda` router, told their seats, `coda bench`
+replaying the synthetic agent workload through the gateway. Checks printed at the end: the gateway
+stays up; p95 TTFT of admitted (completed) requests with a shedding policy is within 2x of the
+unloaded p95; its RSS grows by <= 50 MiB from minute 1 to the end; goodput is printed beside
+SLO-meeting output tokens per second, since the two can disagree in a closed loop: a session slowed
+by overload offers fewer rounds, a shed one is charged the rounds it would have sent. A policy whose
+run fails (`coda bench` exits non-zero, or the gateway does not start) is a row with its reason, and
+the next policy runs.
 
 Goodput and session goodput divide by the symmetric denominator of ``coda.metrics.offered`` (a
 refused session's unsent rounds charged only as far as its trace timing at the unloaded pace
