@@ -16,9 +16,10 @@ every vocabulary has) except where the server's own text handling is the point:
 * the API under load: the API server's time for a request is the client's TTFT less the engine's
   own part (its queue and prefill time, from vLLM's ``/metrics`` histograms, so the step model does
   not enter), measured for fresh text probes of two sizes while ``streams`` other requests stream
-  their answers: the server tokenizes, detokenizes and streams for all of them in one process, so
-  its time per request, and per prompt token, grows with them (``api_stream_s`` and
-  ``api_stream_token_s`` per streaming request);
+  their answers (each sent again when it ends, so the load holds): the server tokenizes,
+  detokenizes and streams for all of them in one process, so its time per request, and per
+  prompt token, grows with them (``api_stream_s`` and ``api_stream_token_s`` per streaming
+  request);
 * decode: ``batch`` concurrent requests over ``context``-token prompts sent once before, so every
   prompt is cached, the batch joins in one step and decodes in lockstep; the step time is the
   median latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token, which
@@ -50,7 +51,8 @@ MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request
 PROBE_WORDS = (32, 384)  # text prompts of the API-under-load probes (a word is one to three tokens)
 PROBES = 4  # probes per load and round
-STREAM_MAX = 1024  # answer of a request streaming beside the probes: it must outlast them (they are cancelled after)
+PROBE_TRIES = 4  # tries per probe: one whose load changed under it (a stream ended) is sent again
+STREAM_MAX = 1024  # answer of a request streaming beside the probes (sent again when it ends; longer leaves fewer probes to retry)
 #: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
 ENGINE_TTFT_PARTS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
 #: how long a probe waits for the engine's histograms to count it (assumed bound): vLLM records a
@@ -136,7 +138,7 @@ class Plan:
     decode: tuple[tuple[int, int], ...]
     text: tuple[int, ...] = ()  # words of cached text prompts (the server's tokenizer cost)
     streams: tuple[int, ...] = ()  # requests streaming beside the API-under-load probes
-    stream_tokens: int = STREAM_MAX  # answer of each of those (long enough to outlast the probes)
+    stream_tokens: int = STREAM_MAX  # answer of each of those (each is sent again when it ends)
     probe_words: tuple[int, ...] = PROBE_WORDS  # words of the probes' text prompts
     output_tokens: int = 96
     repeats: int = 3
@@ -350,39 +352,76 @@ class Prober:
                 return after
             await asyncio.sleep(0.02)
 
-    async def _stream(self, prompt: list[int], max_tokens: int, started: asyncio.Event) -> None:
-        """A background request streaming its answer; ``started`` is set at its first chunk."""
+    async def _stream(self, prompt: list[int], max_tokens: int, decoding: asyncio.Event, ends: list[int]) -> None:
+        """A background request streaming its answer, sent again each time it ends so that the load
+        holds for as long as the probes take (a fast engine finishes any answer before them).
+        ``decoding`` is set while its answer streams; ``ends[0]`` counts the answers that ended, from
+        the chunk that carries the finish reason (the engine has finished it by then)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-        async with self.client.stream("POST", "/v1/completions", json=body) as resp:
-            async for line in resp.aiter_lines():
-                if line.startswith("data:"):
-                    started.set()
+        what = "POST /v1/completions (a request streaming beside the probes)"
+        while True:
+            finished = False
+            async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    raise _fail(self.url, f"{what}: HTTP {resp.status_code}")
+                async for line in resp.aiter_lines():
+                    data = line[5:].strip() if line.startswith("data:") else "[DONE]"
+                    if finished or data == "[DONE]":
+                        continue
+                    try:
+                        choices = msgspec.json.decode(data).get("choices") or []
+                    except (msgspec.DecodeError, AttributeError):
+                        raise _fail(self.url, f"{what}: a stream event that is not an OpenAI chunk: {data[:80]!r}") from None
+                    finished = any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+                    if finished:
+                        decoding.clear()
+                        ends[0] += 1
+                    else:
+                        decoding.set()
+            if not finished:  # the stream closed without a finish reason
+                decoding.clear()
+                ends[0] += 1
 
     async def api_under_load(self, streams: int, probes: int, max_tokens: int, sizes: tuple[int, ...]) -> list[tuple[int, int, float]]:
         """(words, prompt tokens, API seconds) of ``probes`` sequential text probes of each size of
         ``sizes`` words while ``streams`` requests stream (a probe's client TTFT less the engine's
         queue and prefill time for it); empty when the endpoint exposes no engine timing. A probe
-        whose engine timing cannot be told apart is left out."""
+        counts only if every stream was decoding from its start to its end and the engine's
+        histograms counted it alone; else it is sent again, up to ``PROBE_TRIES`` times."""
         if await self._engine_ttft_s() is None:
             return []
         events = [asyncio.Event() for _ in range(streams)]
-        tasks = [asyncio.create_task(self._stream(self.ids(64), max_tokens, e)) for e in events]
+        ends = [0]
+        tasks = [asyncio.create_task(self._stream(self.ids(64), max_tokens, e, ends)) for e in events]
         out: list[tuple[int, int, float]] = []
         try:
-            await asyncio.gather(*(e.wait() for e in events))
             for words in [w for _ in range(probes) for w in sizes]:
-                before = await self._engine_ttft_s()
-                t = await self.first_token(tok.text(self.rng.randrange(1 << 62), words))
-                after = await self._engine_ttft_counting(before)
-                if any(task.done() for task in tasks):  # a stream ended: the load changed under the probe
-                    break
-                if before is not None and after is not None and after[1] - before[1] == 1:
-                    out.append((words, t.prompt_tokens, t.seconds - (after[0] - before[0])))
+                for _ in range(PROBE_TRIES):
+                    await self._all_decoding(events, tasks)
+                    ended, before = ends[0], await self._engine_ttft_s()
+                    t = await self.first_token(tok.text(self.rng.randrange(1 << 62), words))
+                    after = await self._engine_ttft_counting(before)
+                    steady = ends[0] == ended and all(e.is_set() for e in events)
+                    if steady and before is not None and after is not None and after[1] - before[1] == 1:
+                        out.append((words, t.prompt_tokens, t.seconds - (after[0] - before[0])))
+                        break
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return out
+
+    @staticmethod
+    async def _all_decoding(events: list[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:
+        """Wait until every background stream is decoding; a stream that failed raises its error."""
+        while not all(e.is_set() for e in events):
+            waiting = [asyncio.ensure_future(e.wait()) for e in events if not e.is_set()]
+            done, _ = await asyncio.wait([*waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for w in waiting:
+                w.cancel()
+            for task in tasks:
+                if task.done():
+                    task.result()  # it ends only by raising
 
     async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample], list[ApiSample]]:
         self.log(f"warm-up: {len(plan.prefill)} prefill, {len(plan.decode)} decode and {len(plan.text)} text shapes x {plan.warmup}")
