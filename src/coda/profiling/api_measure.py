@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import msgspec
+from httpx_sse import EventSource
 
 from coda.bench.client import Endpoint
 from coda.engines import tokenizer as tok
@@ -360,27 +361,21 @@ class Prober:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
         what = "POST /v1/completions (a request streaming beside the probes)"
         while True:
-            finished = False
             async with self.client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise _fail(self.url, f"{what}: HTTP {resp.status_code}")
-                async for line in resp.aiter_lines():
-                    data = line[5:].strip() if line.startswith("data:") else "[DONE]"
-                    if finished or data == "[DONE]":
+                async for event in EventSource(resp).aiter_sse():
+                    if not event.data or event.data == "[DONE]":
                         continue
                     try:
-                        choices = msgspec.json.decode(data).get("choices") or []
+                        choices = msgspec.json.decode(event.data).get("choices") or []
                     except (msgspec.DecodeError, AttributeError):
-                        raise _fail(self.url, f"{what}: a stream event that is not an OpenAI chunk: {data[:80]!r}") from None
-                    finished = any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
-                    if finished:
-                        decoding.clear()
-                        ends[0] += 1
-                    else:
-                        decoding.set()
-            if not finished:  # the stream closed without a finish reason
-                decoding.clear()
-                ends[0] += 1
+                        raise _fail(self.url, f"{what}: a stream event that is not an OpenAI chunk: {event.data[:80]!r}") from None
+                    if any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+                        break  # the answer ended; what follows ([DONE]) is not waited for
+                    decoding.set()
+            decoding.clear()  # it ended (or the stream closed without a finish reason)
+            ends[0] += 1
 
     async def api_under_load(self, streams: int, probes: int, max_tokens: int, sizes: tuple[int, ...]) -> list[tuple[int, int, float]]:
         """(words, prompt tokens, API seconds) of ``probes`` sequential text probes of each size of
@@ -416,7 +411,7 @@ class Prober:
         """Wait until every background stream is decoding; a stream that failed raises its error."""
         while not all(e.is_set() for e in events):
             waiting = [asyncio.ensure_future(e.wait()) for e in events if not e.is_set()]
-            done, _ = await asyncio.wait([*waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for w in waiting:
                 w.cancel()
             for task in tasks:
