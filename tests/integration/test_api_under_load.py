@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -20,6 +16,7 @@ from starlette.routing import Route
 
 from coda.errors import CodaError
 from coda.profiling.api_measure import ENGINE_TTFT_PARTS, Prober
+from tests.integration.loopback import serve
 
 ENGINE_S = 1e-6  # the engine's queue and prefill time the server reports per finished request
 OFF_LOAD_S = 1000.0  # what it reports for a probe that arrived while other than ``load`` answers streamed
@@ -87,17 +84,8 @@ def _usage(tokens: int) -> bytes:
 def engine(request):
     state = Engine(request.param)
     app = Starlette(routes=[Route("/v1/completions", state.completions, methods=["POST"]), Route("/metrics", state.metrics)])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", state
-    server.should_exit = True
-    thread.join()
+    with serve(app) as url:
+        yield url, state
 
 
 async def probe(url: str, streams: int, probes: int) -> list[tuple[int, int, float]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
@@ -30,6 +28,7 @@ from coda.bench.run import run_once
 from coda.engines import tokenizer as tok
 from coda.errors import CodaError
 from coda.workload.schema import Round, Session, Workload
+from tests.integration.loopback import serve
 
 
 @dataclass
@@ -75,7 +74,7 @@ def cut_after(chunks: int) -> Response:
 
 
 class ScriptedServer:
-    """A real HTTP server (uvicorn in a thread) answering each request with ``script(seen)``."""
+    """A real HTTP server's app (served on loopback by the fixture below) answering each request with ``script(seen)``."""
 
     def __init__(self) -> None:
         self.script: Reply = lambda s: ok(3)
@@ -83,12 +82,8 @@ class ScriptedServer:
         self.inflight: Counter[str] = Counter()
         self.peak: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.t0 = time.perf_counter()
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]), Route("/v1/models", self._models)])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]), Route("/v1/models", self._models)])
+        self.url = ""  # set while it is served (the fixture below)
 
     def reset(self, script: Reply) -> None:
         self.script, self.seen, self.t0 = script, [], time.perf_counter()
@@ -124,21 +119,12 @@ class ScriptedServer:
         self.inflight[tenant] -= 1
         return resp
 
-    def __enter__(self) -> ScriptedServer:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "the scripted server did not stop"
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ScriptedServer() as srv:
+    srv = ScriptedServer()
+    with serve(srv.app, log_level="critical") as srv.url:
         yield srv
 
 

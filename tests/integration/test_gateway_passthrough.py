@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from coda.serving.procs import running, spawn
+from tests.integration.loopback import serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,15 +68,7 @@ class Recorder:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     rec = Recorder()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(rec.app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with serve(rec.app()) as url:
         cfg = tmp_path_factory.mktemp("pt") / "coda.yaml"
         cfg.write_text(
             yaml.safe_dump(
@@ -93,9 +83,6 @@ def setup(tmp_path_factory):
         with running("serve", "--config", str(cfg), "--port", "0") as gw:
             gw.backend_url = url
             yield gw, rec
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 RAW = (
