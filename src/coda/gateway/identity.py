@@ -1,7 +1,7 @@
 """Who a request is for: its tenant (from the API key, or ``x-tenant-id`` with auth off) and its
 agent session, recognised from what agent clients already send (``session_of``: their own headers
-and body fields, the Responses API's ``previous_response_id``), then Coda's ``x-session-id``, then a
-hash of how the conversation opens.
+and body fields, then Coda's ``x-session-id``, the Responses API's ``previous_response_id``, then
+cache keys that several sessions may share, then a hash of how the conversation opens).
 
 Tenants label metrics, so names outside the configuration are folded into ``other`` once
 ``MAX_TENANT_LABELS`` distinct ones have been seen (a header must not grow /metrics forever),
@@ -128,31 +128,32 @@ def claude_code_session(metadata: Any) -> str | None:
 
 
 def client_session(headers: Any, body: dict[str, Any]) -> ClientSession | None:
-    """What an agent client already sends to name its conversation: its own headers, then Claude
-    Code's ``metadata.user_id``, then ``prompt_cache_key`` (Codex sends its conversation id there,
-    OpenCode its session id) and the Responses API's ``conversation``."""
+    """An id that names one conversation and nothing wider: an agent client's own headers, Claude
+    Code's ``metadata.user_id``, the Responses API's ``conversation``, then Coda's ``x-session-id``
+    and the body's ``metadata.session_id``."""
     for h in CLIENT_HEADERS:
         if v := _text(headers.get(h)):
             return ClientSession(v, h)
     if sid := claude_code_session(body.get("metadata")):
         return ClientSession(sid, "metadata.user_id")
-    if v := _text(body.get("prompt_cache_key")):
-        return ClientSession(v, "prompt_cache_key")
     conv = body.get("conversation")
     if v := _text(conv) or (_text(conv.get("id")) if isinstance(conv, dict) else None):
         return ClientSession(v, "conversation")
-    return None
-
-
-def declared_session(headers: Any, body: dict[str, Any]) -> ClientSession | None:
-    """Coda's own header, then the generic fields some clients fill (``metadata.session_id``, ``user``)."""
     if v := _text(headers.get(CODA_HEADER)):
         return ClientSession(v, CODA_HEADER)
     meta = body.get("metadata")
     if isinstance(meta, dict) and (v := _text(meta.get("session_id"))):
         return ClientSession(v, "metadata.session_id")
-    if v := _text(body.get("user")):
-        return ClientSession(v, "user")
+    return None
+
+
+def shared_key(body: dict[str, Any]) -> ClientSession | None:
+    """A field that may span sessions: ``prompt_cache_key`` (Codex sends its conversation id there,
+    OpenCode its session id, but other clients share one key across sessions), then ``user``. Read
+    only when nothing names the conversation, so two sessions a client marks distinct never merge."""
+    for name in ("prompt_cache_key", "user"):
+        if v := _text(body.get(name)):
+            return ClientSession(v, name)
     return None
 
 
@@ -207,14 +208,14 @@ def response_id(first_bytes: bytes) -> str | None:
 
 
 def session_of(tenant: str, path: str, headers: Any, body: dict[str, Any], chains: ResponseChains) -> tuple[str | None, str | None]:
-    """The session key of a request and the rule that found it: an agent client's own identifier,
-    then the session of the response it continues (``previous_response_id``), then Coda's
-    ``x-session-id`` (and the generic body fields), then the prefix hash; ``(None, None)`` for a
+    """The session key of a request and the rule that found it: an id that names one conversation
+    (``client_session``), then the session of the response it continues (``previous_response_id``),
+    then a key that may span sessions (``shared_key``), then the prefix hash; ``(None, None)`` for a
     request none of them names."""
     found = client_session(headers, body)
     if found is None and (key := chains.session(body.get("previous_response_id"), tenant)) is not None:
         return key, "previous_response_id"
-    found = found or declared_session(headers, body) or prefix_session(path, body)
+    found = found or shared_key(body) or prefix_session(path, body)
     return (session_key(tenant, found.id), found.source) if found is not None else (None, None)
 
 
