@@ -24,7 +24,8 @@ def profile_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a profile, the provenance of each constant and the KV sizing check."""
-    from coda.cost.profile import GiB, is_table, load_profile
+    from coda.cost.profile import GiB, load_profile
+    from coda.cost.provenance import classify
 
     p = load_profile(profile)
     kv = p.kv_bytes_per_token()
@@ -38,7 +39,8 @@ def profile_show(
         "dram_tokens_per_node": int(p.tiers.dram_kv_bytes // kv),
     }
     if as_json:
-        print_json({"profile": p.model_dump(), "sizing": sizing})
+        sources = {name: classify(prov) for name, _, prov in _constants(p) if prov}
+        print_json({"profile": p.model_dump(), "sizing": sizing, "sources": sources})
         return
     out_console.print(f"[bold]{p.name}[/bold] ({p.kind}): {p.description}")
     if p.machine is not None:
@@ -48,34 +50,10 @@ def profile_show(
     table = Table(show_header=True)
     table.add_column("constant")
     table.add_column("value", justify="right")
+    table.add_column("source")
     table.add_column("provenance")
-    dump = p.model_dump()
-
-    def rows(prefix: str, data: dict) -> None:
-        for k, v in data.items():
-            if isinstance(v, dict) and is_table(v):
-                size = len(v["knots"]) if "knots" in v else len(v["values"])
-                table.add_row(f"{prefix}.{k}", f"table of {size}", p.provenance.get(f"{prefix}.{k}", ""))
-            elif isinstance(v, dict):
-                rows(f"{prefix}.{k}", v)
-            elif not isinstance(v, list):
-                table.add_row(f"{prefix}.{k}", fmt_value(v), p.provenance.get(f"{prefix}.{k}", ""))
-
-    if p.tp > 1:
-        table.add_row("tp", str(p.tp), p.provenance.get("tp", ""))
-    for section in ("gpu", "model", "geometry", "tiers", "overheads", "attention", "step_model", "operators", "engine"):
-        if dump.get(section) is not None:
-            rows(section, dump[section])
-    for link in (k for k in ("h2d", "d2h", "ssd_read") if dump[k] is not None):
-        pts = ", ".join(f"{b / 2**20:.3g} MiB:{s * 1e3:.3g} ms" for b, s in dump[link]["points"])
-        table.add_row(link, pts, p.provenance.get(link, ""))
-    if p.cohort_gain is not None:
-        g = p.cohort_gain
-        table.add_row(
-            "cohort_gain",
-            f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, held-out coverage {g.held_out.coverage:.1%}",
-            g.provenance,
-        )
+    for name, value, prov in _constants(p):
+        table.add_row(name, value, classify(prov) if prov else "-", prov)
     out_console.print(table)
     _print_collectives(p)
     sz = Table(show_header=True, title="sizing check")
@@ -84,6 +62,41 @@ def profile_show(
     for k, v in sizing.items():
         sz.add_row(k, fmt_value(v))
     out_console.print(sz)
+
+
+def _constants(p: Profile) -> list[tuple[str, str, str]]:
+    """Every constant of a profile as (dotted name, value, provenance). A field the profile gives no
+    provenance of (a name, a flag) takes that of the first sibling in its section that has one."""
+    from coda.cost.profile import is_table
+
+    out: list[tuple[str, str, str]] = []
+    dump = p.model_dump()
+
+    def rows(prefix: str, data: dict) -> None:
+        known = next((f"{p.provenance[f'{prefix}.{k}']} (as {prefix}.{k})" for k in data if f"{prefix}.{k}" in p.provenance), "")
+        for k, v in data.items():
+            name = f"{prefix}.{k}"
+            prov = p.provenance.get(name) or (known if v is not None else "")
+            if isinstance(v, dict) and is_table(v):
+                out.append((name, f"table of {len(v['knots']) if 'knots' in v else len(v['values'])}", p.provenance.get(name, "")))
+            elif isinstance(v, dict):
+                rows(name, v)
+            elif not isinstance(v, list):
+                out.append((name, fmt_value(v), prov))
+
+    if p.tp > 1:
+        out.append(("tp", str(p.tp), p.provenance.get("tp", "")))
+    for section in ("gpu", "model", "geometry", "tiers", "overheads", "attention", "step_model", "operators", "engine"):
+        if dump.get(section) is not None:
+            rows(section, dump[section])
+    for link in (k for k in ("h2d", "d2h", "ssd_read") if dump[k] is not None):
+        pts = ", ".join(f"{b / 2**20:.3g} MiB:{s * 1e3:.3g} ms" for b, s in dump[link]["points"])
+        out.append((link, pts, p.provenance.get(link, "")))
+    if p.cohort_gain is not None:
+        g = p.cohort_gain
+        out.append(("cohort_gain", f"{g.kind}: {len(g.terms)} terms, bound {g.residual_bound:.3f}, "
+                    f"held-out coverage {g.held_out.coverage:.1%}", g.provenance))
+    return out
 
 
 #: steps whose collectives ``coda profile show`` prints: (what, tokens, sequences)
