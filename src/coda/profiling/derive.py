@@ -192,3 +192,46 @@ def _attention_pairs(cost: OperatorCost, setup: Setup, pairs: dict[str, list[tup
             pred = cost.decode_attention_s(b.decodes)
         label = {"pure": "attention decode", "prefill": "attention prefill", "mixed": "attention mixed"}[b.regime]
         pairs[label].append((pred / layers, b.seconds))
+
+
+def measured_steps(profile: Profile, folder: Path, setup_name: str, tp: int) -> list[tuple[str, float, float]]:
+    """Whole per-rank steps of a measured setup, predicted and measured, without collectives and
+    MoE blocks (the TP files time neither): for each pure-decode and single-chunk prefill row of the
+    attention file, the measured step is the sum the files give at its token and sequence counts
+    (every dense operator of every layer, the per-step operators, lm_head and sampler, attention
+    times layers) and the predicted one the profile's. Returns (regime, predicted s, measured s)."""
+    setup = open_setup(folder, setup_name, tp)
+    cost = build_cost_model(profile)
+    if not isinstance(cost, OperatorCost):
+        raise CodaError(f"profile {profile.name}: measured_steps needs an operators profile")
+    g, ops = cost.rank.g, profile.operators
+    assert ops is not None
+    dense = read_table(setup.csv("dense"), "tokens", ("layer", "tokens", "time_us"))
+    per_seq = read_table(setup.csv("per_sequence"), "sequences", ("layer", "sequences", "time_us"))
+
+    def at(table: dict[str, tuple[np.ndarray, np.ndarray]], op: str, n: int) -> float | None:
+        x, t = table[op]
+        hit = np.flatnonzero(x == n)
+        return float(t[hit[0]]) if len(hit) else None
+
+    def weight(op: str) -> int:
+        if op in STEP_OPS:
+            return 1
+        return ops.layer_counts.get(op, 1) * (g.dense_layers if op in ("gate_up_proj", "down_proj", "act_fn") else g.num_layers)
+
+    out = []
+    for b in read_attention(setup.csv("attention")):
+        if b.regime == "mixed" or len(b.prefill) > 1:
+            continue
+        tokens = len(b.decodes) + sum(n for n, _ in b.prefill)
+        seqs = len(b.decodes) + len(b.prefill)
+        parts = [(at(dense, op, tokens), weight(op)) for op in dense if cost.rank.has(op)]
+        parts += [(at(per_seq, op, seqs), 1) for op in per_seq]
+        if any(t is None for t, _ in parts):
+            continue
+        measured = sum(t * w for t, w in parts if t is not None)
+        measured += b.seconds * g.num_layers
+        rank_ops = cost.operators_s(tokens, seqs) - cost.moe_s(tokens) - (cost.comm.step_s(tokens, seqs) if cost.comm else 0.0)
+        attention = cost.varlen_attention_s(list(b.prefill), b.decodes) if b.prefill else cost.decode_attention_s(b.decodes)
+        out.append(("decode" if b.regime == "pure" else "prefill", rank_ops + attention, measured))
+    return out
