@@ -19,12 +19,20 @@ step-time change (no measured run here: no errors are claimed).
     python benchmarks/fidelity_replay.py --requests run.jsonl --setup tp2 --profile my-tp2-profile.json
     python benchmarks/fidelity_replay.py --requests run.jsonl --setup dp2-ep --json errors.json
     python benchmarks/fidelity_replay.py --example
+    python benchmarks/fidelity_replay.py --tp2-check          # needs $CODA_DATA_DIR/profiles
+
+``--tp2-check`` holds the TP 2 model to the shared TP 2 operator files without any end-to-end run:
+each operator of the profile derived from TP 1 and of the one fitted to the TP 2 files against the
+TP 2 rows (signed median error), whole per-rank steps against the sum of the rows at the same counts,
+and the share of a simulated step that goes to collectives, for those profiles and for Qwen3-32B
+derived from Llama-3.1-8B's TP 1 operators at TP 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,8 +44,11 @@ from rich.table import Table
 
 from coda.config.load import read_config, validated
 from coda.cost.model import build_cost_model
-from coda.cost.profile import load_profile
+from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
+from coda.profiling.derive import derive, measured_steps
+from coda.profiling.hf_config import read_config as read_model_config
+from coda.profiling.operator_fit import open_setup, read_table
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.requests import read_requests
@@ -226,6 +237,93 @@ def example(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     return out
 
 
+TP2_SETUPS = {"rtxpro6000-llama31-8b": "RTXPRO6000_Llama-3.1-8B", "rtxpro6000-qwen3-30b-a3b": "RTXPRO6000_Qwen3-30B-A3B"}
+MODELS = Path(__file__).resolve().parents[1] / "src/coda/profiling/models"
+#: steps whose collective share --tp2-check prints: (name, prefill chunks, decode contexts)
+COMM_SHAPES = (
+    ("decode 1 x 1,000", (), [1000]),
+    ("decode 32 x 2,000", (), [2000] * 32),
+    ("decode 128 x 2,000", (), [2000] * 128),
+    ("prefill 512 new", [(512, 0)], []),
+    ("prefill 2,048 new", [(2048, 0)], []),
+    ("prefill 512 over 4,096 + 32 decodes", [(512, 4096)], [2000] * 32),
+)
+
+
+def _signed(x: np.ndarray) -> dict[str, float]:
+    return {"signed_median": float(np.median(x)), "median": float(np.median(np.abs(x))), "p90": float(np.percentile(np.abs(x), 90)),
+            "rows": len(x)}
+
+
+def operator_errors(profile: Profile, folder: Path, setup: str) -> dict[str, dict[str, float]]:
+    """Each dense and per-sequence operator of ``profile`` against every TP 2 row of ``setup``."""
+    ops = profile.operators
+    assert ops is not None
+    s, out = open_setup(folder, setup, 2), {}
+    for kind, table, count in (("dense", {**ops.layer, **ops.step}, "tokens"), ("per_sequence", ops.per_sequence, "sequences")):
+        for op, (x, t) in read_table(s.csv(kind), count, ("layer", count, "time_us")).items():
+            if op in table:
+                out[op] = _signed(np.interp(x, table[op].knots, table[op].seconds) / t - 1)
+    return out
+
+
+def comm_shares(profile: Profile) -> dict[str, dict[str, float]]:
+    cost = build_cost_model(profile)
+    out = {}
+    for name, chunks, ctx in COMM_SHAPES:
+        c = np.array(ctx, dtype=np.int64)
+        tokens, seqs = len(c) + sum(n for n, _ in chunks), len(c) + len(chunks)
+        step, comm = cost.step_s(chunks, c), cost.comm.step_s(tokens, seqs)
+        out[name] = {"step_s": step, "comm_s": comm, "share": comm / step}
+    return out
+
+
+def tp2_check(console: Console) -> dict[str, Any]:
+    folder = Path(os.environ.get("CODA_DATA_DIR", "../shared")) / "profiles"
+    if not folder.is_dir():
+        raise CodaError(f"{folder}: no such folder; set CODA_DATA_DIR to the folder holding profiles/ (the shared operator files)")
+    out: dict[str, Any] = {"operators": {}, "steps": {}, "comm": {}}
+    profiles = {}
+    for src, setup in TP2_SETUPS.items():
+        p = load_profile(src)
+        assert p.geometry is not None
+        profiles[f"{src}-tp2 (derived from TP 1)"] = (Profile.model_validate(derive(p, p.geometry, 2)), setup)
+        profiles[f"{src}-tp2 (fitted to the TP 2 files)"] = (load_profile(f"{src}-tp2"), setup)
+    for label, (p, setup) in profiles.items():
+        out["operators"][label] = operator_errors(p, folder, setup)
+        rows = measured_steps(p, folder, setup, 2)
+        out["steps"][label] = {k: _signed(np.array([a / b - 1 for r, a, b in rows if r == k])) for k in ("decode", "prefill")}
+    ops = Table(title="TP 2 operators against the TP 2 files: signed median / median |error| / p90 |error|")
+    ops.add_column("operator")
+    for label in profiles:
+        ops.add_column(label, justify="right")
+    names = sorted({op for v in out["operators"].values() for op in v})
+    for op in names:
+        cells = [out["operators"][label].get(op) for label in profiles]
+        ops.add_row(op, *(f"{e['signed_median']:+.1%} / {e['median']:.1%} / {e['p90']:.1%}" if e else "-" for e in cells))
+    for k in ("decode", "prefill"):
+        cells = [out["steps"][label][k] for label in profiles]
+        ops.add_row(f"whole step, {k} ({cells[0]['rows']} rows)", *(f"{e['signed_median']:+.1%} / {e['median']:.1%} / {e['p90']:.1%}"
+                                                                    for e in cells))
+    console.print(ops)
+    llama = load_profile("rtxpro6000-llama31-8b")
+    q32 = Profile.model_validate(derive(llama, read_model_config(MODELS / "Qwen3-32B.json"), 2))
+    comm_profiles = {"Qwen3-32B TP 2 (derived from rtxpro6000-llama31-8b)": q32,
+                     "rtxpro6000-llama31-8b-tp2": load_profile("rtxpro6000-llama31-8b-tp2"),
+                     "rtxpro6000-qwen3-30b-a3b-tp2": load_profile("rtxpro6000-qwen3-30b-a3b-tp2")}
+    comm = Table(title="simulated step and its collectives at TP 2 (ms, share of the step)")
+    comm.add_column("step")
+    for label in comm_profiles:
+        comm.add_column(label, justify="right")
+    for label, p in comm_profiles.items():
+        out["comm"][label] = comm_shares(p)
+    for name, _, _ in COMM_SHAPES:
+        cells = [out["comm"][label][name] for label in comm_profiles]
+        comm.add_row(name, *(f"{c['step_s'] * 1e3:.2f} ms, {c['comm_s'] * 1e3:.2f} ms ({c['share']:.1%})" for c in cells))
+    console.print(comm)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=Path, help="per-request JSONL of a measured open-loop run")
@@ -233,16 +331,17 @@ def main() -> int:
     ap.add_argument("--profile", help="profile name or JSON path (default: the setup's)")
     ap.add_argument("--config", type=Path, help="YAML/TOML of SimConfig fields laid over the setup's")
     ap.add_argument("--example", action="store_true", help="no measured run: predict each setup and its one-GPU counterpart")
+    ap.add_argument("--tp2-check", action="store_true", help="no run: the TP 2 model against the shared TP 2 operator files")
     ap.add_argument("--example-requests", type=int, default=300)
     ap.add_argument("--example-rate", type=float, default=2.0, help="requests per second of the example run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the report as JSON")
     args = ap.parse_args()
-    if (args.requests is None) == (not args.example):
-        ap.error("give --requests RUN.jsonl (a measured run) or --example")
+    if sum((args.requests is not None, args.example, args.tp2_check)) != 1:
+        ap.error("give one of --requests RUN.jsonl (a measured run), --example or --tp2-check")
     console = Console()
     try:
-        report = replay(args, console) if args.requests else example(args, console)
+        report = replay(args, console) if args.requests else example(args, console) if args.example else tp2_check(console)
     except CodaError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
