@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import resource
 import signal
 import threading
 import time
@@ -49,6 +50,7 @@ from coda.gateway.proxy import CREDENTIALS, NOT_FORWARDED, Exchange, Relay, Upst
 from coda.gateway.replica import Replica, open_store
 from coda.gateway.telemetry import Telemetry
 from coda.gateway.view import GatewayState, Ticket, Worker
+from coda.serving.door import DoorLimits, DoorProtocol
 from coda.serving.errors import ApiError
 from coda.serving.listen import listen
 
@@ -63,6 +65,8 @@ HOUSEKEEPING_S = 0.5
 DRAIN_POLL_S = 0.05
 #: after the drain, how long uvicorn waits for what is not a generation request (a body still uploading)
 SHUTDOWN_GRACE_S = 2.0
+#: the default max_connections where the open-file limit is unlimited: assumed, a large server's
+MAX_CONNECTIONS_UNLIMITED_FILES = 65536
 _decode = msgspec.json.Decoder()
 #: prompts tokenized both ways at startup to check the local tokenizer against the engine's
 PROBES = (
@@ -239,14 +243,24 @@ class Gateway:
                 }
             )
 
-    @staticmethod
-    def _json(raw: bytes) -> dict[str, Any]:
+    def _json(self, raw: bytes) -> dict[str, Any]:
+        limit = self.config.limits.max_json_depth
+        too_deep = ApiError(
+            400,
+            f"the request body nests arrays and objects deeper than the gateway's limits.max_json_depth={limit}; "
+            "send a flatter body",
+            "json_too_deep",
+        )
         try:
             body = _decode.decode(raw)
         except msgspec.DecodeError as err:
             raise ApiError(400, f"the request body is not valid JSON ({err}); send a JSON object", "invalid_json") from None
+        except RecursionError:  # deeper than the decoder's own stack allows
+            raise too_deep from None
         if not isinstance(body, dict):
             raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        if raw.count(b"[") + raw.count(b"{") > limit and nests_deeper(body, limit):
+            raise too_deep
         return body
 
     async def _engine_tokens(self, path: str, body: dict[str, Any], session: str | None) -> Prompt | None:
@@ -367,10 +381,13 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _: Request) -> Response:
-        """Ready while some engine is healthy; details name what degrades routing (KV events that
-        never came, a shared store that does not answer: the replica serves on its own state)."""
+        """Ready while some engine is healthy and the replica can admit: not draining, and not
+        deferring everything for a store that does not answer (``store.on_unreachable: closed``).
+        Details name what degrades routing (KV events that never came, a fail-open store that does
+        not answer: the replica serves on its own state)."""
         healthy = sum(w.healthy for w in self.state.workers)
-        ok = healthy > 0 and not self.state.draining
+        store_blocks = self.replica.closed_when_down and not self.replica.up
+        ok = healthy > 0 and not self.state.draining and not store_blocks
         missing = [{"worker": w.label, "endpoint": w.cfg.kv_events} for w in self.state.workers if w.kv_missing]
         return JSONResponse(
             {
@@ -439,6 +456,19 @@ class Gateway:
             "recent_sessions": [{"session": sid, "last_worker": x.last_worker} for sid, x in reversed(sessions)],
             "workers": workers,
         }
+
+
+def nests_deeper(body: Any, limit: int) -> bool:
+    """Whether a decoded JSON value nests arrays and objects deeper than ``limit`` (the top level is
+    depth 1); iterative, so the check itself cannot overflow the stack."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def create_app(gw: Gateway) -> Starlette:
@@ -518,6 +548,21 @@ class _DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def door_limits(config: GatewayConfig) -> DoorLimits:
+    """The door's limits from ``config.limits``; ``max_connections`` defaults to half the open-file limit."""
+    lim = config.limits
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    default = files // 2 if files != resource.RLIM_INFINITY else MAX_CONNECTIONS_UNLIMITED_FILES
+    return DoorLimits(
+        max_headers=lim.max_headers,
+        max_header_bytes=lim.max_header_bytes,
+        max_request_line_bytes=lim.max_request_line_bytes,
+        header_timeout_s=lim.header_timeout_s,
+        body_timeout_s=lim.body_timeout_s,
+        max_connections=lim.max_connections or max(default, 1),
+    )
+
+
 async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
     """Take the address (a bad host or a port in use fails at once), check the engines, serve
     until SIGTERM/SIGINT, drain, clean up."""
@@ -534,6 +579,8 @@ async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None])
                 server_header=False,
                 date_header=False,
                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                timeout_keep_alive=config.limits.keep_alive_timeout_s,  # type: ignore[arg-type]
+                http=DoorProtocol.factory(door_limits(config)),
             ),
             gw,
         )  # type: ignore[arg-type]

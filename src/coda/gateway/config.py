@@ -162,6 +162,28 @@ class StoreConfig(StrictModel):
         return v
 
 
+class LimitsConfig(StrictModel):
+    """What one client may hold at the door; each default is assumed (sized from common servers'
+    defaults and agent clients' requests), not measured. See docs/gateway.md#limits."""
+
+    max_headers: PositiveInt = Field(128, description="headers in one request; more get 431")
+    max_header_bytes: PositiveInt = Field(64 * 1024, description="bytes of all headers of one request; more get 431")
+    max_request_line_bytes: PositiveInt = Field(8 * 1024, description="bytes of the request target (path and query); more get 414")
+    max_json_depth: PositiveInt = Field(128, description="nesting of arrays and objects in a JSON body; deeper gets 400")
+    header_timeout_s: PositiveFloat = Field(
+        10.0, description="longest a request's head (line and headers) may take to arrive; then 408 and the connection closes"
+    )
+    body_timeout_s: PositiveFloat = Field(
+        30.0, description="longest wait between two pieces of a request body; then 408 and the connection closes"
+    )
+    keep_alive_timeout_s: PositiveFloat = Field(30.0, description="an idle keep-alive connection is closed after this long")
+    max_connections: PositiveInt | None = Field(
+        None,
+        description="open client connections; a request on one more gets 503 with Retry-After (default: half the process's "
+        "open-file limit, since each admitted connection may hold an engine connection too)",
+    )
+
+
 class GatewayConfig(PoliciesConfig):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -175,6 +197,7 @@ class GatewayConfig(PoliciesConfig):
     kv_events: KVEventsConfig = KVEventsConfig()
     store: StoreConfig = StoreConfig()
     max_body_bytes: PositiveInt = Field(16 * 1024 * 1024, description="larger request bodies get 413")
+    limits: LimitsConfig = LimitsConfig()
     connect_timeout_s: PositiveFloat = Field(2.0, description="connecting to an engine; a failure tries another worker")
     first_byte_timeout_s: PositiveFloat = Field(600.0, description="longest wait for an engine's first response byte")
     midstream_failure: Literal["abort", "error_event"] = Field(
