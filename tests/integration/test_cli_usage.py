@@ -73,6 +73,30 @@ def test_an_impossible_policy_value_is_refused_by_sim_and_serve(tmp_path, params
     assert_one_error_line(coda("serve", "-c", str(cfg)), 2, needle)
 
 
+@pytest.mark.parametrize(("kind", "spec", "line"), [
+    ("state", {"name": "tiered_aging", "params": {"tau_s": -1}}, "state admission policy tiered_aging: tau_s must be > 0, got -1"),
+    ("state", {"name": "tiered_aging", "params": {"w_max_s": "soon"}},
+     "state admission policy tiered_aging: parameter w_max_s='soon' must be a number"),
+    ("eviction", {"name": "tool_aware", "params": {"min_samples": 0}}, "eviction policy tool_aware: min_samples must be >= 1, got 0"),
+    ("ingress", {"name": "session", "params": {"kv_high": 2}}, "ingress policy session: kv_high must be within [0, 1], got 2"),
+], ids=["tau_s", "w_max_s-type", "min_samples", "kv_high"])
+def test_a_bad_policy_block_fails_with_the_same_line_at_load_in_every_shell(tmp_path, kind, spec, line):
+    """The policy parameters are checked when each shell's configuration loads, including the
+    kinds a shell does not enforce (the gateway runs no state policy, vLLM no ingress policy)."""
+    from coda.errors import CodaError
+    from coda.integrations.vllm.settings import CONFIG_ENV, load_settings
+
+    block = {"policies": {kind: spec}}
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(block))
+    assert_one_error_line(coda("sim", "-w", SMALL, "-c", str(cfg)), 2, f"{cfg}: {line}")
+    cfg.write_text(json.dumps({"backends": ["http://127.0.0.1:9"], **block}))
+    assert_one_error_line(coda("serve", "-c", str(cfg)), 2, f"{cfg}: {line}")
+    with pytest.raises(CodaError) as err:
+        load_settings({CONFIG_ENV: json.dumps(block)})
+    assert str(err.value) == f"{CONFIG_ENV}: {line}"
+
+
 def test_bench_refuses_a_model_the_endpoint_does_not_serve_before_replaying(tmp_path):
     with FakeEngineProcess("--speedup", "20") as engine:
         proc = coda("bench", "--endpoint", engine.url, "--workload", SMALL, "--model", "nosuch", "--out", str(tmp_path / "out"))

@@ -144,7 +144,7 @@ def test_registry_builds_with_params():
     cost = AnalyticCost(load_profile())
     ta = make_policy("state", "tiered_aging", {"tau_s": 2.0, "frontier": 16}, cost)
     assert ta.tau_s == 2.0 and ta.frontier == 16 and ta.w_max_s == 20.0
-    with pytest.raises(CodaError, match="tau_s > 0"):
+    with pytest.raises(CodaError, match="tau_s must be > 0"):
         make_policy("state", "tiered_aging", {"tau_s": 0.0}, cost)
     with pytest.raises(CodaError, match="unknown parameter"):
         make_policy("state", "tiered_aging", {"cost": 1}, cost)

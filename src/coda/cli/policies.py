@@ -63,7 +63,7 @@ def _default(value: Any) -> str:
 
 
 def _params(value: Any) -> dict[str, Any]:
-    from coda.policy.registry import parameters
+    from coda.policy.params import parameters
 
     return {n: getattr(value, n) for n in parameters(type(value))}
 

@@ -22,6 +22,7 @@ from typing import Any
 from coda.errors import CodaError
 from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.ingress import binding
+from coda.policy.params import Count, Fraction, Positive
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 
 
@@ -56,15 +57,13 @@ class AdmitPerfQueueDepth(IngressPolicy):
     """admitperf's ``queue_depth``: hold a request while every engine queues more than
     ``max_waiting`` (Coda's ``queue_limit`` default, assumed), asking it back after ``retry_after_s``."""
 
-    max_waiting: int = 4
-    retry_after_s: float = 1.0
+    max_waiting: Count = 4
+    retry_after_s: Positive = 1.0
     name: str = "admitperf_queue_depth"
     signals: frozenset[str] = frozenset({"queue_depth"})
     _impl: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_waiting < 0 or self.retry_after_s <= 0:
-            raise ValueError(f"max_waiting must be >= 0 and retry_after_s > 0, got {self.max_waiting} and {self.retry_after_s}")
         impl = _policies().QueueDepth(max_waiting=self.max_waiting, retry_after_ms=round(self.retry_after_s * 1000))
         object.__setattr__(self, "_impl", impl)
 
@@ -77,14 +76,12 @@ class AdmitPerfKvThreshold(IngressPolicy):
     """admitperf's ``kv_threshold``: refuse while every engine's KV cache is at least ``threshold``
     full (Coda's ``kv_headroom`` default, assumed)."""
 
-    threshold: float = 0.9
+    threshold: Fraction = 0.9
     name: str = "admitperf_kv_threshold"
     signals: frozenset[str] = frozenset({"kv_usage"})
     _impl: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be within [0, 1], got {self.threshold}")
         object.__setattr__(self, "_impl", _policies().KvThreshold(threshold=self.threshold))
 
     def decide(self, snap: IngressSnapshot) -> Decision:

@@ -19,6 +19,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from coda.policy.contracts import EvictionPolicy, OutStatus, Owners
+from coda.policy.params import AtLeastOne
 from coda.policy.tools import ToolPredictor
 
 
@@ -41,16 +42,14 @@ class ToolAware(EvictionPolicy):
     first, so its prefix survives longest. The prediction is the residual tool time learned online
     from ended calls of the same tools (``statistic``: its mean or its median; see ``ToolPredictor``)."""
 
-    window_chunks: int = 2048
-    min_samples: int = 5
+    window_chunks: AtLeastOne = 2048
+    min_samples: AtLeastOne = 5
     statistic: Literal["mean", "median"] = "mean"
     name: str = "tool_aware"
     session_status: ClassVar[bool] = True
     predictor: ToolPredictor = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.window_chunks < 1 or self.min_samples < 1:
-            raise ValueError("tool_aware needs window_chunks >= 1 and min_samples >= 1")
         self.predictor = ToolPredictor(self.min_samples, self.statistic)
 
     def observe(self, tools: Sequence[str], duration_s: float) -> None:

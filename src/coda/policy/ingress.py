@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coda.policy.contracts import SEVERITY, Decision, IngressPolicy
+from coda.policy.params import AtLeastOne, Count, Fraction, NonNegative, Positive
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 
 
@@ -47,18 +48,6 @@ def binding(snap: IngressSnapshot, pressed: Mapping[str, Callable[[WorkerLoad], 
     return "+".join(sorted(names))
 
 
-def _check_fraction(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be within [0, 1], got {value}")
-
-
-def _check_at_least(low: float, **values: float | None) -> None:
-    """Counts and times a policy cannot work with below ``low`` (``None``: the default applies)."""
-    for name, value in values.items():
-        if value is not None and value < low:
-            raise ValueError(f"{name} must be >= {low:g}, got {value}")
-
-
 @dataclass(frozen=True, slots=True)
 class AdmitAll(IngressPolicy):
     """Admit everything (the baseline)."""
@@ -76,14 +65,11 @@ class QueueLimit(IngressPolicy):
     its engine queue, or could not start the request at once (every seat taken, or what it would
     newly occupy does not fit in the KV cache beside what is in flight: ``WorkerLoad.can_start``)."""
 
-    max_waiting: int = 4
-    retry_after_s: float = 1.0
+    max_waiting: AtLeastOne = 4
+    retry_after_s: NonNegative = 1.0
     name: str = "queue_limit"
     signals: frozenset[str] = frozenset({"queue_depth", "inflight_requests", "inflight_tokens"})
 
-    def __post_init__(self) -> None:
-        _check_at_least(1, max_waiting=self.max_waiting)
-        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.queue_depth < self.max_waiting and w.can_start()):
@@ -97,14 +83,11 @@ class QueueLimit(IngressPolicy):
 class KVHeadroom(IngressPolicy):
     """Defer while every worker's KV cache is at least ``max_kv_usage`` full."""
 
-    max_kv_usage: float = 0.9
-    retry_after_s: float = 1.0
+    max_kv_usage: Fraction = 0.9
+    retry_after_s: NonNegative = 1.0
     name: str = "kv_headroom"
     signals: frozenset[str] = frozenset({"kv_usage"})
 
-    def __post_init__(self) -> None:
-        _check_fraction("max_kv_usage", self.max_kv_usage)
-        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if room(snap, lambda w: w.kv_usage < self.max_kv_usage):
@@ -152,18 +135,14 @@ class TenantShare(IngressPolicy):
     tokens above ``(1 + slack)`` times its entitlement (its weight over the weights of the
     tenants with work in flight). Without saturation every tenant may use idle capacity."""
 
-    slack: float = 0.1
-    kv_high: float = 0.85
-    queue_high: int = 2
-    max_queue_age_s: float = QUEUE_AGE_S
-    retry_after_s: float = 2.0
+    slack: NonNegative = 0.1
+    kv_high: Fraction = 0.85
+    queue_high: AtLeastOne = 2
+    max_queue_age_s: NonNegative = QUEUE_AGE_S
+    retry_after_s: NonNegative = 2.0
     name: str = "tenant_share"
     signals: frozenset[str] = frozenset({"tenant_share", "kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
-    def __post_init__(self) -> None:
-        _check_fraction("kv_high", self.kv_high)
-        _check_at_least(0, slack=self.slack, retry_after_s=self.retry_after_s, max_queue_age_s=self.max_queue_age_s)
-        _check_at_least(1, queue_high=self.queue_high)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if not saturated(snap, self.kv_high, self.queue_high, self.max_queue_age_s):
@@ -183,17 +162,13 @@ class Overload(IngressPolicy):
     (default: its seats, ``max_num_seqs``), or at ``kv_reject`` KV use, or has ``queue_reject``
     requests waiting (default: a quarter of its seats)."""
 
-    max_inflight: int | None = None
-    kv_reject: float = 0.98
-    queue_reject: int | None = None
-    retry_after_s: float = 2.0
+    max_inflight: AtLeastOne | None = None
+    kv_reject: Fraction = 0.98
+    queue_reject: AtLeastOne | None = None
+    retry_after_s: NonNegative = 2.0
     name: str = "overload"
     signals: frozenset[str] = frozenset({"inflight_requests", "kv_usage", "queue_depth"})
 
-    def __post_init__(self) -> None:
-        _check_fraction("kv_reject", self.kv_reject)
-        _check_at_least(1, max_inflight=self.max_inflight, queue_reject=self.queue_reject)
-        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def limits(self, w: WorkerLoad) -> tuple[int, int]:
         """(max in flight, max waiting) for this worker: the explicit counts, else its seats' share."""
@@ -230,31 +205,18 @@ class SessionAdmission(IngressPolicy):
     door that will not open soon. A session idle for ``idle_ttl_s`` loses its slot (the shell's
     ``SessionLedger`` applies the TTL and keeps when each waiting session was first deferred)."""
 
-    max_sessions: int = 0  # 0: no cap, only saturation defers
-    kv_high: float = 0.85
-    queue_high: int = 2
-    max_queue_age_s: float = QUEUE_AGE_S
-    idle_ttl_s: float = 300.0
-    retry_after_s: float = 2.0
-    retry_jitter: float = 0.5
+    max_sessions: Count = 0  # 0: no cap, only saturation defers
+    kv_high: Fraction = 0.85
+    queue_high: AtLeastOne = 2
+    max_queue_age_s: NonNegative = QUEUE_AGE_S
+    idle_ttl_s: Positive = 300.0
+    retry_after_s: NonNegative = 2.0
+    retry_jitter: NonNegative = 0.5
     #: assumed: about six of an agent client's retries at the default Retry-After
-    defer_budget_s: float = 15.0
+    defer_budget_s: NonNegative = 15.0
     name: str = "session"
     signals: frozenset[str] = frozenset({"kv_usage", "queue_depth", "queue_age", "inflight_requests", "inflight_tokens"})
 
-    def __post_init__(self) -> None:
-        _check_fraction("kv_high", self.kv_high)
-        if self.idle_ttl_s <= 0:
-            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
-        _check_at_least(
-            0,
-            max_sessions=self.max_sessions,
-            retry_after_s=self.retry_after_s,
-            retry_jitter=self.retry_jitter,
-            defer_budget_s=self.defer_budget_s,
-            max_queue_age_s=self.max_queue_age_s,
-        )
-        _check_at_least(1, queue_high=self.queue_high)
 
     @property
     def session_ttl_s(self) -> float:  # type: ignore[override]
@@ -281,12 +243,10 @@ class Deadline(IngressPolicy):
     by more than ``grace_s``; serving it would spend GPU time on an answer nobody waits for."""
 
     grace_s: float = 0.0
-    retry_after_s: float = 1.0
+    retry_after_s: NonNegative = 1.0
     name: str = "deadline"
     signals: frozenset[str] = frozenset({"deadline_slack"})
 
-    def __post_init__(self) -> None:
-        _check_at_least(0, retry_after_s=self.retry_after_s)
 
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.deadline_slack_s + self.grace_s >= 0:

@@ -18,24 +18,25 @@ and is then selected like a built-in one (``policies: {state: {name: oldest_firs
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import inspect
+import operator
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import Any
 
 from coda.errors import CodaError
 from coda.policy import eviction, execution, ingress, routing, state
 from coda.policy.contracts import CONTRACTS, MEMBERS, missing_members
+from coda.policy.params import checked, hints, parameters
 from coda.policy.spec import KINDS
 
 ENTRY_POINT_GROUP = "coda.policies"
 KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state admission policy",
               "execution": "execution policy", "eviction": "eviction policy"}
-#: fields of a policy class that are not parameters: its name, what it reads, and what Coda supplies
-RESERVED = frozenset({"name", "signals", "worker_fields", "session_status", "cost"})
 #: Coda's own policies, by kind and name
 BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
     "ingress": {"admit_all": ingress.AdmitAll, "queue_limit": ingress.QueueLimit, "kv_headroom": ingress.KVHeadroom,
@@ -63,14 +64,15 @@ class Entry:
 
     @property
     def needs_cost(self) -> bool:
-        return "cost" in _signature(self.factory).parameters
+        return "cost" in inspect.signature(self.factory).parameters
 
-    def check(self, params: Mapping[str, Any]) -> None:
-        """Raise ``CodaError`` for an unknown or ill-typed parameter, without building the policy."""
-        _arguments(self.factory, params, self.label)
+    def check(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments ``params`` give, typed and within their constraints
+        (``coda.policy.params``); a ``CodaError`` for anything else, without building the policy."""
+        return checked(self.factory, params, self.label)
 
     def build(self, params: Mapping[str, Any], cost: Any = None) -> Any:
-        kwargs = _arguments(self.factory, params, self.label)
+        kwargs = self.check(params)
         if self.needs_cost:
             if cost is None:
                 raise CodaError(f"{self.label} needs a cost model, which this shell does not have; give it a profile")
@@ -153,71 +155,6 @@ def lookup(kind: str, name: str) -> Entry:
     return entry
 
 
-# --- parameters from signatures ----------------------------------------------------------------
-def _signature(factory: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(factory)
-
-
-def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
-    target = factory.__init__ if isinstance(factory, type) and not dataclasses.is_dataclass(factory) else factory
-    try:
-        return typing.get_type_hints(target)
-    except (NameError, TypeError):
-        return {}
-
-
-def parameters(factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    """The user-settable parameters of a factory (its keyword parameters, less the reserved ones)."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {n: p for n, p in _signature(factory).parameters.items() if p.kind in kinds and n not in RESERVED}
-
-
-def _arguments(factory: Callable[..., Any], params: Mapping[str, Any], label: str) -> dict[str, Any]:
-    """Keyword arguments for ``factory`` from user ``params``, checked against its signature."""
-    accepted = parameters(factory)
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise CodaError(f"{label}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(accepted) or '(none)'}")
-    hints = _hints(factory)
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        default = accepted[key].default
-        if dataclasses.is_dataclass(default) and not isinstance(default, type):
-            if not isinstance(value, Mapping):
-                raise CodaError(f"{label}: parameter {key} takes a mapping of {type(default).__name__}'s parameters, got {value!r}")
-            nested = _arguments(type(default), value, f"{label} {key}")
-            out[key] = dataclasses.replace(default, **nested)
-            continue
-        _check_type(label, key, value, default, hints.get(key))
-        out[key] = value
-    return out
-
-
-def _check_type(label: str, key: str, value: Any, default: Any, hint: Any) -> None:
-    choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
-    if choices:
-        if value not in choices:
-            raise CodaError(f"{label}: parameter {key}={value!r} must be one of {', '.join(map(repr, choices))}")
-        return
-    if default is None and value is not None:  # an optional value: checked as a sample of the type it takes
-        kinds = [k for k in typing.get_args(hint) if k is not type(None)]
-        default = kinds[0]() if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
-    if default is inspect.Parameter.empty or default is None:
-        return
-    if isinstance(default, bool) or isinstance(value, bool):
-        ok, want = isinstance(value, bool) and isinstance(default, bool), "true or false"
-    elif isinstance(default, int):
-        ok, want = isinstance(value, int), "an integer"
-    elif isinstance(default, float):
-        ok, want = isinstance(value, (int, float)), "a number"
-    elif isinstance(default, str):
-        ok, want = isinstance(value, str), "a string"
-    else:
-        ok, want = True, ""
-    if not ok:
-        raise CodaError(f"{label}: parameter {key}={value!r} must be {want}")
-
-
 # --- the catalogue -----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Parameter:
@@ -250,9 +187,9 @@ def catalogue(kind: str | None = None) -> list[Described]:
         aliases = ALIASES.get(k, {})
         for name in names(k):
             factory = _REGISTRY[k][name].factory
-            hints = _hints(factory)
+            found = hints(factory)
             params = tuple(
-                Parameter(p.name, _type_name(hints.get(p.name, p.annotation)), None if p.default is inspect.Parameter.empty else p.default)
+                Parameter(p.name, _type_name(found.get(p.name, p.annotation)), None if p.default is inspect.Parameter.empty else p.default)
                 for p in parameters(factory).values()
             )
             doc = " ".join((inspect.getdoc(factory) or "").split("\n\n")[0].split())
@@ -270,8 +207,20 @@ def catalogue(kind: str | None = None) -> list[Described]:
 
 
 def _type_name(hint: Any) -> str:
+    """A hint as ``coda policies`` prints it: its type, without the constraint metadata."""
+    hint = _plain(hint)
     if hint is inspect.Parameter.empty:
         return "any"
     if isinstance(hint, type):
         return hint.__name__
     return str(hint).replace("typing.", "")
+
+
+def _plain(hint: Any) -> Any:
+    """``hint`` with ``Annotated`` metadata stripped, through unions."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return _plain(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = tuple(_plain(a) for a in typing.get_args(hint))
+        return functools.reduce(operator.or_, args)
+    return hint

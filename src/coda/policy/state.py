@@ -15,6 +15,7 @@ import numpy as np
 
 from coda.cost.model import CostModel
 from coda.policy.contracts import Admission, Choice, StatePolicy
+from coda.policy.params import AtLeastOne, NonNegative, Positive
 from coda.policy.snapshots import AdmissionSnapshot
 
 
@@ -23,7 +24,7 @@ class Fifo(StatePolicy):
     """vLLM's first-come-first-served: the oldest ready request, and nothing while it does not fit."""
 
     name: str = "fifo"
-    frontier: int = 1
+    frontier: AtLeastOne = 1
     admission: ClassVar[Admission] = "every_slot"  # the oldest each time: both integrations admit the same
 
     def choose(self, snap: AdmissionSnapshot) -> int | None:
@@ -84,7 +85,7 @@ class FewestBlocks(StatePolicy):
     """CacheWise-style prefix-aware order: among requests that fit, the one needing the fewest
     additional KV blocks (ties: oldest), chosen for every admission slot."""
 
-    frontier: int = 64
+    frontier: AtLeastOne = 64
     admission: Admission = "every_slot"
     name: str = "fewest_blocks"
 
@@ -113,9 +114,9 @@ class TieredAging(StatePolicy):
     """
 
     cost: CostModel = field(compare=False)
-    tau_s: float = 5.0
-    w_max_s: float = 20.0
-    frontier: int = 64
+    tau_s: Positive = 5.0
+    w_max_s: NonNegative = 20.0
+    frontier: AtLeastOne = 64
     hold_queue: bool = False
     cost_unit: Literal["seconds", "blocks"] = "seconds"
     admission: Admission = "promote_one"
@@ -123,8 +124,6 @@ class TieredAging(StatePolicy):
     _costs: StateCost = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.tau_s <= 0 or self.w_max_s < 0 or self.frontier < 1:
-            raise ValueError("tiered_aging needs tau_s > 0, w_max_s >= 0 and frontier >= 1")
         self._costs = StateCost(self.cost)
 
     def choose(self, snap: AdmissionSnapshot) -> int | None:
