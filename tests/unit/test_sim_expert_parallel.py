@@ -32,6 +32,40 @@ def test_a_group_step_is_the_slowest_rank_plus_the_shared_moe_and_its_collective
     assert group.local_s(*big) < cost.step_s(*big)  # its MoE blocks moved out of the rank's own part
 
 
+def test_ranks_under_cuda_graphs_run_the_largest_ranks_token_count():
+    """vLLM's DP padding: every rank's step fits the CUDA graphs, so every rank, an idle one too,
+    runs the largest count through its dense operators and the dispatch."""
+    cost = build_cost_model(load_profile(MOE))
+    group = ExpertParallelGroup(cost, 2)
+    small, big = ([], np.array([500] * 4)), ([(96, 0)], np.array([900] * 8))
+    assert group.padded_tokens([4, 104]) == 104 and group.padded_tokens([4, 520]) == 0
+    step = group.step_s([small, big])
+    padded_small = group.local_s(*small) + (cost.dense_s(104, 4) - cost.moe_s(104)) - (cost.dense_s(4, 4) - cost.moe_s(4))
+    assert group.local_s(*small, 104) == pytest.approx(padded_small)
+    assert group.local_s(*big, 104) == pytest.approx(group.local_s(*big))  # the largest rank is not padded
+    # the padding tokens route alike: routed pairs, no further experts
+    g, m = cost.rank.g, load_profile(MOE).operators.moe
+    pairs = g.moe_layers * m.pair_s * g.experts_per_token * 0.5
+    assert cost.moe_pairs_s(100, 0.5) == pytest.approx(100 * pairs)
+    comm = g.moe_layers * group.comm.layer_s([104, 104])
+    assert step == pytest.approx(max(padded_small, group.local_s(*big)) + cost.moe_s(108, 0.5) + cost.moe_pairs_s(100, 0.5) + comm)
+    alone = group.step_s([big])  # the idle rank's dummy batch is padded to 104 tokens as well
+    assert alone == pytest.approx(group.local_s(*big) + cost.moe_s(104, 0.5) + cost.moe_pairs_s(104, 0.5) + comm)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 600), st.integers(0, 64)), min_size=1, max_size=2))
+def test_padding_never_makes_a_group_step_cheaper(ranks):
+    cost = build_cost_model(load_profile(MOE))
+    group = ExpertParallelGroup(cost, 2)
+    batches = [([(n, 0)] if n else [], np.full(d, 700, dtype=np.int64)) for n, d in ranks]
+    tokens = [n + d for n, d in ranks]
+    if sum(tokens) == 0:
+        return
+    unpadded = max(group.local_s(*b) for b in batches) + cost.moe_s(sum(tokens), 0.5) + cost.rank.g.moe_layers * group.comm.layer_s(tokens)
+    assert group.step_s(batches) >= unpadded * (1 - 1e-12)
+
+
 def test_expert_parallelism_needs_an_moe_profile_at_tp1():
     with pytest.raises(CodaError, match="no experts"):
         ExpertParallelGroup(build_cost_model(load_profile("rtxpro6000-llama31-8b")), 2)

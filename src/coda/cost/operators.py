@@ -124,6 +124,14 @@ class OperatorCost(AttentionSteps, CohortGains):
         pairs = routed_tokens * g.experts_per_token * expert_share
         return g.moe_layers * (m.fixed_s + m.expert_s * touched + m.pair_s * pairs)
 
+    def moe_pairs_s(self, tokens: float, expert_share: float = 1.0) -> float:
+        """The per-routed-token term alone of ``moe_s``: tokens whose routing touches no further
+        experts (padding tokens, which all route alike)."""
+        g, m = self.rank.g, self._moe
+        if m is None or not g.moe_layers or tokens <= 0:
+            return 0.0
+        return g.moe_layers * m.pair_s * tokens * g.experts_per_token * expert_share
+
     def decode_attention_s(self, contexts: np.ndarray) -> float:
         c = np.asarray(contexts, dtype=np.int64)
         if len(c) == 0:
