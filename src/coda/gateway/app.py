@@ -65,8 +65,9 @@ HOUSEKEEPING_S = 0.5
 DRAIN_POLL_S = 0.05
 #: after the drain, how long uvicorn waits for what is not a generation request (a body still uploading)
 SHUTDOWN_GRACE_S = 2.0
-#: the default max_connections where the open-file limit is unlimited: assumed, a large server's
-MAX_CONNECTIONS_UNLIMITED_FILES = 65536
+#: the most open client connections by default, whatever the open-file limit: assumed (an agent
+#: holds one; each stalled head may hold up to the header limits, ~270 KiB, until its timeout)
+MAX_CONNECTIONS = 8192
 _decode = msgspec.json.Decoder()
 #: prompts tokenized both ways at startup to check the local tokenizer against the engine's
 PROBES = (
@@ -552,7 +553,7 @@ def door_limits(config: GatewayConfig) -> DoorLimits:
     """The door's limits from ``config.limits``; ``max_connections`` defaults to half the open-file limit."""
     lim = config.limits
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    default = files // 2 if files != resource.RLIM_INFINITY else MAX_CONNECTIONS_UNLIMITED_FILES
+    default = min(files // 2 if files != resource.RLIM_INFINITY else MAX_CONNECTIONS, MAX_CONNECTIONS)
     return DoorLimits(
         max_headers=lim.max_headers,
         max_header_bytes=lim.max_header_bytes,

@@ -167,7 +167,9 @@ class LimitsConfig(StrictModel):
     defaults and agent clients' requests), not measured. See docs/gateway.md#limits."""
 
     max_headers: PositiveInt = Field(128, description="headers in one request; more get 431")
-    max_header_bytes: PositiveInt = Field(64 * 1024, description="bytes of all headers of one request; more get 431")
+    max_header_bytes: PositiveInt = Field(
+        256 * 1024, description="bytes of all headers of one request (a 64 KiB session id fits); more get 431"
+    )
     max_request_line_bytes: PositiveInt = Field(8 * 1024, description="bytes of the request target (path and query); more get 414")
     max_json_depth: PositiveInt = Field(128, description="nesting of arrays and objects in a JSON body; deeper gets 400")
     header_timeout_s: PositiveFloat = Field(
@@ -180,7 +182,7 @@ class LimitsConfig(StrictModel):
     max_connections: PositiveInt | None = Field(
         None,
         description="open client connections; a request on one more gets 503 with Retry-After (default: half the process's "
-        "open-file limit, since each admitted connection may hold an engine connection too)",
+        "open-file limit, since each admitted connection may hold an engine connection too, and at most 8192)",
     )
 
 
