@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration
 from benchmarks.proxies import PEER, REAL_BLOCK, coda_serve, cpu_s, kv_events_args, peer_python, vllm_router  # noqa: E402
 from coda import __version__  # noqa: E402
 from coda.bench.client import Endpoint  # noqa: E402
-from coda.engines import tokenizer as tok  # noqa: E402
 from coda.engines.launch import FakeEngineProcess  # noqa: E402
+from coda.protocol import tokenizer as tok  # noqa: E402
 from tests.integration.vllm.support import build_tiny_model, free_port, metric_sum, vllm_servers  # noqa: E402
 
 MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model

@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from coda.bench.replay import BenchConfig
 from coda.bench.run import run_once
-from coda.engines import tokenizer as tok
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
 from coda.workload.schema import Round, Session, Workload
 from tests.integration.loopback import serve
 

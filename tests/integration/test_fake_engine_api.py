@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from coda.engines import tokenizer as tok
 from coda.engines.launch import FakeEngineProcess
+from coda.protocol import tokenizer as tok
 from tests.waiting import wait_until
 
 MODEL = "coda-fake"

@@ -11,9 +11,9 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from coda.engines import tokenizer as tok
 from coda.engines.launch import FakeEngineProcess
-from coda.integrations.vllm.kv_events import END_SEQ, BlockRemoved, BlockStored, decode_batch, decode_frames
+from coda.protocol import tokenizer as tok
+from coda.protocol.kv_events import END_SEQ, BlockRemoved, BlockStored, decode_batch, decode_frames
 
 CHUNK = 16
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.bench.prompts import Conversation
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 from coda.workload.schema import Round, Session, session_prompts
 from coda.workload.spec import load_workload
 

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from coda.bench.prompts import Conversation
 from coda.bench.vocab import HFVocabulary
-from coda.engines import tokenizer as tok
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
 from coda.workload.schema import Round, Session
 
 

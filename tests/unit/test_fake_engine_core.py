@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from coda.engines import tokenizer as tok
 from coda.engines.fake import FakeEngine, FakeEngineConfig
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
 from coda.sim.config import SimConfig
 
 

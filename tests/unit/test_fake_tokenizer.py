@@ -10,7 +10,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 
 word = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
 messages = st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]), st.lists(word, max_size=6).map(" ".join)),
@@ -45,7 +45,7 @@ def test_generated_text_has_the_requested_size_and_is_deterministic(seed, n):
 
 def test_seeds_token_ids_and_hashes_are_the_same_in_another_process():
     # Python's hash() is salted per process; the bench and the engine run in different ones.
-    code = ("from coda.engines import tokenizer as t; w = t.words(t.seed_of('s1', 0, 'input'), 40); "
+    code = ("from coda.protocol import tokenizer as t; w = t.words(t.seed_of('s1', 0, 'input'), 40); "
             "print(t.seed_of('s1', 0, 'input'), t.token_ids(w)[:3], t.block_hashes(w, 16))")
     here = tok.words(tok.seed_of("s1", 0, "input"), 40)
     expected = f"{tok.seed_of('s1', 0, 'input')} {tok.token_ids(here)[:3]} {tok.block_hashes(here, 16)}"

@@ -21,7 +21,7 @@ from coda.gateway.prompt import CharTokenizer, WordTokenizer, prompt_text
 from coda.gateway.proxy import HOP_BY_HOP, NOT_FORWARDED, stream_usage, strip_hop_by_hop, usage_of
 from coda.gateway.telemetry import apply_metrics, parse_metrics
 from coda.gateway.view import Worker
-from coda.integrations.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from coda.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from coda.serving.errors import ApiError
 from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
 

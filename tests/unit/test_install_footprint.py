@@ -62,7 +62,8 @@ def test_the_vllm_plugin_imports_none_of_the_extras_and_builds_its_policy():
         import json
         import coda
         light = sorted(m for m in sys.modules if m.startswith("coda."))
-        from coda.integrations.vllm import kv_events, scheduler
+        from coda.integrations.vllm import scheduler
+        from coda.protocol import kv_events
         from coda.cost.model import build_cost_model
         from coda.cost.profile import load_profile
         from coda.errors import CodaError

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.integrations.vllm.kv_events import (
+from coda.protocol.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -21,7 +21,7 @@ from httpx_sse import EventSource
 
 from coda.bench.overload import retry_after_s
 from coda.bench.prompts import Message
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 
 RETRYABLE = (429, 503, 529)
 KEEPALIVE_EXPIRY_S = 3.0  # assumed: well below the 5 s keep-alive timeout of uvicorn (coda serve, coda fake-engine) and most servers

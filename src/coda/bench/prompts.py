@@ -4,7 +4,7 @@ Each round appends the assistant text the endpoint actually returned and then th
 input (tool results or a user message) as text of the trace's size, so a real engine's prefix
 cache sees real reuse. Sizes are in tokens of a ``Vocabulary``: by default the word tokenizer
 shared with the fake engine, which counts them exactly, or an endpoint's own tokenizer; chat
-template tokens follow Coda's template (``coda.engines.tokenizer``). Template tokens are charged
+template tokens follow Coda's template (``coda.protocol.tokenizer``). Template tokens are charged
 to the round's new input, so a prompt has the trace's ``prompt_tokens`` when the previous round
 returned the trace's output length.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coda.bench.vocab import Vocabulary, WordVocabulary
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 from coda.workload.schema import Round, Session
 
 OVERHEAD = tok.MESSAGE_OVERHEAD

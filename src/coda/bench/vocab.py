@@ -16,8 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from coda.engines import tokenizer as tok
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
 
 
 class Vocabulary(Protocol):

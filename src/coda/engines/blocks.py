@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 from coda.sim.kvcache import OWNER_SHIFT
 from coda.sim.request import SessionState
 

@@ -22,15 +22,15 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from coda.config.strict import StrictModel
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
-from coda.engines import tokenizer as tok
 from coda.engines.blocks import BlockRegistry, TokenSequence
 from coda.engines.kv_publisher import KVEventPublisher
 from coda.engines.prometheus import EngineMetrics
 from coda.engines.realtime import RealtimeLoop
 from coda.errors import CodaError
-from coda.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from coda.metrics.requests import Window
 from coda.policy.presets import system_preset
+from coda.protocol import tokenizer as tok
+from coda.protocol.kv_events import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from coda.shell.build import build_policies
 from coda.sim.config import SimConfig
 from coda.sim.kvcache import HbmPool, KVStore, Versions, owners_of

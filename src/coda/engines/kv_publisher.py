@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from coda.errors import CodaError
-from coda.integrations.vllm.kv_events import END_SEQ, KVCacheEvent, KVEventBatch, encode_frames
+from coda.protocol.kv_events import END_SEQ, KVCacheEvent, KVEventBatch, encode_frames
 
 
 class KVEventPublisher:

@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from coda.engines import tokenizer as tok
-from coda.engines.api import DIALECTS, Generation, Json, Outcome
 from coda.engines.fake import FakeEngine, FakeEngineConfig, LiveRequest
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
+from coda.protocol.dialects import DIALECTS, Generation, Json, Outcome
 from coda.serving.errors import ApiError
 from coda.serving.listen import listen
 

@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from coda.gateway.view import Worker
-from coda.integrations.vllm.kv_events import (
+from coda.protocol.kv_events import (
     MEDIUM_CPU,
     MEDIUM_DISK,
     AllBlocksCleared,

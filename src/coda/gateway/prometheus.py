@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from coda.engines.prometheus import E2E_BUCKETS, TTFT_BUCKETS
 from coda.gateway.view import GatewayState
+from coda.protocol.buckets import E2E_BUCKETS, TTFT_BUCKETS
 
 #: event-loop lag: from a scheduling hiccup to a loop too busy to scrape within ``telemetry.stale_after_s``
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -123,7 +123,8 @@ class WordTokenizer:
     exact = True
 
     def __init__(self) -> None:
-        from coda.engines import api, tokenizer
+        from coda.protocol import dialects as api
+        from coda.protocol import tokenizer
 
         self._dialects = api.DIALECTS
         self._api_error = api.ApiError

@@ -45,8 +45,8 @@ import msgspec
 from httpx_sse import EventSource
 
 from coda.bench.client import Endpoint
-from coda.engines import tokenizer as tok
 from coda.errors import CodaError
+from coda.protocol import tokenizer as tok
 
 MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request

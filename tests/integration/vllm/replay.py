@@ -40,7 +40,7 @@ def word_tokenizer(model: Path) -> Path:
     decodes to text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from coda.engines.tokenizer import VOCAB
+    from coda.protocol.tokenizer import VOCAB
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coda.engines import tokenizer as tok
+from coda.protocol import tokenizer as tok
 from coda.serving.errors import ApiError
 
 Json = dict[str, Any]
