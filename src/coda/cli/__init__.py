@@ -21,7 +21,6 @@ from coda.sweep.arguments import LOCAL_RAY
 
 try:
     import typer
-    from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 except ModuleNotFoundError as _err:  # the base install (vLLM's scheduler plugin) has no command line
@@ -30,8 +29,7 @@ except ModuleNotFoundError as _err:  # the base install (vLLM's scheduler plugin
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Coda: admission and routing for LLM coding agents.")
 
-out_console = Console()
-err_console = Console(stderr=True)
+from coda.console import err_console, out_console  # noqa: E402 - after the check that rich is installed
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 FormatOpt = Annotated[

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from coda.config.strict import StrictModel
 from coda.policy.presets import DEFAULT_SYSTEM, resolve_policies
 from coda.policy.spec import PoliciesOverride, PoliciesSpec
 from coda.shell.build import check_policies
+from coda.strict import StrictModel
 
 
 class PoliciesConfig(StrictModel):

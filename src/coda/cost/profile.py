@@ -17,10 +17,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
-from coda.config.strict import StrictModel
 from coda.cost.cohorts import CUT_FEATURES
 from coda.cost.geometry import Geometry
 from coda.errors import CodaError, invalid, reading
+from coda.strict import StrictModel
 
 GiB = 1024**3
 

@@ -19,7 +19,6 @@ from typing import Any
 from prometheus_client import generate_latest
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from coda.config.strict import StrictModel
 from coda.cost.model import build_cost_model
 from coda.cost.profile import load_profile
 from coda.engines.blocks import BlockRegistry, TokenSequence
@@ -37,6 +36,7 @@ from coda.sim.kvcache import HbmPool, KVStore, Versions, owners_of
 from coda.sim.request import SimRequest
 from coda.sim.tiers import resolve_tiers
 from coda.sim.worker import NodeLinks, Worker, WorkerSettings
+from coda.strict import StrictModel
 
 MEDIUM = {"hbm": MEDIUM_GPU, "dram": MEDIUM_CPU, "ssd": MEDIUM_DISK}
 

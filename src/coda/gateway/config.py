@@ -18,8 +18,8 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_
 
 from coda.config.load import env_layer, layered, validated
 from coda.config.policies import PoliciesConfig
-from coda.config.strict import StrictModel
 from coda.policy.spec import TenantSpec
+from coda.strict import StrictModel
 
 ENV_PREFIX = "CODA_SERVE_"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from coda.config.strict import StrictModel
+from coda.strict import StrictModel
 
 KINDS = ("ingress", "router", "state", "execution", "eviction")
 

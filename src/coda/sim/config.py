@@ -8,8 +8,8 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 from coda.config.load import layered, validated
 from coda.config.policies import PoliciesConfig
-from coda.config.strict import StrictModel
 from coda.policy.spec import TenantSpec
+from coda.strict import StrictModel
 
 
 class SloConfig(StrictModel):

@@ -179,7 +179,7 @@ def _ray(cells: Sequence[Cell], todo: list[int], address: str, tally: _Tally) ->
 def _progress(enabled: bool, title: str):  # noqa: ANN202 - a rich Progress, imported lazily
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from coda.cli import err_console
+    from coda.console import err_console
 
     return Progress(
         TextColumn(f"[bold]{title}[/bold]"),

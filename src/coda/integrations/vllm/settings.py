@@ -35,7 +35,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, StrictBool, field_valida
 
 from coda.config.load import read_config, validated
 from coda.config.policies import PoliciesConfig
-from coda.config.strict import StrictModel
+from coda.strict import StrictModel
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
 #: the policy kinds that act inside vLLM (the others are checked only)
