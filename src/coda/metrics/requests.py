@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from coda.metrics.tasks import task_summary, tasks
+from coda.workload.stats import useful_tokens
 
 LATENCY_KEYS = ("ttft", "e2e")
 # What an agent's operator reads beside throughput (request tails, then task metrics), in table order.
@@ -160,12 +161,6 @@ def within_slo(
     one token, their mean inter-token gap within the TBT bound."""
     return completed & (ttft <= ttft_slo_s) & ((out <= 1) | (np.nan_to_num(itl, nan=np.inf) <= tbt_slo_s))
 
-
-def useful_tokens(round_index: Any, prompt: Any, new_input: Any, output: Any) -> Any:
-    """Tokens a request does useful work on (the Coda paper's useful throughput): its output and the
-    input it appends; on a session's first round its whole prompt, since the shared system prompt is
-    that session's input once. A reused prefix is not counted again. Works on scalars and arrays."""
-    return new_input + output + np.where(np.asarray(round_index) == 0, np.asarray(prompt) - new_input, 0)
 
 
 def t_quantile(df: int, level: float = 0.95) -> float:

@@ -6,8 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from coda.metrics.requests import useful_tokens
 from coda.workload.schema import Workload, session_prompts
+
+
+def useful_tokens(round_index: Any, prompt: Any, new_input: Any, output: Any) -> Any:
+    """Tokens a request does useful work on (the Coda paper's useful throughput): its output and the
+    input it appends; on a session's first round its whole prompt, since the shared system prompt is
+    that session's input once. A reused prefix is not counted again. Works on scalars and arrays."""
+    return new_input + output + np.where(np.asarray(round_index) == 0, np.asarray(prompt) - new_input, 0)
 
 
 def workload_duration_s(workload: Workload) -> float:
