@@ -48,6 +48,7 @@ from coda.cost.profile import Profile, load_profile
 from coda.errors import CodaError
 from coda.profiling.derive import derive, measured_steps
 from coda.profiling.hf_config import read_config as read_model_config
+from coda.profiling.measured import read_attention
 from coda.profiling.operator_fit import open_setup, read_table
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
@@ -264,6 +265,14 @@ def operator_errors(profile: Profile, folder: Path, setup: str) -> dict[str, dic
         for op, (x, t) in read_table(s.csv(kind), count, ("layer", count, "time_us")).items():
             if op in table:
                 out[op] = _signed(np.interp(x, table[op].knots, table[op].seconds) / t - 1)
+    cost = build_cost_model(profile)
+    layers = cost.rank.g.num_layers
+    by_regime: dict[str, list[float]] = {"pure": [], "prefill": [], "mixed": []}
+    for b in read_attention(s.csv("attention")):
+        pred = cost.varlen_attention_s(list(b.prefill), b.decodes) if b.prefill else cost.decode_attention_s(b.decodes)
+        by_regime[b.regime].append(pred / layers / b.seconds - 1)
+    for regime, name in (("pure", "decode"), ("prefill", "prefill"), ("mixed", "mixed")):
+        out[f"attention, {name}"] = _signed(np.array(by_regime[regime]))
     return out
 
 
@@ -289,6 +298,10 @@ def tp2_check(console: Console) -> dict[str, Any]:
         assert p.geometry is not None
         profiles[f"{src}-tp2 (derived from TP 1)"] = (Profile.model_validate(derive(p, p.geometry, 2)), setup)
         profiles[f"{src}-tp2 (fitted to the TP 2 files)"] = (load_profile(f"{src}-tp2"), setup)
+    # another model and another TP degree at once, as Qwen3-32B at TP 2 is derived from Llama-3.1-8B at TP 1
+    profiles["Qwen3-30B-A3B TP 2 derived from rtxpro6000-llama31-8b"] = (
+        Profile.model_validate(derive(load_profile("rtxpro6000-llama31-8b"), read_model_config(MODELS / "Qwen3-30B-A3B.json"), 2)),
+        TP2_SETUPS["rtxpro6000-qwen3-30b-a3b"])
     for label, (p, setup) in profiles.items():
         out["operators"][label] = operator_errors(p, folder, setup)
         rows = measured_steps(p, folder, setup, 2)
