@@ -17,11 +17,12 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from coda.errors import CodaError, reading
+from coda.workload.limits import InputLimits, bounded_lines
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -196,14 +197,13 @@ def describe_decode_error(err: msgspec.DecodeError) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def open_text(path: Path) -> Iterator[TextIO]:
-    """Open a workload file's text, transparently decompressing ``.gz``; what goes wrong reading it
-    within the block is one line naming the file (``coda.errors.reading``)."""
-    with (
-        reading(path, "workload"),
-        gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open("r", encoding="utf-8") as fh,
-    ):
-        yield fh
+def open_text(path: Path) -> Iterator[Iterator[str]]:
+    """A workload file's lines, transparently decompressing ``.gz``, each line and the whole text
+    bounded (``coda.workload.limits``); what goes wrong reading it within the block is one line
+    naming the file (``coda.errors.reading``)."""
+    limits = InputLimits.from_env()
+    with reading(path, "workload"), gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+        yield bounded_lines(fh, path, limits)
 
 
 def _check_path(path: Path) -> None:
