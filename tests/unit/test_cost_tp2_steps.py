@@ -4,12 +4,19 @@ summed over its operators and compared with the sum the files measured at the sa
 (``coda.profiling.derive.measured_steps``; collectives and MoE blocks are in neither)."""
 
 import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from coda.cost.model import build_cost_model
 from coda.cost.profile import Profile, load_profile
 from coda.profiling.derive import derive, measured_steps
+from coda.profiling.hf_config import read_config
 from tests.conftest import shared_path
 
 SETUPS = {"rtxpro6000-llama31-8b": "RTXPRO6000_Llama-3.1-8B", "rtxpro6000-qwen3-30b-a3b": "RTXPRO6000_Qwen3-30B-A3B"}
@@ -60,3 +67,24 @@ def test_measured_steps_sum_what_the_files_hold():
     want = 32 * (per_layer + attention) + dense["embedding", 1] + dense["final_layernorm", 1] + seq["lm_head", 1] + seq["sampler", 1]
     assert rows[0][0] == "decode"
     assert rows[0][2] == pytest.approx(want, rel=1e-9)
+
+
+def test_tp2_check_reports_each_operator_and_the_share_of_a_step_in_collectives(tmp_path):
+    """``benchmarks/fidelity_replay.py --tp2-check``: the report's collectives are the profile's own."""
+    folder = shared_path("profiles")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "tp2.json"
+    env = {**os.environ, "CODA_DATA_DIR": str(folder.parent)}
+    run = subprocess.run([sys.executable, str(root / "benchmarks/fidelity_replay.py"), "--tp2-check", "--json", str(out)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    llama = report["operators"]["rtxpro6000-llama31-8b-tp2 (fitted to the TP 2 files)"]
+    assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "sampler", "attention, decode"} <= set(llama)
+    q32 = Profile.model_validate(derive(load_profile("rtxpro6000-llama31-8b"),
+                                        read_config(root / "src/coda/profiling/models/Qwen3-32B.json"), 2))
+    cost = build_cost_model(q32)
+    shown = report["comm"]["Qwen3-32B TP 2 (derived from rtxpro6000-llama31-8b)"]["decode 32 x 2,000"]
+    assert shown["comm_s"] == pytest.approx(cost.comm.step_s(32, 32), rel=1e-9)
+    assert shown["step_s"] == pytest.approx(cost.step_s((), np.full(32, 2000, dtype=np.int64)), rel=1e-9)
+    assert 0 < shown["share"] < 1
