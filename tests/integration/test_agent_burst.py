@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks.agent_burst import METRICS, RATIO_METRICS, Scenario, burst_workload, is_cold, ratio_ci
-from benchmarks.proxies import cpu_s, group_cpu_s
+from coda.bench.doors import cpu_s, group_cpu_s
 
 ROOT = Path(__file__).resolve().parents[2]
 ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")

@@ -50,6 +50,11 @@ def parse(text: str) -> dict[str, float]:
     return sums
 
 
+def metric_sum(text: str, name: str) -> float:
+    """Sum of a Prometheus metric's samples in an exposition text."""
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
+
+
 def _metrics_url(base: str) -> str:
     base = base.rstrip("/")
     return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/metrics"

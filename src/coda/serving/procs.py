@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -83,3 +84,10 @@ def running(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = N
         yield proc
     finally:
         proc.stop()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a child server told its port up front)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -13,9 +13,10 @@ import math
 
 import pytest
 
+from coda.bench.engine_replay import BLOCKS, ENGINE_ARGS, MAX_LEN, measure_profile, sim
 from coda.cost.empirical import TERMS
 from coda.cost.profile import load_profile
-from tests.integration.vllm.replay import BLOCK, BLOCKS, ENGINE_ARGS, KV_BYTES_PER_TOKEN, MAX_LEN, measure_profile, sim, word_tokenizer
+from coda.engines.vllm_cpu import BLOCK, KV_BYTES_PER_TOKEN, word_tokenizer
 from tests.integration.vllm.support import build_tiny_model, vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

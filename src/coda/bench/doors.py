@@ -17,13 +17,12 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from coda.serving.procs import running
-from tests.integration.vllm.support import free_port
+from coda.engines.vllm_cpu import BLOCK
+from coda.serving.procs import free_port, running
 
 PEER = "vllm-router"
 PEER_VERSION = "0.1.17"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-REAL_BLOCK = 32  # vLLM-CPU's attention takes multiples of 32
 LOOP_LAG = "coda_gateway_event_loop_lag_seconds"
 #: vllm-router's --queue-size default, and a queue timeout equal to the gateway's default defer wait
 PEER_QUEUE, PEER_QUEUE_TIMEOUT_S = 100, 5
@@ -140,7 +139,7 @@ def coda_serve(
     if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
         cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
                            for u, (pub, rep) in zip(engines, events)]
-        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": REAL_BLOCK, "tokenizer_path": str(model)}
+        cfg["indexer"] = {"tokenizer": "engine", "block_tokens": BLOCK, "tokenizer_path": str(model)}
     if max_num_seqs is not None:
         for backend in cfg["backends"]:
             backend["max_num_seqs"] = max_num_seqs
