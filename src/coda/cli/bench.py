@@ -30,7 +30,8 @@ from coda.cli import (
 from coda.errors import CodaError, invalid
 from coda.shell.liveness import summary_line
 
-CONFIG_ONLY = ("workload", "format", "out", "sweep", "sweep_concurrency", "repeats")
+#: options beside BenchConfig's fields, with their types
+CONFIG_ONLY = {"workload": str, "format": str, "out": Path, "sweep": str | float, "sweep_concurrency": str | int, "repeats": int}
 
 
 def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -38,19 +39,19 @@ def _config(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], A
     from pydantic import ValidationError
 
     from coda.bench.replay import BenchConfig
-    from coda.config.load import read_config
+    from coda.config.load import config_options, read_config
 
     data = read_config(config) if config else {}
-    slo = dict(data.pop("slo", {}) or {})
+    source = str(config) if config else "command line"
+    slo = config_options(data, {"slo": dict[str, Any] | None}, source).get("slo") or {}
     for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")):
         value = cli.pop(flag)
         if value is not None:
             slo[key] = value
     data.update({k: v for k, v in cli.items() if v is not None})
-    extra = {k: data.pop(k) for k in CONFIG_ONLY if k in data}
+    extra = config_options(data, CONFIG_ONLY, source)
     if slo:
         data["slo"] = slo
-    source = str(config) if config else "command line"
     if not data.get("endpoint"):
         raise CodaError(f"{source}: --endpoint is required (the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000)")
     try:

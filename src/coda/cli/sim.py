@@ -64,16 +64,18 @@ ResumeOpt = Annotated[
     bool, typer.Option("--resume/--no-resume", help="with --out, skip cells already finished there (their config unchanged)")
 ]
 
-CONFIG_ONLY_KEYS = ("workload", "format", "systems", "seeds", "baseline", "out")
+#: options of a config file beside SimConfig's fields, with their types
+CONFIG_ONLY = {"workload": str, "format": str, "systems": str | list[str | dict[str, Any]], "seeds": int, "baseline": str, "out": Path}
+CONFIG_ONLY_KEYS = tuple(CONFIG_ONLY)
 
 
 def _settings(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """A config file with CLI values laid over it (CLI wins) as (extra keys, SimConfig)."""
-    from coda.config.load import layered, read_config, validated
+    from coda.config.load import config_options, layered, read_config, validated
     from coda.sim.config import SimConfig
 
     data = read_config(config) if config else {}
-    extra = {k: data.pop(k) for k in CONFIG_ONLY_KEYS if k in data}
+    extra = config_options(data, CONFIG_ONLY, str(config))
     extra.update({k: cli.pop(k) for k in CONFIG_ONLY_KEYS if cli.get(k) is not None})
     slo = {key: cli.pop(flag) for flag, key in (("slo_ttft_s", "ttft_s"), ("slo_tbt_s", "tbt_s")) if cli.get(flag) is not None}
     flags = {kind: {"name": cli.pop(kind)} for kind in POLICY_FLAGS if cli.get(kind) is not None}
