@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from coda.cli import JsonOpt, app, fmt_value, out_console, out_file, print_json
+from coda.cli import JsonOpt, app, fmt_value, out_console, out_dir, out_file, print_json
 
 if TYPE_CHECKING:
     from coda.cost.profile import Profile
@@ -152,6 +152,7 @@ def profile_fit(
     from coda.cost.profile import load_profile
     from coda.errors import CodaError
 
+    out_file(out)
     if operators is not None:
         if setup is None:
             raise CodaError("--operators needs --setup GPU_Model (the prefix of its CSV and meta.yaml files)")
@@ -235,6 +236,7 @@ def profile_derive(
         raise CodaError(f"--tp {tp}: must be at least 1")
     if (check_operators is None) != (check_setup is None):
         raise CodaError("--check-operators and --check-setup go together (the folder and the setup to compare with)")
+    out_file(out)
     data = derive(load_profile(gpu), read_config(model_config), tp, name=name)
     _write(out, data)
     errors = validate(Profile.model_validate(data), check_operators, check_setup, tp) if check_operators and check_setup else None
@@ -350,6 +352,7 @@ def profile_fit_gain(
         raise CodaError(f"--folds {folds}: must be at least 2")
     if seed < 0:
         raise CodaError(f"--seed {seed}: must be non-negative")
+    out_file(out)
     data = profile_data(profile)
     base = validate_profile(data, profile).model_copy(update={"cohort_gain": None})
     pairs = pairs_of(read_skew(skew), skew, _attention_beside(skew, attention))
@@ -391,6 +394,7 @@ def profile_transfer_gain(
     from coda.errors import CodaError
     from coda.profiling.gain_fit import transferred
 
+    out_file(out)
     src = validate_profile(profile_data(source), source)
     if src.cohort_gain is None:
         raise CodaError(f"--from {source}: profile {src.name} has no cohort_gain section; fit one with `coda profile fit-gain`")
@@ -455,13 +459,14 @@ def profile_measure(
         from coda.profiling import operators_measure
         from coda.profiling.hf_config import read_config
 
+        out_dir(out)
         for path in operators_measure.run(out, read_config(model_config), tp=tp, device=device, budget_s=budget_s):
             out_console.print(f"wrote {path}")
         return
     if endpoint is not None:
         _measure_endpoint(
             endpoint,
-            out or Path(f"{name}.json"),
+            out_file(out or Path(f"{name}.json")),
             name,
             repeats,
             output_tokens,
@@ -477,7 +482,7 @@ def profile_measure(
         raise CodaError("--out is required: the folder for the measured CSVs and hardware.json")
     from coda.profiling.measure import run
 
-    written = run(out, device=device, budget_s=budget_s, seed=seed, model=model)
+    written = run(out_dir(out), device=device, budget_s=budget_s, seed=seed, model=model)
     for path in written:
         out_console.print(f"wrote {path}")
 

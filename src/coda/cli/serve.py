@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from coda.cli import app, err_console, out_console
+from coda.cli import app, err_console, out_console, out_file
 from coda.errors import CodaError
 from coda.serving.listen import event_loop_factory
 
@@ -88,6 +88,9 @@ def serve(
         if given:
             cli[section] = given
     cfg = build_config(read_config(config) if config else {}, cli, source=str(config) if config else "command line")
+    for option, path in (("decision_log", cfg.decision_log), ("access_log.path", cfg.access_log.path)):
+        if path and path != "-":
+            out_file(path, option)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def ready(url: str, gw: Any) -> None:
