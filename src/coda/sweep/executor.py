@@ -153,11 +153,46 @@ def _ray_cell(cell: Cell, index: int) -> _Outcome:
     return _attempt(cell, index)
 
 
+#: longest wait for a Ray address to accept a connection before the sweep is refused: assumed (a
+#: cluster on the same network answers in milliseconds; ray.init itself retries for minutes)
+RAY_CONNECT_TIMEOUT_S = 10.0
+#: the port Ray listens on when an address names none: the GCS's, or the Ray client server's for ray://
+RAY_PORTS = {"": 6379, "ray": 10001}
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address)`` connects to, or ``None`` where Ray finds the cluster
+    itself (``auto``, or no address: a local instance)."""
+    scheme, _, rest = address.rpartition("://")
+    if not rest or rest == "auto" or scheme not in RAY_PORTS:
+        return None
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if not colon or not port.isdigit() or host.endswith(":"):  # no port, or a bare IPv6 address
+        host, port = rest.rstrip("/"), str(RAY_PORTS[scheme])
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """A one-line ``CodaError`` unless the Ray address accepts a TCP connection within ``timeout_s``."""
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else err.strerror or str(err)
+        raise CodaError(
+            f"--ray {address}: cannot reach {endpoint[0]}:{endpoint[1]} within {timeout_s:g} s ({why}); pass a running "
+            "cluster's address (ray status prints it), or --ray alone for a Ray instance on this machine"
+        ) from None
+
+
 def _ray(cells: Sequence[Cell], todo: list[int], address: str, tally: _Tally) -> Iterator[_Outcome]:
     """One Ray task per cell (one CPU each); ``address`` "" starts a local instance unless this
     process is already connected to one."""
     import ray
     if not ray.is_initialized():
+        check_reachable(address)
         try:
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as err:
