@@ -8,6 +8,7 @@ compared, for decision logs and analyses (they never repeat a policy's branches)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -108,6 +109,10 @@ class TieredAging(StatePolicy):
 
     ``hold_queue`` (beyond the Coda paper, off by default): once the oldest request of all has waited
     ``w_max_s`` but does not fit, admit nothing until it fits, so memory drains for it.
+    ``preempt`` (beyond the Coda paper, off by default): W_max bounds every request. Once the oldest
+    request (the earliest ready, wherever preemptions put it in the queue) has waited ``w_max_s``, it
+    goes first if it fits; if it does not, nothing else is admitted and the shell preempts running
+    requests for it (``overdue``, ``preemption_victims``).
     ``cost_unit``: ``seconds`` is the Coda paper's C (restore, load and prefill time per the cost
     model); ``blocks`` ranks by the extra KV blocks instead (an ablation: with ``tau_s`` = inf it
     is fewest-blocks with the W_max rules). ``admission``: see ``Admission``.
@@ -118,6 +123,7 @@ class TieredAging(StatePolicy):
     w_max_s: NonNegative = 20.0
     frontier: AtLeastOne = 64
     hold_queue: bool = False
+    preempt: bool = False
     cost_unit: Literal["seconds", "blocks"] = "seconds"
     admission: Admission = "promote_one"
     name: str = "tiered_aging"
@@ -138,6 +144,10 @@ class TieredAging(StatePolicy):
         if not len(snap):
             return None, "empty", None
         wait = snap.now_s - snap.ready_s
+        if self.preempt:
+            oldest = int(np.argmin(snap.ready_s))
+            if wait[oldest] >= self.w_max_s:
+                return (oldest, "W_max: oldest first", None) if snap.fits[oldest] else (None, "W_max: oldest does not fit, preempt", None)
         if self.hold_queue and wait[0] >= self.w_max_s:
             return (0, "hold: oldest first", None) if snap.fits[0] else (None, "hold: oldest does not fit, admit nothing", None)
         feasible = np.flatnonzero(snap.fits)
@@ -149,3 +159,45 @@ class TieredAging(StatePolicy):
         aged = raw / (1.0 + wait[feasible] / self.tau_s)
         best = np.lexsort((snap.ready_s[feasible], snap.extra_blocks[feasible], raw, aged))[0]
         return int(feasible[best]), "age-adjusted cost", {"feasible": feasible, "raw_cost": raw, "aged_cost": aged}
+
+
+# --- W_max preemption: what both shells run when ``TieredAging.preempt`` is on ---------------------
+
+
+def w_max_of(policy: StatePolicy) -> tuple[float | None, bool]:
+    """(W_max in seconds, whether shells enforce it by preemption) of a policy or a shadowed policy's
+    primary; ``(None, False)`` for a policy without W_max. Shells count the admissions of requests
+    that had waited W_max (the W_max rule's) and the preemptions made for them."""
+    primary = getattr(policy, "primary", policy)
+    return (primary.w_max_s, primary.preempt) if isinstance(primary, TieredAging) else (None, False)
+
+
+def overdue(snap: AdmissionSnapshot, w_max_s: float) -> int | None:
+    """The candidate W_max preemption serves: the oldest (earliest ready; the first of ties) once it
+    has waited ``w_max_s``, or ``None``."""
+    if not len(snap):
+        return None
+    oldest = int(np.argmin(snap.ready_s))
+    return oldest if snap.now_s - snap.ready_s[oldest] >= w_max_s else None
+
+
+def preemption_victims(ready_s: float, deficit_blocks: int, seat_needed: bool, running: Sequence[tuple[float, int]]) -> list[int]:
+    """Which running requests to preempt, in order, for a waiting request ready since ``ready_s`` that
+    lacks ``deficit_blocks`` KV blocks (and a seat, with ``seat_needed``).
+
+    ``running``: per running request, ``(ready_s, blocks its preemption would free)``. Only requests
+    ready after the one served are victims, the youngest first (vLLM's own victim order: the
+    ``PRIORITY`` policy preempts the latest arrival among equals, FCFS the last scheduled), until
+    the blocks they free cover the deficit. So preemption follows one total order and never cycles:
+    a victim, once overdue itself, can only preempt requests younger than it. ``[]`` when all of
+    them together would not free enough: preempting then would only waste their work.
+    """
+    order = sorted((i for i, (r, _) in enumerate(running) if r > ready_s), key=lambda i: (-running[i][0], -i))
+    victims: list[int] = []
+    freed = 0
+    for i in order:
+        if freed >= deficit_blocks and (victims or not seat_needed):
+            break
+        victims.append(i)
+        freed += running[i][1]
+    return victims if freed >= deficit_blocks and (victims or not seat_needed) else []
