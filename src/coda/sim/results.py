@@ -49,6 +49,7 @@ class SimResult:
                 "decode_steps": sum(w.decode_steps for w in sim.workers),
                 "events": sim.loop.events_run,
                 "preemptions": sum(r["preemptions"] for r in self.records),
+                "w_max": self.w_max_block(),
                 "resumed_paths": {k: v / resumed for k, v in sorted(paths.items())},
                 "shadow": self.shadow_block(),
                 "ingress": ({"policy": sim.policies.spec.ingress.name, "decisions": dict(sorted(sim.ingress.decisions.items())),
@@ -67,6 +68,15 @@ class SimResult:
         measured = {r["session_id"] for r in self.records if r["round"] == 0 and r["measured"]}
         return {s.session_id: alone_times_s(s, sim.cost, chunk_tokens=sim.C, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                             decode_run_max=cfg.decode_run_max) for s in sim.workload.sessions if s.session_id in measured}
+
+    def w_max_block(self) -> dict[str, Any] | None:
+        """W_max's liveness over the whole run: admissions of requests that had waited W_max and the
+        running requests preempted for them (``preempt``); ``None`` for a state policy without W_max."""
+        w = self.sim.workers[0]
+        if w.w_max_s is None:
+            return None
+        return {"w_max_s": w.w_max_s, "preempt": w.w_max_preempt, "admissions": sum(w.w_max_admissions for w in self.sim.workers),
+                "preemptions": sum(w.w_max_preemptions for w in self.sim.workers)}
 
     def shadow_block(self) -> dict[str, Any]:
         """How often a shadow policy, on the same snapshots in the measurement window, would have decided

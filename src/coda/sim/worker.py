@@ -5,7 +5,10 @@ token budget), then, if nothing was preempted, waiting requests in the state-adm
 order while seats and budget last. A request admitted with part of its prefix in DRAM or on SSD
 holds its HBM chunks and a seat while its transfer runs on the worker's H2D link (queued behind
 earlier transfers), then joins the running set. Decode growth that does not fit preempts the
-newest running request (recompute), as vLLM does.
+newest running request (recompute), as vLLM does. With W_max preemption (``TieredAging``'s
+``preempt``), each step first preempts running requests for the oldest waiting request once it has
+waited W_max and does not fit or has no seat (``coda.policy.state.preemption_victims``), as
+``CodaScheduler`` does before vLLM's own step.
 
 Runs of pure-decode steps whose batch membership cannot change (nothing admissible, no prefill)
 are advanced together: their durations come from ``cost.decode_steps_s`` in one call, and an
@@ -23,6 +26,7 @@ import numpy as np
 from coda.cost.model import CohortPlan, CostModel
 from coda.policy.contracts import ExecutionPolicy, StatePolicy
 from coda.policy.snapshots import AdmissionSnapshot
+from coda.policy.state import overdue, preemption_victims, w_max_of
 from coda.sim.kvcache import HbmPool, KVStore, Versions
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
@@ -93,6 +97,9 @@ class Worker:
         self.on_first_token = st.on_first_token
         self.on_admit = st.on_admit
         self.frontier = st.state_policy.frontier
+        self.w_max_s, self.w_max_preempt = w_max_of(st.state_policy)
+        self.w_max_admissions = 0  # admissions of requests that had waited W_max
+        self.w_max_preemptions = 0  # running requests preempted for them
         self.chunk_bytes = st.cost.kv_bytes(st.chunk_tokens)
 
         self.waiting: list[SimRequest] = []
@@ -249,6 +256,8 @@ class Worker:
         req.private = extra - (len(chain) - h)
         self.hbm.private += req.private
         self.waiting.remove(req)
+        if self.w_max_s is not None and now - req.arrived_s >= self.w_max_s:
+            self.w_max_admissions += 1
         self._admit_seq += 1
         req.admit_seq = self._admit_seq
         req.admitted_s = now
@@ -348,9 +357,37 @@ class Worker:
         victim.match_key = None
         self.waiting.insert(0, victim)
 
+    def _preempt_for_overdue(self) -> None:
+        """W_max preemption: once the oldest waiting request has waited W_max and lacks blocks or a
+        seat, preempt running requests in the policy core's order until it has both."""
+        snap = self.snapshot()
+        i = overdue(snap, self.w_max_s)  # type: ignore[arg-type]
+        if i is None:
+            return
+        req = self.waiting[i]
+
+        def seat_needed() -> bool:
+            return len(self.running) + self.n_restoring >= self.max_num_seqs
+
+        if snap.fits[i] and not seat_needed():
+            return
+        _, idle, _, _, extra = self._plan_hits(req)
+        mine = set(req.chain)
+        res = self.hbm.resident
+        # blocks each preemption frees: its private ones and those only it holds, other than the overdue request's own hits
+        rows = [(r.arrived_s, r.private + sum(1 for c in r.chain[: r.held] if res[c] == 1 and c not in mine)) for r in self.running]
+        victims = [self.running[j] for j in preemption_victims(req.arrived_s, extra - (self.hbm.reclaimable - idle), seat_needed(), rows)]
+        for victim in victims:
+            if self._row(req)[-1] and not seat_needed():
+                break
+            self._preempt(victim)
+            self.w_max_preemptions += 1
+
     # --- the step --------------------------------------------------------------------------
     def _schedule(self) -> None:
         self.touched.add(self.id)
+        if self.w_max_preempt and self.waiting:
+            self._preempt_for_overdue()
         budget = self.budget
         prefills: list[tuple[SimRequest, int]] = []
         decoders: list[SimRequest] = []
@@ -415,7 +452,16 @@ class Worker:
             durs = self.cost.decode_steps_s(ctx, k, plan)
         else:
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
-        self.launch(self.loop.now + np.cumsum(durs))
+        ends = self.loop.now + np.cumsum(durs)
+        if len(ends) > 1 and self.w_max_preempt and self.waiting:
+            # the oldest waiting request's W_max ends a decode run at the next step boundary, where it may preempt
+            deadline = min(r.arrived_s for r in self.waiting) + self.w_max_s  # type: ignore[operator]
+            if deadline < ends[-1]:
+                self.loop.at(deadline, self._wake)
+        self.launch(ends)
+
+    def _wake(self, _: object) -> None:
+        self.kick()
 
     def launch(self, ends: np.ndarray) -> None:
         """Run the batch fixed by ``_schedule`` now as ``len(ends)`` steps ending at ``ends``."""
