@@ -160,6 +160,17 @@ def test_a_head_or_a_body_that_stalls_is_answered_408_and_closed(gw):
     assert healthy(gw)
 
 
+def test_a_body_that_stalls_after_its_answer_gets_no_second_answer(gw):
+    """The gateway answers 413 on the declared length before the body comes; the stalled rest of
+    the body then only closes the connection."""
+    head = request("/v1/chat/completions", b"content-type: application/json\r\ncontent-length: %d\r\n" % (64 * 2**20), b"POST")
+    resp = exchange(gw.url, head + b'{"model":')
+    assert resp.count(b"HTTP/1.1 ") == 1
+    status, _, body = parse(resp)
+    assert status == 413
+    openai_error(body, "request_too_large")
+
+
 def test_an_idle_keep_alive_connection_is_closed(gw):
     with connect(gw.url) as s:
         s.sendall(request())

@@ -111,7 +111,6 @@ class DoorProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
         if len(self.connections) > self.limits.max_connections:
             self._stop(
                 ApiError(
@@ -122,6 +121,7 @@ class DoorProtocol(HttpToolsProtocol):
                     retry_after_s=CONNECTIONS_RETRY_AFTER_S,
                 )
             )
+        self._in_head = False
         super().on_headers_complete()
         self._arm(self.limits.body_timeout_s)
 
@@ -175,11 +175,11 @@ class DoorProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, err: ApiError) -> None:
-        """Answer ``err`` (unless a response already started) and close the connection."""
+        """Answer ``err`` (unless the application already answered this request) and close the connection."""
         self._disarm()
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+        if self._in_head or self.cycle is None or not self.cycle.response_started:  # in a head, self.cycle is the last request's
             body = err.body(self.scope.get("path", "") if self.scope else "")
             head = [STATUS_LINE[err.status], b"content-type: application/json\r\n", b"connection: close\r\n"]
             head += [f"{k}: {v}\r\n".encode() for k, v in err.headers().items()]
