@@ -6,7 +6,8 @@
 
 ``CodaScheduler`` is vLLM's scheduler with the policies of ``coda.policy`` (the code the simulator
 runs), configured by ``CODA_SCHEDULER_CONFIG`` (``coda.integrations.vllm.settings``), one switch per
-mechanism:
+mechanism. The one name serves with async scheduling on or off: where vLLM's config turns it on, the
+class constructs itself as ``CodaAsyncScheduler``, the same code over vLLM's ``AsyncScheduler``.
 
 - **State admission with tiers.** The waiting queue is a ``PolicyQueue``, whose head is the request
   the state policy (by default ``tiered_aging``) chooses among the oldest ``frontier`` waiting
@@ -18,6 +19,10 @@ mechanism:
   cache through the coordinator's ``find_longest_cache_hit`` (not ``get_computed_blocks``, which
   feeds the prefix-cache metrics), the connector's store read directly; a candidate's hits are
   cached between steps and revalidated at their boundaries.
+- **W_max preemption.** With ``tiered_aging``'s ``preempt``, once the oldest waiting request has
+  waited W_max and lacks blocks or a seat, running requests that arrived after it are preempted,
+  the youngest first, before vLLM's step (``coda.policy.state.preemption_victims``, the simulator's
+  rule too), and the policy admits it first.
 - **Cohorts.** Each pure-decode step is planned once, from the scheduled batch, by the execution
   policy; the plan rides on the ``SchedulerOutput`` to ``CodaWorker``'s attention backend
   (``coda.integrations.vllm.cohort_backend``).
@@ -48,6 +53,7 @@ from coda.integrations.vllm.settings import ENFORCED, SchedulerSettings, load_se
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
 from coda.integrations.vllm.tiers import ExternalProbe, NoTiers, probe_for
 from coda.policy.contracts import EvictionPolicy, StatePolicy
+from coda.policy.state import overdue, preemption_victims, w_max_of
 from coda.shell.build import build_policies
 from coda.shell.shadow import Shadowed
 
@@ -55,6 +61,7 @@ try:  # only importable inside a vLLM process
     import vllm
     from vllm.logger import init_logger
     from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.request_queue import RequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
@@ -87,9 +94,15 @@ class PolicyQueue(RequestQueue):
         self._head: Any = None
         self._hits: dict[str, tuple[int, Hits]] = {}  # request_id -> (num_tokens, hits)
         self.decisions: list[dict[str, Any]] = []  # this step's decisions, in order
+        self.popped: list[Any] = []  # requests taken off the queue this step and not put back: admitted, new or resumed
         self.promote_one = policy.admission == "promote_one"
+        self.w_max_s, self.preempt = w_max_of(policy)
         self._promoted = False  # promote_one: the policy has chosen this step; vLLM's order admits the rest
         self.policy_s = 0.0  # time spent choosing in this step: the overhead Coda adds
+
+    def front(self) -> list[Any]:
+        """The candidates the policy sees: the oldest ``frontier`` waiting requests."""
+        return self._items[: self.policy.frontier]
 
     # --- the policy --------------------------------------------------------------------------
     def _hit(self, req: Any) -> Hits:
@@ -115,7 +128,7 @@ class PolicyQueue(RequestQueue):
 
     def _choose(self) -> tuple[Any, tuple[list[Any], Any, Any, int | None] | None]:
         """The request at the head now, and what the trace records of the decision (when tracing)."""
-        front = self._items[: self.policy.frontier]
+        front = self.front()
         free = self._s.kv_cache_manager.block_pool.get_num_free_blocks() + self._s.coda_reclaimable()
         snap = admission_snapshot(time.time(), front, self._hit, self._s.block_size, free)
         why, shadow = None, None
@@ -128,7 +141,11 @@ class PolicyQueue(RequestQueue):
         else:  # one evaluation gives both
             why = self.policy.explain(snap)
             idx = why.index
-        chosen = front[0] if idx is None else front[idx]
+        if idx is not None:
+            chosen = front[idx]
+        else:  # its allocation fails and ends admission: the overdue request W_max preemption serves, else the oldest
+            late = overdue(snap, self.w_max_s) if self.preempt else None
+            chosen = front[0 if late is None else late]
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)
             self._items.insert(0, chosen)
@@ -163,6 +180,7 @@ class PolicyQueue(RequestQueue):
         req = self.peek_request()
         self._items.remove(req)
         self._head = None
+        self.popped.append(req)
         return req
 
     def add_request(self, request: Any) -> None:
@@ -170,12 +188,13 @@ class PolicyQueue(RequestQueue):
         self._head = None
 
     def prepend_request(self, request: Any) -> None:
-        self._items.insert(0, request)
-        self._head = None
+        self.prepend_requests((request,))
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
         for r in requests:  # same order as vLLM's deque.extendleft
             self._items.insert(0, r)
+            if r in self.popped:  # skipped this step, not admitted
+                self.popped.remove(r)
         self._head = None
 
     def remove_request(self, request: Any) -> None:
@@ -204,11 +223,24 @@ class PolicyQueue(RequestQueue):
         self._head = None
         self._promoted = False
         self.decisions = []
+        self.popped = []
         self.policy_s = 0.0
 
 
 class CodaScheduler(Scheduler):
-    """vLLM's scheduler with Coda's state admission over KV tiers, cohort plans and tool-aware retention."""
+    """vLLM's scheduler with Coda's state admission over KV tiers, cohort plans and tool-aware retention.
+
+    One class for ``--scheduler-cls`` whatever vLLM's config asks: where it turns async scheduling
+    on (vLLM's default where the executor supports it, as on GPUs), constructing it gives a
+    ``CodaAsyncScheduler``, the same code over vLLM's ``AsyncScheduler``, which is what vLLM's own
+    class would be there (``SchedulerConfig.get_scheduler_cls``).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CodaScheduler:
+        config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+        if cls is CodaScheduler and config.scheduler_config.async_scheduling:
+            cls = CodaAsyncScheduler
+        return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_version(vllm.__version__)
@@ -230,7 +262,11 @@ class CodaScheduler(Scheduler):
         self._coda_retention, retention_note = self._retention(settings, policies.eviction)
         self._coda_step = 0
         self._coda_split_steps = 0
-        line = (f"Coda {__version__} in vLLM {vllm.__version__} (tested: {TESTED}); state {spec.state.name}; "
+        self._coda_w_max: dict[str, Any] = {"for": None, "preempted": [], "admitted": []}  # this step's W_max events
+        self.coda_w_max_counts = {"admissions": 0, "preemptions": 0}  # since startup
+        base = "AsyncScheduler (async scheduling on)" if isinstance(self, AsyncScheduler) else "Scheduler (async scheduling off)"
+        line = (f"Coda {__version__} in vLLM {vllm.__version__} (tested: {TESTED}); runs as vLLM's {base}; state {spec.state.name}"
+                f"{_w_max_note(queue)}; "
                 f"tiers {probe.name}; execution {spec.execution.name} ({cohort_note}); eviction {spec.eviction.name} ({retention_note})")
         logger.info(line)
         if self._coda_trace is not None:
@@ -306,9 +342,16 @@ class CodaScheduler(Scheduler):
         queue.new_step()
         if retention is not None:
             retention.expire(time.time())
+        w_max = self._coda_w_max = {"for": None, "preempted": [], "admitted": []}
+        if queue.preempt and queue:
+            self._preempt_for_overdue()
         t1 = time.thread_time()
         out = super().schedule(throttle_prefills)
         t2 = time.thread_time()
+        if queue.w_max_s is not None:
+            now = time.time()
+            w_max["admitted"] = [r.request_id for r in queue.popped if now - r.arrival_time >= queue.w_max_s]
+            self.coda_w_max_counts["admissions"] += len(w_max["admitted"])
         if retention is not None:
             retention.admitted(r.req_id for r in out.scheduled_new_reqs)
         t3 = time.thread_time()
@@ -317,13 +360,54 @@ class CodaScheduler(Scheduler):
         yielded = retention.yield_s if retention is not None else 0.0
         # Coda's CPU time in this step, by mechanism (state admission's includes its probes of the tiers)
         parts = {"admission": queue.policy_s, "plan": t4 - t3, "retention": self._coda_added_s + (t1 - t0) + yielded + (t3 - t2)}
-        if self._coda_trace is not None and (out.num_scheduled_tokens or queue.decisions or (retention is not None and retention.events)):
+        if self._coda_trace is not None and (out.num_scheduled_tokens or queue.decisions or w_max["preempted"]
+                                             or (retention is not None and retention.events)):
             self._trace(out, cohort, parts, (t2 - t1) - queue.policy_s - yielded)
         if retention is not None:
             retention.events = []
             retention.yield_s = 0.0
         self._coda_added_s = 0.0
         return out
+
+    def _preempt_for_overdue(self) -> None:
+        """W_max preemption, before vLLM's step: once the oldest waiting request has waited W_max and
+        lacks blocks or a seat, preempt running requests in the policy core's order until it has both
+        (the simulator's worker runs the same rule). Here no request of this step is scheduled yet, so
+        nothing needs unwinding; vLLM's own preemption then admits the overdue request as usual."""
+        queue, kvm = self._coda_queue, self.kv_cache_manager
+        pool, bs = kvm.block_pool, self.block_size
+        late = overdue(admission_snapshot(time.time(), queue.front(), queue._hit, bs, 0), queue.w_max_s)  # type: ignore[arg-type]
+        if late is None:
+            return
+        req = queue.front()[late]
+
+        def fits() -> bool:
+            free = pool.get_num_free_blocks() + self.coda_reclaimable()
+            return bool(admission_snapshot(time.time(), [req], queue._hit, bs, free).fits[0])
+
+        def seat_needed() -> bool:
+            return len(self.running) >= self.max_num_running_reqs
+
+        if fits() and not seat_needed():
+            return
+        hit, _, _ = kvm.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+        mine = {b.block_id for group in hit for b in group}
+        h = queue._hit(req)
+        need = -(-req.num_tokens // bs) - h.hbm_tokens // bs + h.idle_blocks
+        deficit = need - pool.get_num_free_blocks() - self.coda_reclaimable()
+        # blocks each preemption frees: those only it holds, other than the overdue request's own hits
+        candidates = [r for r in self.running if self._request_blocks_can_be_freed(r)]
+        rows = [(r.arrival_time, sum(1 for group in kvm.get_blocks(r.request_id).blocks for b in group
+                                     if b.ref_cnt == 1 and b.block_id not in mine)) for r in candidates]
+        self._coda_w_max["for"] = req.request_id
+        for i in preemption_victims(req.arrival_time, deficit, seat_needed(), rows):
+            if fits() and not seat_needed():
+                break
+            victim = candidates[i]
+            self.running.remove(victim)
+            self._preempt_request(victim, time.monotonic(), drop_stale_output=self.requires_kv_delivery)
+            self._coda_w_max["preempted"].append(victim.request_id)
+            self.coda_w_max_counts["preemptions"] += 1
 
     def _plan(self, out: Any) -> dict[str, Any] | None:
         """The step's cohort plan: only pure-decode steps (every scheduled request one token, none new)."""
@@ -353,6 +437,8 @@ class CodaScheduler(Scheduler):
             "cohort": cohort,
             # steps the worker ran split since the previous record (seen only with the worker in this process)
             "split_steps": split_now,
+            # W_max: the overdue request preempted for, the requests preempted, admissions of requests that had waited W_max
+            "w_max": self._coda_w_max if self._coda_queue.w_max_s is not None else None,
             "retention": self._coda_retention.events if self._coda_retention is not None else [],
             "held_requests": self._coda_retention.held_requests() if self._coda_retention is not None else 0,
             "coda_ms": sum(parts.values()) * 1e3,  # Coda's work for this step: choices, probes, plans, holds (trace writing excluded)
@@ -362,3 +448,14 @@ class CodaScheduler(Scheduler):
             "running": len(self.running),
         }
         self._coda_trace.write(json.dumps(record) + "\n")  # type: ignore[union-attr]
+
+
+class CodaAsyncScheduler(CodaScheduler, AsyncScheduler):
+    """``CodaScheduler`` over vLLM's ``AsyncScheduler`` (through the MRO, as vLLM-Ascend's recompute
+    scheduler does): what ``CodaScheduler`` constructs where vLLM's config turns async scheduling on."""
+
+
+def _w_max_note(queue: PolicyQueue) -> str:
+    if queue.w_max_s is None:
+        return ""
+    return f" (W_max {queue.w_max_s:g} s{', bounded by preemption' if queue.preempt else ''})"
