@@ -22,7 +22,7 @@ import yaml
 from coda.engines.launch import FakeEngineProcess
 from coda.serving.procs import Proc, running
 from tests.integration.redis_server import free_port
-from tests.waiting import HANG_GUARD_S
+from tests.waiting import HANG_GUARD_S, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "coda-fake"
@@ -191,7 +191,7 @@ def test_a_connection_past_the_cap_gets_503_with_retry_after(tmp_path, engine):
         finally:
             for s in held:
                 s.close()
-        assert healthy(g)  # the held ones closed: served again
+        wait_until(lambda: healthy(g), "served again once the server has seen the held connections close")
 
 
 @pytest.mark.parametrize("mode, ready", [("closed", 503), ("open", 200)])
