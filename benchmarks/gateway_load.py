@@ -16,7 +16,8 @@ the next policy runs.
 Goodput and session goodput divide by the symmetric denominator of ``coda.metrics.offered`` (a
 refused session's unsent rounds charged only as far as its trace timing at the unloaded pace
 reaches inside the window, as a slowed session's late rounds are not; docs/bench.md),
-beside ``coda bench``'s own goodput over the rounds the replay recorded (``goodput_replayed``).
+beside ``coda bench``'s own goodput over the rounds the replay recorded (``goodput``); the symmetric
+measures are named ``goodput_symmetric`` and ``slo_rps_symmetric`` here as everywhere.
 Each row carries the ingress policy's liveness verdict (whether each gate fired) read from the
 gateway's /metrics, and what says whether the door wasted capacity or overfilled an engine: the
 seconds a worker sat idle while the door held requests, the refusals made while a worker was idle,
@@ -133,7 +134,7 @@ def policy_run(door: Door, phase: str, rate: float, policy: str, duration: float
     fair = symmetric_summary(records, workload, Window(*s["window_s"]), time_scale=scale, ttft_slo_s=s["config"]["slo"]["ttft_s"],
                              tbt_slo_s=s["config"]["slo"]["tbt_s"], alone_s=alone_ends(workload))
     ingress = s.get("ingress") or {}
-    return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput_replayed": s["goodput"], "offered_replayed": s["offered"],
+    return {"phase": phase, "policy": policy, "rate": rate, **fair, "goodput": s["goodput"], "offered_replayed": s["offered"],
             "slo_tps": s["slo_tps"], "output_tps": s["output_tps"], "ttft_p95_s": s["ttft_p95_s"], "alive": alive,
             "liveness": ingress.get("liveness"), "verdict": ingress.get("verdict", []), **counts,
             "rss_min1_mib": after_1[0] if after_1 else None, "rss_end_mib": after_1[-1] if after_1 else None,
@@ -248,7 +249,7 @@ def main() -> None:
 
 
 #: the measures whose medians over repeats the summary gives, with their range
-MEDIAN_KEYS = ("goodput", "session_goodput", "sessions_completed", "slo_rps", "ttft_p95_s", "rss_growth_mib")
+MEDIAN_KEYS = ("goodput_symmetric", "session_goodput", "sessions_completed", "slo_rps_symmetric", "ttft_p95_s", "rss_growth_mib")
 
 
 def medians(rows: list[dict]) -> list[dict]:
@@ -300,13 +301,13 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         "rejected",
         "abandoned",
         "completed",
-        "goodput",
+        "goodput (symmetric)",
         "session goodput",
         "sessions done",
-        "goodput (replayed)",
+        "goodput",
         "TTFT p95 (admitted)",
         "vs unloaded",
-        "SLO req/s",
+        "SLO req/s (symmetric)",
         "gateway up",
         "loop lag mean (>1 s)",
         "idle while held s (longest)",
@@ -329,13 +330,13 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
             r["policy"],
             f"{r['rate']:g}",
             *(str(r[k]) for k in ("offered", "admitted", "deferred", "rejected", "abandoned", "completed")),
-            f"{r['goodput']:.3f}",
+            f"{r['goodput_symmetric']:.3f}",
             f"{r['session_goodput']:.3f}",
             f"{r['sessions_completed']}/{r['sessions_offered']}",
-            f"{r['goodput_replayed']:.3f}",
+            f"{r['goodput']:.3f}",
             f"{p95:.2f} s" if p95 else "-",
             f"{p95 / unloaded:.2f}x" if p95 else "-",
-            f"{r['slo_rps']:.2f}",
+            f"{r['slo_rps_symmetric']:.2f}",
             str(r["alive"]),
             f"{r['loop_lag_mean_s']:.3f} s ({r['loop_lag_over_1s']:.1%})" if "loop_lag_mean_s" in r else "-",
             f"{r['idle_while_held_s']:.1f} ({r['idle_while_held_longest_s']:.1f})" if "idle_while_held_s" in r else "-",
@@ -355,7 +356,8 @@ def report(console: Console, rows: list[dict], knee: float, args: argparse.Names
         ratio = (r["ttft_p95_s"] or float("inf")) / unloaded_p95.get(r["repeat"], float("nan"))
         console.print(
             f"{r['policy']} at {args.overload:g}x: admitted TTFT p95 {ratio:.2f}x the unloaded p95 "
-            f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); goodput {r['goodput']:.3f} (admit_all {base['goodput']:.3f}); "
+            f"({'met' if ratio <= 2 else 'MISSED'}, goal <= 2x); symmetric goodput {r['goodput_symmetric']:.3f} "
+            f"(admit_all {base['goodput_symmetric']:.3f}); "
             f"session goodput {r['session_goodput']:.3f} (admit_all {base['session_goodput']:.3f}); sessions completed "
             f"{r['sessions_completed']} (admit_all {base['sessions_completed']})",
             highlight=False,

@@ -50,7 +50,7 @@ def test_a_refused_session_is_charged_as_far_as_the_unloaded_pace_reaches():
     a, b = (symmetric_summary(r, workload(), window, time_scale=1.0, alone_s=alone, **SLO) for r in (slowed, shed))
     assert a["offered"] == b["offered"] == 5  # b's last round is charged to neither
     assert (a["slo_met"], a["completed"]) == (3, 5) and (b["rejected"], b["abandoned"], b["slo_met"]) == (2, 1, 3)
-    assert a["goodput"] == b["goodput"] == pytest.approx(0.6)
+    assert a["goodput_symmetric"] == b["goodput_symmetric"] == pytest.approx(0.6)
     # sessions that start in the window and would end in it unloaded: a (b would not finish by 20 s)
     assert (a["sessions_offered"], a["sessions_completed"], a["sessions_good"], a["session_goodput"]) == (1, 1, 1, 1.0)
     # without a profile each round is served instantly: b's three rounds all fall in the window
@@ -72,4 +72,4 @@ def test_every_offered_round_ends_once_and_sent_rounds_count_as_replayed(raw, st
     got = symmetric_summary(records, workload(), window, time_scale=1.0, **SLO)
     assert got["completed"] + got["rejected"] + got["failed"] == got["offered"]
     assert got["offered"] - got["abandoned"] == sum(window.start_s <= r["ready_s"] <= window.end_s for r in records)
-    assert 0 <= got["goodput"] <= 1 and 0 <= got["session_goodput"] <= 1 and got["sessions_good"] <= got["sessions_completed"]
+    assert 0 <= got["goodput_symmetric"] <= 1 and 0 <= got["session_goodput"] <= 1 and got["sessions_good"] <= got["sessions_completed"]

@@ -21,7 +21,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
@@ -178,9 +178,13 @@ class Replay:
     def endpoint(self, shards: int) -> Endpoint:
         """The client every request goes through: one server's. A subclass may return an ``Endpoint``
         that spreads requests over several servers (a load balancer's view, as a soak test needs)."""
+        return self.client(self.config.endpoint, shards)
+
+    def client(self, url: str, shards: int) -> Endpoint:
+        """A client of the server at ``url`` with this replay's model, API, key, timeout and clock."""
         cfg = self.config
         return Endpoint(
-            cfg.endpoint,
+            url,
             model=cfg.model,
             api=cfg.api,
             api_key=cfg.api_key,
@@ -354,3 +358,44 @@ class Replay:
             server_prompt_tokens=usage.get("prompt_tokens"),
         )
         self.counts["completed"] += 1
+
+
+class RoundRobin(Endpoint):
+    """Each request to the next of several servers in turn: a client that spreads its requests
+    itself, with no router in front of the engines."""
+
+    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+        self.endpoints = list(endpoints)
+        super().__init__(endpoints[0].base, model=endpoints[0].model, api=endpoints[0].api, clock=endpoints[0].clock)
+        self._turn = 0
+
+    @property
+    def model(self) -> str | None:
+        return self.endpoints[0].model
+
+    @model.setter
+    def model(self, name: str | None) -> None:
+        """The model every server is asked for (the replay names it once it has asked the first)."""
+        for e in self.endpoints:
+            e.model = name
+
+    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
+        e = self.endpoints[self._turn % len(self.endpoints)]
+        self._turn += 1
+        return await e.send(body, headers, shard)
+
+    async def close(self) -> None:
+        for e in self.endpoints:
+            await e.close()
+        await super().close()
+
+
+class SpreadReplay(Replay):
+    """The replay over several servers without a router: round robin in the client."""
+
+    def __init__(self, workload: Workload, config: BenchConfig, urls: Sequence[str]) -> None:
+        super().__init__(workload, config)
+        self.urls = list(urls)
+
+    def endpoint(self, shards: int) -> Endpoint:
+        return RoundRobin([self.client(u, shards) for u in self.urls])

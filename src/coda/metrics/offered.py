@@ -87,8 +87,8 @@ def symmetric_summary(records: Sequence[Mapping[str, Any]], workload: Workload, 
             sessions_good += all(k in rounds and rounds[k][1] for k in range(len(s.rounds)))
     return {
         **counts,
-        "goodput": counts["slo_met"] / max(counts["offered"], 1),
-        "slo_rps": counts["slo_met"] / window.length_s,
+        "goodput_symmetric": counts["slo_met"] / max(counts["offered"], 1),
+        "slo_rps_symmetric": counts["slo_met"] / window.length_s,
         "sessions_offered": sessions,
         "sessions_completed": sessions_completed,
         "sessions_good": sessions_good,

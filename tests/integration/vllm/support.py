@@ -20,8 +20,6 @@ from coda.serving.procs import free_port  # noqa: F401 - the tests' port finder
 from tests.waiting import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[3]
-STARTUP_S = vllm_cpu.STARTUP_S
-QUICK_ARGS = vllm_cpu.QUICK_ARGS
 
 
 def vllm_python_path() -> Path:

@@ -1,6 +1,7 @@
-"""The agent-burst benchmark's harness (benchmarks/agent_burst.py), not its numbers: two fake engines,
-two configurations at one load, every column present and the ratios computed from the rows; and
-the scenario's sessions shaped as documented (cold share, bursts, round cap)."""
+"""The agent burst's harness (`coda burst`), not its numbers: two fake engines, three
+configurations at one load, every column present and the ratios computed from the rows, a rerun
+on the same folder resumed from its cells; the simulator's rung; and the scenario's sessions
+shaped as documented (cold share, bursts, round cap)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.agent_burst import METRICS, RATIO_METRICS, Scenario, burst_workload, is_cold, ratio_ci
+from coda.bench.burst import Sessions, burst_workload, is_cold
 from coda.bench.doors import cpu_s, group_cpu_s
+from coda.bench.ladder import METRICS, RATIO_METRICS
+from coda.metrics.intervals import median_ratio_ci
 
-ROOT = Path(__file__).resolve().parents[2]
+CODA = Path(sys.executable).with_name("coda")  # the console script pip installed, as a user runs it
 ISSUE_KEYS = ("config", "load", "goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 
 
 def fake_burst_cmd(out: Path, window_s: str = "3", knee: str = "1.5") -> list[str]:
     return [
-        sys.executable,
-        str(ROOT / "benchmarks" / "agent_burst.py"),
+        str(CODA),
+        "burst",
         "--fake",
         "--configs",
         "plain,coda-gateway,coda-gateway+session",
@@ -115,19 +118,17 @@ def test_a_rerun_on_the_same_out_keeps_every_saved_replay(result):
     assert again["knee"] == res["knee"]
 
 
-@pytest.mark.parametrize(
-    "change, named",
-    [({"window_s": "4"}, ("--out", "progress.json")), ({"knee": "2"}, ("--knee-sessions-per-s 2", "1.5"))],
-    ids=["other settings", "another knee"],
-)
-def test_a_rerun_that_would_not_compare_on_the_same_out_is_refused(result, change, named):
-    _, out = result
-    before = (out / "progress.json").read_text()
-    proc = subprocess.run(fake_burst_cmd(out, **change), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and all(word in proc.stderr for word in named)
-    assert "Traceback" not in proc.stderr
-    assert (out / "progress.json").read_text() == before  # nothing saved is lost
+def test_a_rerun_with_other_settings_runs_its_own_replays_and_loses_none(result):
+    """Cells are keyed by everything that determines them: a rerun on the same folder with another
+    window replays anew, and every cell the first run kept is still there, unchanged."""
+    res, out = result
+    before = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file()}
+    proc = subprocess.run(fake_burst_cmd(out, window_s="4"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    other = json.loads(proc.stdout)
+    assert other["runs"] != res["runs"]
+    after = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file()}
+    assert len(after) > len(before) and all(after.get(p) == data for p, data in before.items())
 
 
 def test_group_cpu_counts_every_process_of_the_group_and_nothing_else():
@@ -150,14 +151,14 @@ def test_group_cpu_counts_every_process_of_the_group_and_nothing_else():
 
 def test_ratio_interval_brackets_the_ratio_of_medians():
     rng = np.random.default_rng(0)
-    point, ci = ratio_ci([2.0, 2.2, 1.8], [1.0, 1.1, 0.9], rng)
+    point, ci = median_ratio_ci([2.0, 2.2, 1.8], [1.0, 1.1, 0.9], rng)
     assert point == pytest.approx(2.0)
     assert ci[0] <= point <= ci[1]
-    assert ratio_ci([1.0], [0.0], rng) == (None, None)
+    assert median_ratio_ci([1.0], [0.0], rng) == (None, None)
 
 
 def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
-    sc = Scenario(cold_share=0.1, max_rounds=5, burst_period_s=10.0, burst_duty=0.3, window_s=60.0)
+    sc = Sessions(cold_share=0.1, max_rounds=5, burst_period_s=10.0, burst_duty=0.3, window_s=60.0)
     wl = burst_workload(sc, 2.0, seed=3)
     requests = sum(len(s.rounds) for s in wl.sessions)
     cold = [s for s in wl.sessions if is_cold(s.session_id)]
@@ -171,8 +172,8 @@ def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
 
 def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tmp_path):
     cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "agent_burst.py"),
+        str(CODA),
+        "burst",
         "--simulate",
         "vllm-cpu-tiny",
         "--configs",
