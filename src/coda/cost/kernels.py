@@ -98,6 +98,18 @@ def _heap_push(heap: np.ndarray, size: int, cap: int, v: float) -> int:
 
 
 @njit(cache=True)
+def _push_tail(heap: np.ndarray, size: int, cap: int, start: float, step: float, q: int) -> int:
+    """Push a request's tail, ``start``, ``start - step``, ... (``q`` values), onto the bounded
+    min-heap, stopping at the first value that can no longer enter it; the heap's new size."""
+    for k in range(q):
+        v = start - k * step
+        if size == cap and v <= heap[0]:
+            break
+        size = _heap_push(heap, size, cap, v)
+    return size
+
+
+@njit(cache=True)
 def _top_sum(heap: np.ndarray, size: int, m: float) -> float:
     """Sum of the top ``m`` (fractional) values kept in ``heap`` (capacity floor(m) + 1)."""
     k = int(m)
@@ -298,11 +310,7 @@ def _drain_request_major(c_desc, a, e, s, fp, ip, heap) -> tuple:
         q = min(g, int(start / step) + 1)
         rho_sum += q * start - step * q * (q - 1) / 2.0
         rho_max = max(rho_max, start)
-        for k in range(q):
-            v = start - k * step
-            if size == cap and v <= heap[0]:
-                break
-            size = _heap_push(heap, size, cap, v)
+        size = _push_tail(heap, size, cap, start, step, q)
     extra = m * rho_max - _top_sum(heap, size, m) + max(m - slots, 0.0) * (total - rho_sum) / slots
     return total, extra
 
@@ -496,11 +504,7 @@ def varlen_layer_s(dec: np.ndarray, pre_new: np.ndarray, pre_cached: np.ndarray,
             q = min(hq, int(start / step) + 1)
             rho_sum += q * start - step * q * (q - 1) / 2.0
             rho_max = max(rho_max, start)
-            for kk in range(q):
-                v = start - kk * step
-                if size == cap and v <= heap[0]:
-                    break
-                size = _heap_push(heap, size, cap, v)
+            size = _push_tail(heap, size, cap, start, step, q)
         extra = m * rho_max - _top_sum(heap, size, m) + max(m - slots, 0.0) * (total - rho_sum) / slots
     return fp[F_LAUNCH] + fp[F_PER_REQ] * (nd + npf) + (total + empty * c0 + extra) / bw
 

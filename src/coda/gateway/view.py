@@ -24,6 +24,7 @@ from coda.policy.routing import rendezvous
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.build import build_policies
 from coda.shell.estimates import deadline_slack_s, ttft_estimate
+from coda.shell.ingress_view import ingress_snapshot
 from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
 from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.shell.shadow import Shadowed
@@ -395,26 +396,20 @@ class GatewayState:
             for w in t.candidates
         )
         hit = t.prefix_hit if "prefix_hit" in self.needed_signals else 0.0
-        tenants = self.tenants_inflight()
-        active_tenants = {name for name, n in tenants.items() if n > 0} | {t.tenant}
         slack = deadline_slack_s(t.deadline_s, [self.ttft_of(w) for w in t.candidates if w.healthy])
-        if sessions is None:
-            sessions = Sessions(self.ledger.active(t.session_id, now), self.ledger.count(now))
-        return IngressSnapshot(
-            now_s=now,
+        return ingress_snapshot(
+            now=now,
             tenant=t.tenant,
             prompt_tokens=t.prompt_tokens,
             workers=loads,
             session_id=t.session_id,
-            session_active=sessions.active,
-            active_sessions=sessions.count,
-            session_deferred_s=self.ledger.deferred_for_s(t.session_id, now),
+            ledger=self.ledger,
             prefix_hit=hit,
-            tenant_inflight_tokens=tenants.get(t.tenant, 0),
-            tenant_weight=self.config.tenant(t.tenant).weight,
-            active_weight=sum(self.config.tenant(n).weight for n in active_tenants),
+            tenant_tokens=self.tenants_inflight(),
+            tenant_spec=self.config.tenant,
             deadline_slack_s=slack,
             queued=self.queued + round(self.others.get("q", 0.0)),
+            slots=(sessions.active, sessions.count) if sessions is not None else None,
         )
 
     def decide(self, t: Ticket, sessions: Sessions | None = None) -> tuple[Decision, IngressSnapshot, Decision | None]:

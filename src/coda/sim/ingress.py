@@ -21,6 +21,7 @@ from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
 from coda.shell.estimates import deadline_slack_s
+from coda.shell.ingress_view import ingress_snapshot
 from coda.shell.liveness import Liveness, gate_decisions
 from coda.shell.sessions import SessionLedger, ledger_ttl_s
 from coda.sim.request import SimRequest
@@ -60,22 +61,17 @@ class SimIngress:
         prefix_hit: float,
         predicted_ttft_s: Sequence[float | None],
     ) -> IngressSnapshot:
-        sid = req.sess.session.session_id
-        active = {t for t, v in self.tenant_tokens.items() if v > 0} | {tenant}
         deadline_ms = self.tenant(tenant).deadline_ms
-        return IngressSnapshot(
-            now_s=now,
+        return ingress_snapshot(
+            now=now,
             tenant=tenant,
             prompt_tokens=req.orig_prompt_tokens,
             workers=loads,
-            session_id=sid,
-            session_active=self.ledger.active(sid, now),
-            active_sessions=self.ledger.count(now),
-            session_deferred_s=self.ledger.deferred_for_s(sid, now),
+            session_id=req.sess.session.session_id,
+            ledger=self.ledger,
             prefix_hit=prefix_hit,
-            tenant_inflight_tokens=self.tenant_tokens.get(tenant, 0),
-            tenant_weight=self.tenant(tenant).weight,
-            active_weight=sum(self.tenant(t).weight for t in active),
+            tenant_tokens=self.tenant_tokens,
+            tenant_spec=self.tenant,
             deadline_slack_s=deadline_slack_s(deadline_ms / 1000 if deadline_ms is not None else None, predicted_ttft_s),
             queued=len(self.deferred),
         )
