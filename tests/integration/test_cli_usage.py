@@ -43,8 +43,15 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, code: int, *needles
         (["compare", "--systems", ",", "-w", SMALL], ["systems: none given", "--systems vllm,coda"]),
         (["sim", "--workers", "100000000", "-w", SMALL], ["workers", "less than or equal to 4096"]),
         (["serve", "--host", "999.1.1.1", "-b", "http://127.0.0.1:9"], ["--host 999.1.1.1", "pass an IP address"]),
+        (["burst", "--fake", "--simulate", "vllm-cpu-tiny"], ["--simulate and --fake", "give one rung"]),
+        (["burst", "--loads", "a"], ["--loads a", "comma-separated numbers", "--loads 0.5,1,2,4"]),
+        (["burst", "--configs", "nope"], ["--configs: unknown nope", "valid: plain"]),
+        (["burst", "--simulate", "nosuch"], ["--simulate nosuch", "unknown profile"]),
+        (["burst", "--fake", "--configs", "coda"], ["--endpoints/--fake", "pass --configs"]),
+        (["burst", "--vllm-cpu", "2", "--jobs", "2"], ["--jobs/--ray", "one at a time"]),
     ],
-    ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds", "no-systems", "too-many-workers", "bad-host"],
+    ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds", "no-systems", "too-many-workers", "bad-host",
+         "burst-two-rungs", "burst-loads", "burst-config", "burst-profile", "burst-fake-engine-config", "burst-jobs-on-engines"],
 )
 def test_a_usage_error_is_one_line_with_the_fix_and_exit_2(args, needles):
     proc = coda(*args)

@@ -140,7 +140,8 @@ class Rung:
 @dataclass
 class Bench:
     """One run of a scenario: where it writes (``out``, with ``logs/``) and how its cells run
-    (``sweep``: jobs or Ray for simulations, the store of finished cells and whether to resume)."""
+    (``sweep``: jobs or Ray for simulations, the store of finished cells and whether to resume;
+    replays on engines run one at a time whatever it says)."""
 
     scenario: Scenario
     rung: Rung
@@ -149,8 +150,6 @@ class Bench:
     logs: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.rung.kind != "simulate" and (self.sweep.jobs not in (None, 1) or self.sweep.ray is not None):
-            raise CodaError("--jobs/--ray: on engines the replays share the machine's engines and run one at a time; drop them")
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 

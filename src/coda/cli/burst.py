@@ -85,7 +85,12 @@ def burst(
     kind = "fake" if fake else "vllm-cpu" if vllm_cpu else "endpoints" if endpoints else "simulate"
     profile = simulate or "vllm-cpu-tiny"
     if kind == "simulate":
-        load_profile(profile)  # a bad name fails now, in one line
+        try:
+            load_profile(profile)  # a bad name fails now, in one line
+        except CodaError as err:
+            raise CodaError(f"--simulate {profile}: {err}") from None
+    elif jobs not in (None, 1) or ray is not None:
+        raise CodaError("--jobs/--ray: on engines the replays share the machine's engines and run one at a time; drop them")
     if vllm_cpu is not None:
         workers = vllm_cpu
     names = tuple(configs.split(",")) if configs else QUICK_CONFIGS if quick else DEFAULT_CONFIGS
@@ -97,8 +102,6 @@ def burst(
     if kind in ("fake", "endpoints") and any(CONFIGS[c].in_engine for c in names):
         raise CodaError("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and the coda-gateway "
                         "configurations run; pass --configs")
-    if kind == "vllm-cpu" and jobs is None and ray is None:
-        jobs = 1
     default_loads = "0.5,2" if kind == "simulate" else "1,4" if quick else "0.5,1,2,4"
     scenario = Scenario(
         sessions=Sessions(token_scale=token_scale, tool_scale=tool_scale, max_rounds=max_rounds, cold_share=cold_share,
