@@ -172,13 +172,14 @@ def w_max_of(policy: StatePolicy) -> tuple[float | None, bool]:
     return (primary.w_max_s, primary.preempt) if isinstance(primary, TieredAging) else (None, False)
 
 
-def overdue(snap: AdmissionSnapshot, w_max_s: float) -> int | None:
-    """The candidate W_max preemption serves: the oldest (earliest ready; the first of ties) once it
-    has waited ``w_max_s``, or ``None``."""
-    if not len(snap):
+def overdue(now_s: float, ready_s: Sequence[float], w_max_s: float) -> int | None:
+    """Of waiting requests ready since ``ready_s`` (in queue order), the one W_max preemption serves:
+    the oldest (the first of ties) once it has waited ``w_max_s``, or ``None``. With ``preempt`` it
+    is also the one the engine's order admits next after the policy's promotion (``promote_one``)."""
+    if not len(ready_s):
         return None
-    oldest = int(np.argmin(snap.ready_s))
-    return oldest if snap.now_s - snap.ready_s[oldest] >= w_max_s else None
+    oldest = int(np.argmin(ready_s))
+    return oldest if now_s - ready_s[oldest] >= w_max_s else None
 
 
 def preemption_victims(ready_s: float, deficit_blocks: int, seat_needed: bool, running: Sequence[tuple[float, int]]) -> list[int]:
@@ -186,7 +187,7 @@ def preemption_victims(ready_s: float, deficit_blocks: int, seat_needed: bool, r
     lacks ``deficit_blocks`` KV blocks (and a seat, with ``seat_needed``).
 
     ``running``: per running request, ``(ready_s, blocks its preemption would free)``. Only requests
-    ready after the one served are victims, the youngest first (vLLM's own victim order: the
+    ready after the one served are victims (one ready at the same instant is not), the youngest first (vLLM's own victim order: the
     ``PRIORITY`` policy preempts the latest arrival among equals, FCFS the last scheduled), until
     the blocks they free cover the deficit. So preemption follows one total order and never cycles:
     a victim, once overdue itself, can only preempt requests younger than it. ``[]`` when all of

@@ -357,11 +357,14 @@ class Worker:
         victim.match_key = None
         self.waiting.insert(0, victim)
 
+    def _overdue(self) -> int | None:
+        """The index of the waiting request W_max preemption serves (among the policy's frontier), if any."""
+        return overdue(self.loop.now, [r.arrived_s for r in self.waiting[: self.frontier]], self.w_max_s)  # type: ignore[arg-type]
+
     def _preempt_for_overdue(self) -> None:
         """W_max preemption: once the oldest waiting request has waited W_max and lacks blocks or a
         seat, preempt running requests in the policy core's order until it has both."""
-        snap = self.snapshot()
-        i = overdue(snap, self.w_max_s)  # type: ignore[arg-type]
+        i = self._overdue()
         if i is None:
             return
         req = self.waiting[i]
@@ -369,7 +372,7 @@ class Worker:
         def seat_needed() -> bool:
             return len(self.running) + self.n_restoring >= self.max_num_seqs
 
-        if snap.fits[i] and not seat_needed():
+        if self._row(req)[-1] and not seat_needed():
             return
         _, idle, _, _, extra = self._plan_hits(req)
         mine = set(req.chain)
@@ -418,7 +421,8 @@ class Worker:
             asked = False
             while budget > 0 and self.waiting and len(self.running) + self.n_restoring < self.max_num_seqs:
                 if promote_one and asked:  # the policy promoted one request; the engine's FCFS admits the rest
-                    idx = 0 if self._row(self.waiting[0])[-1] else None
+                    head = (self._overdue() if self.w_max_preempt else None) or 0  # with preempt, an overdue request first
+                    idx = head if self._row(self.waiting[head])[-1] else None
                 else:
                     idx = self._decide()
                     asked = True

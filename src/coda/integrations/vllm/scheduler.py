@@ -104,6 +104,10 @@ class PolicyQueue(RequestQueue):
         """The candidates the policy sees: the oldest ``frontier`` waiting requests."""
         return self._items[: self.policy.frontier]
 
+    def overdue(self, front: list[Any]) -> int | None:
+        """With W_max preemption, the index in ``front`` of the request it serves, if any."""
+        return overdue(time.time(), [r.arrival_time for r in front], self.w_max_s) if self.preempt else None  # type: ignore[arg-type]
+
     # --- the policy --------------------------------------------------------------------------
     def _hit(self, req: Any) -> Hits:
         """The request's hits by tier, cached while their boundaries hold (two GPU block lookups and the probe's)."""
@@ -144,8 +148,7 @@ class PolicyQueue(RequestQueue):
         if idx is not None:
             chosen = front[idx]
         else:  # its allocation fails and ends admission: the overdue request W_max preemption serves, else the oldest
-            late = overdue(snap, self.w_max_s) if self.preempt else None
-            chosen = front[0 if late is None else late]
+            chosen = front[self.overdue(front) or 0]
         if self.promote_one:  # one remove-and-prepend per step
             self._items.remove(chosen)
             self._items.insert(0, chosen)
@@ -166,8 +169,9 @@ class PolicyQueue(RequestQueue):
     def peek_request(self) -> Any:
         if not self._items:
             raise IndexError("peek from an empty queue")
-        if self._head is None and self._promoted:
-            self._head = self._items[0]
+        if self._head is None and self._promoted:  # vLLM's order admits the rest; with preempt, an overdue request first
+            front = self.front()
+            self._head = front[self.overdue(front) or 0]
         elif self._head is None:
             t0 = time.thread_time()
             self._head, traced = self._choose()
@@ -376,10 +380,11 @@ class CodaScheduler(Scheduler):
         nothing needs unwinding; vLLM's own preemption then admits the overdue request as usual."""
         queue, kvm = self._coda_queue, self.kv_cache_manager
         pool, bs = kvm.block_pool, self.block_size
-        late = overdue(admission_snapshot(time.time(), queue.front(), queue._hit, bs, 0), queue.w_max_s)  # type: ignore[arg-type]
+        front = queue.front()
+        late = queue.overdue(front)
         if late is None:
             return
-        req = queue.front()[late]
+        req = front[late]
 
         def fits() -> bool:
             free = pool.get_num_free_blocks() + self.coda_reclaimable()
