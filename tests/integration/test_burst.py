@@ -197,3 +197,6 @@ def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tm
     assert [(r["config"], r["load"]) for r in res["rows"]] == [("plain", 0.5), ("plain", 2.0), ("coda", 0.5), ("coda", 2.0)]
     coda = res["rows"][3]
     assert coda["goodput_vs_plain"] == pytest.approx(coda["goodput"] / res["rows"][1]["goodput"], rel=1e-9)
+    # every row says what its mechanisms did: plain has none, Tiered-Aging's W_max is counted (acted or inert)
+    assert res["rows"][0]["liveness"]["mechanisms"] == [] and coda["liveness"]["mechanisms"] == ["w_max"]
+    assert coda["liveness"]["w_max_admissions"] is not None and coda["liveness"]["uncounted"] == []

@@ -93,6 +93,8 @@ class Setup:
     #: the door is told the engines' seats: ``coda serve`` its backends' max_num_seqs, vllm-router its concurrency limit
     seats: bool = False
     sim: dict[str, Any] | None = field(default=None, compare=False)
+    #: the engine mechanisms it turns on, each of which a run's liveness counts (``coda.bench.ladder.MECHANISMS``)
+    mechanisms: tuple[str, ...] = ()
 
     @property
     def in_engine(self) -> bool:
@@ -115,12 +117,12 @@ CONFIGS: dict[str, Setup] = {
     "plain": Setup("none", sim={"system": "vllm", "dram": False}),
     PEER: Setup(PEER),
     "coda-gateway": Setup("coda", sim={"system": "coda-route-only", "dram": False}),
-    "coda": Setup("coda", TA_ONLY, sim=_sim_ta()),
-    "coda+tiers": Setup("coda", {**TA_ONLY, "tiers": True}, tiers=True, sim=_sim_ta(dram=True)),
-    "coda+retention": Setup("coda", _ta(eviction="tool_aware"), sim=_sim_ta(eviction="tool_aware")),
-    "coda+cohorts": Setup("coda", _ta(execution="cohort"), cohorts=True, sim=_sim_ta(execution="cohort")),
+    "coda": Setup("coda", TA_ONLY, sim=_sim_ta(), mechanisms=("w_max",)),
+    "coda+tiers": Setup("coda", {**TA_ONLY, "tiers": True}, tiers=True, sim=_sim_ta(dram=True), mechanisms=("w_max", "tiers")),
+    "coda+retention": Setup("coda", _ta(eviction="tool_aware"), sim=_sim_ta(eviction="tool_aware"), mechanisms=("w_max", "retention")),
+    "coda+cohorts": Setup("coda", _ta(execution="cohort"), cohorts=True, sim=_sim_ta(execution="cohort"), mechanisms=("w_max", "cohorts")),
     # controls, run when named: vLLM's FCFS with the same host store (what the store gives without Coda's order)
-    "coda-gateway+tiers": Setup("coda", tiers=True, sim={"system": "coda-route-only", "dram": True}),
+    "coda-gateway+tiers": Setup("coda", tiers=True, sim={"system": "coda-route-only", "dram": True}, mechanisms=("tiers",)),
     # the door's admission on FCFS engines: Coda's session admission, and admitperf's kv_threshold through its adapter
     "coda-gateway+session": Setup("coda", ingress="session", seats=True),
     "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold", seats=True),
@@ -128,8 +130,9 @@ CONFIGS: dict[str, Setup] = {
     # the peer's own admission: vllm-router's concurrency limit at the engines' seats, its queue in front
     "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
-    "coda+hold": Setup("coda", _ta(state=HOLD), sim=_sim_ta(state=HOLD)),
-    "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True, sim={"system": "coda-tail", "dram": True}),
+    "coda+hold": Setup("coda", _ta(state=HOLD), sim=_sim_ta(state=HOLD), mechanisms=("w_max",)),
+    "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True, sim={"system": "coda-tail", "dram": True},
+                       mechanisms=("w_max", "tiers", "cohorts", "retention")),
 }
 #: what runs without ``configs``: the door, engine and mechanism ablation; these controls run when named
 NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit", "vllm-router+limit",

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from coda import __version__
 from coda.bench.burst import BASELINES, PEER
-from coda.bench.ladder import PEER_VERSION, SIM_ERROR_METRICS, Bench
+from coda.bench.ladder import MECHANISMS, PEER_VERSION, SIM_ERROR_METRICS, Bench
 from coda.bench.report import csv_text
 
 
@@ -104,6 +104,17 @@ COMPACT = (
 )
 
 
+def acted(row: dict[str, Any]) -> str:
+    """What each of a row's engine mechanisms did over its repeats: the count that says it acted
+    (``coda.bench.ladder.MECHANISMS``), ``inert`` where it never did, ``-`` where nothing counts it."""
+    lv = row.get("liveness") or {}
+    cells = []
+    for m in lv.get("mechanisms", []):
+        n = lv.get(MECHANISMS[m])
+        cells.append(f"{m} {'-' if n is None else f'{n:g}'}" + (" inert" if m in lv.get("inert", []) else ""))
+    return ", ".join(cells) or "-"
+
+
 def show(result: dict[str, Any], seats: int, compact: bool = False) -> None:
     """The table (``compact``: goodput and continuation TTFT p95 with their ratios to plain), the ratios and the simulator's errors."""
     con = Console(width=None if sys.stdout.isatty() else 240)
@@ -132,9 +143,9 @@ def show(result: dict[str, Any], seats: int, compact: bool = False) -> None:
         highlight=False,
     )
     cols = COMPACT if compact else TABLE
-    table = Table("config", "load", *(label for _, label in cols))
+    table = Table("config", "load", *(label for _, label in cols), "mechanisms acted")
     for row in result["rows"]:
-        table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row.get(key), row.get(f"{key}_ci95")) for key, _ in cols))
+        table.add_row(row["config"], f"{row['load']:g}x", *(fmt(row.get(key), row.get(f"{key}_ci95")) for key, _ in cols), acted(row))
     con.print(table)
     if not compact and "symmetric_pace" in result:
         door_table = Table("config", "load", *(label for _, label in DOOR_TABLE),

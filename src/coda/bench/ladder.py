@@ -85,6 +85,12 @@ METRICS = (
 )
 #: the engines' gauges (vLLM's /metrics), per engine averaged over the window, then over engines: why a latency is what it is
 ENGINE_GAUGES = {"engine_running_mean": "running_mean", "engine_waiting_mean": "waiting_mean", "kv_usage_mean": "kv_usage_mean"}
+#: what each engine mechanism did in a run (``liveness``): cohort splits planned, tool-call holds and the
+#: blocks they kept, admissions that loaded a prefix from DRAM and the DRAM tokens loaded, admissions of
+#: requests that had waited W_max and running requests preempted for them
+LIVENESS = ("cohort_splits", "retention_holds", "blocks_kept", "dram_loads", "dram_tokens", "w_max_admissions", "w_max_preemptions")
+#: the counts that say whether a configuration's mechanism acted
+MECHANISMS = {"cohorts": "cohort_splits", "retention": "retention_holds", "tiers": "dram_tokens", "w_max": "w_max_admissions"}
 #: the metrics compared with each baseline as ratios of medians
 RATIO_METRICS = ("goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
@@ -165,6 +171,7 @@ class Engines:
     events: list[tuple[int, int]] | None  # (pub, replay) ports of each engine's KV events
     fresh: bool
     groups: list[int] = field(default_factory=list)  # each started vLLM server's process group (its API server and engine core)
+    traces: list[Path] = field(default_factory=list)  # CodaScheduler's trace of each engine, where it runs
 
 
 @contextlib.contextmanager
@@ -193,17 +200,18 @@ def start_engines(setup: Setup, b: Bench, model: Path | None, tag: str) -> Itera
     if setup.cohorts:
         base += ["--worker-cls", WORKER_CLS]
     cpus = os.cpu_count() or 1
+    traces = [b.logs / f"{tag}-engine{i}.trace.jsonl" for i in range(eng.workers)] if setup.scheduler is not None else []
     envs = [
         {
             "VLLM_CPU_OMP_THREADS_BIND": str(i % cpus),  # one core each
-            **({"CODA_SCHEDULER_CONFIG": json.dumps(setup.scheduler)} if setup.scheduler is not None else {}),
+            **({"CODA_SCHEDULER_CONFIG": json.dumps({**setup.scheduler, "trace": str(traces[i])})} if traces else {}),
         }
         for i in range(eng.workers)
     ]
     logs = [b.logs / f"{tag}-engine{i}.log" for i in range(eng.workers)]
     procs: list[Any] = []
     with vllm_servers(model, [[*base, *kv_events_args(pub, rep)] for pub, rep in ports], envs=envs, logs=logs, procs=procs) as urls:
-        yield Engines(urls, ports, True, [p.pid for p in procs])  # each server leads its own process group
+        yield Engines(urls, ports, True, [p.pid for p in procs], traces)  # each server leads its own process group
 
 
 @contextlib.contextmanager
@@ -259,6 +267,7 @@ def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_p
     c0 = cpu_s(door_pid) if door_pid else 0.0
     e0 = [group_cpu_s(g) for g in engines.groups]
     before = door_metrics(gateway) if gateway else None
+    marks = [t.stat().st_size if t.exists() else 0 for t in engines.traces]
     asyncio.run(rep.run())
     counts = door_metrics(gateway) if gateway else None
     door_cpu = 100 * (cpu_s(door_pid) - c0) / rep.wall_s if door_pid else None
@@ -278,9 +287,12 @@ def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_p
     # a reason's kind and status, without the message's own numbers (each Retry-After differs)
     unserved = (r.get("reason") or r["state"] for r in rep.records if r["state"] in ("failed", "rejected"))
     reasons = Counter(": ".join(reason.split(": ")[:2]) for reason in unserved)
+    dram_tokens = sum(e.get("external_prefix_hits_delta") or 0.0 for e in (s.get("server") or {}).values())
     return {
         **metrics_of(rep.records, window, s, door_cpu),
         "engine_cpu_pct": engine_cpu,
+        "liveness": trace_liveness(_lines_since(engines.traces, marks), dram_tokens) if engines.traces else
+        {**dict.fromkeys(LIVENESS, None), "dram_tokens": dram_tokens},
         **({k: fair[k] for k in SYMMETRIC} if fair else {}),
         **({"idle_while_held_s": counts["idle_while_held_s"] - before["idle_while_held_s"],
             "refused_while_idle": counts["refused_while_idle"] - before["refused_while_idle"],
@@ -331,6 +343,49 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _lines_since(paths: Sequence[Path], marks: Sequence[int]) -> Iterator[dict[str, Any]]:
+    """The JSON lines each trace gained since its mark (a byte offset)."""
+    for path, mark in zip(paths, marks):
+        if path.exists():
+            with path.open() as fh:
+                fh.seek(mark)
+                yield from (json.loads(line) for line in fh if line.strip())
+
+
+def trace_liveness(lines: Iterator[dict[str, Any]], dram_tokens: float) -> dict[str, Any]:
+    """What the engines' mechanisms did, from ``CodaScheduler``'s trace (docs/vllm-scheduler.md):
+    planned cohort splits, holds and the blocks they kept, W_max-bound admissions and preemptions,
+    admissions that had a DRAM hit; ``dram_tokens`` is vLLM's own count of the prefix tokens its KV
+    connector loaded (its external prefix-cache hits), which FCFS engines with a host store have too."""
+    out: dict[str, Any] = {**dict.fromkeys(LIVENESS, 0), "dram_tokens": dram_tokens}
+    for line in lines:
+        if "step" not in line:  # the header
+            continue
+        out["cohort_splits"] += int((line.get("cohort") or {}).get("cut") is not None)
+        holds = [e for e in line.get("retention") or [] if e.get("event") == "hold"]
+        out["retention_holds"] += len(holds)
+        out["blocks_kept"] += sum(e.get("blocks", 0) for e in holds)
+        for d in line.get("decisions") or []:
+            dram = {c[0]: c[2] for c in d.get("candidates") or []}.get(d.get("chosen"), 0)
+            out["dram_loads"] += int(dram > 0)
+        w = line.get("w_max") or {}
+        out["w_max_admissions"] += len(w.get("admitted") or [])
+        out["w_max_preemptions"] += len(w.get("preempted") or [])
+    return out
+
+
+def liveness_of(config: str, reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A row's liveness: each count summed over its repeats (None where no run could count it), and
+    the configuration's mechanisms that never acted (``inert``) or that nothing counts (``uncounted``)."""
+    counts: dict[str, Any] = {}
+    for key in LIVENESS:
+        vals = [r["liveness"][key] for r in reps if r.get("liveness") and r["liveness"].get(key) is not None]
+        counts[key] = sum(vals) if vals else None
+    on = CONFIGS[config].mechanisms
+    return {**counts, "mechanisms": list(on), "inert": [m for m in on if counts[MECHANISMS[m]] == 0],
+            "uncounted": [m for m in on if counts[MECHANISMS[m]] is None]}
+
+
 def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> list[dict[str, Any]]:
     """One row per configuration and load: medians with intervals, then ratios against each baseline present."""
     rng = np.random.default_rng(seed)
@@ -339,6 +394,7 @@ def rows_of(runs: dict[tuple[str, float], list[dict[str, Any]]], seed: int) -> l
         row: dict[str, Any] = {"config": config, "load": load, "repeats": len(reps)}
         for key in METRICS:
             row[key], row[f"{key}_ci95"] = median_ci([r.get(key) for r in reps], rng)
+        row["liveness"] = liveness_of(config, reps)
         for base in BASELINES:
             other = runs.get((base, load))
             if other is None or base == config:
@@ -380,6 +436,12 @@ def simulate_one(sc: Scenario, config: str, profile: str, workload: Workload, se
     prompt = sum(r["prompt_tokens"] for r in done)
     m["prefix_hit_rate"] = sum(r["hbm_hit_tokens"] + r["dram_hit_tokens"] + r["ssd_hit_tokens"] for r in done) / prompt if prompt else None
     m["preemptions"] = sum(r["preemptions"] for r in res.records)
+    w_max = s.get("w_max") or {}
+    dram = [r["dram_hit_tokens"] for r in res.records if r["dram_hit_tokens"] > 0]
+    # the simulator counts request-steps in split steps, and has no holds: tool-aware eviction orders its victims
+    m["liveness"] = {"cohort_splits": sum(r["cohort_steps"] for r in res.records), "retention_holds": None, "blocks_kept": None,
+                     "dram_loads": len(dram), "dram_tokens": sum(dram), "w_max_admissions": w_max.get("admissions", 0),
+                     "w_max_preemptions": w_max.get("preemptions", 0)}
     return m
 
 
