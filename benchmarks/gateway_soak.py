@@ -136,15 +136,15 @@ class Rotation(Endpoint):
         self._turn = 0
         self.t0 = time.perf_counter()  # the origin of the times ``failures`` reports
 
-    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
-        """One attempt on the next replica; one cut by its replica's kill is sent again on the next, as
+    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0, into: Attempt | None = None) -> Attempt:
+        """One attempt on the next replica (filling ``into``); one cut by its replica's kill is sent again on the next, as
         an agent retries a round whose connection broke (so the load stays what the workload offers)."""
-        key, a = await self._once(body, headers, shard)
+        key, a = await self._once(body, headers, shard, into)
         if not a.ok and key in self.fleet.killed:
-            key, a = await self._once(body, headers, shard)
+            key, a = await self._once(body, headers, shard, None)
         return a
 
-    async def _once(self, body: bytes, headers: dict[str, str], shard: int) -> tuple[tuple[int, int], Attempt]:
+    async def _once(self, body: bytes, headers: dict[str, str], shard: int, into: Attempt | None) -> tuple[tuple[int, int], Attempt]:
         while not (up := [r for r in self.fleet.replicas if r.up]):
             await asyncio.sleep(0.05)  # one replica, restarting
         r = up[self._turn % len(up)]
@@ -152,7 +152,7 @@ class Rotation(Endpoint):
         key = (r.slot, r.start)
         if key not in self._endpoints:
             self._endpoints[key] = Endpoint(r.proc.url, model=self.model, shards=32, clock=self.clock)
-        a = await self._endpoints[key].send(body, headers, shard)
+        a = await self._endpoints[key].send(body, headers, shard, into)
         self.attempts.append((*key, a))
         return key, a
 

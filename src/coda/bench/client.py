@@ -142,9 +142,11 @@ class Endpoint:
             req["prompt"] = " ".join(tok.render((m.role, m.text) for m in messages))
         return _encode.encode(req)
 
-    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
+    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0, into: Attempt | None = None) -> Attempt:
+        """One attempt; ``into``: the attempt to fill, so that a caller whose send is cancelled still
+        reads what had come (a request cut off by the run's end keeps its first token's time)."""
         clock = self.clock
-        a = Attempt(sent_s=clock())
+        a = into if into is not None else Attempt(sent_s=clock())
         request = httpx.Request("POST", self.url, headers={**self.headers, **headers}, content=body, extensions={"timeout": self.timeout})
         try:
             resp = await self.transports[shard % len(self.transports)].handle_async_request(request)

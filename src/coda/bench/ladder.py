@@ -39,7 +39,7 @@ from coda.engines.launch import FakeEngineProcess
 from coda.errors import CodaError
 from coda.metrics.intervals import median_ci, median_ratio_ci
 from coda.metrics.offered import symmetric_summary
-from coda.metrics.requests import Window
+from coda.metrics.requests import Window, censored_latencies
 from coda.serving.procs import free_port
 from coda.sweep import Cell, SweepOptions, profile_digest, run_cells
 from coda.workload.schema import Workload
@@ -67,6 +67,7 @@ METRICS = (
     "ttft_p50_cold_s",
     "ttft_p95_cold_s",
     "max_wait_s",
+    "max_wait_censored",
     "session_p50_s",
     "session_p99_s",
     "prefix_hit_rate",
@@ -94,9 +95,10 @@ MECHANISMS = {"cohorts": "cohort_splits", "retention": "retention_holds", "tiers
 #: the metrics compared with each baseline as ratios of medians
 RATIO_METRICS = ("goodput", "ttft_p95_continuation_s", "ttft_p95_cold_s", "max_wait_s", "session_p99_s")
 #: the statistics whose simulated error is reported, and the ones with a target (|error| <= SIM_TARGET)
-#: (every engine-side metric: not the arrival rate, nor what only a real door sheds, defers, fails or spends, nor
-#: the gauges, which only real engines publish)
-SIM_LEFT_OUT = ("offered_rps", "shed", "deferred", "failed", "door_cpu_pct", "engine_cpu_pct", *ENGINE_GAUGES, *DOOR_COUNTS, *SYMMETRIC)
+#: (every engine-side metric: not the arrival rate, nor the waits the run cut off, nor what only a real door sheds, defers, fails or
+#: spends, nor the gauges, which only real engines publish)
+SIM_LEFT_OUT = ("offered_rps", "max_wait_censored", "shed", "deferred", "failed", "door_cpu_pct", "engine_cpu_pct", *ENGINE_GAUGES,
+                *DOOR_COUNTS, *SYMMETRIC)
 SIM_ERROR_METRICS = tuple(m for m in METRICS if m not in SIM_LEFT_OUT)
 SIM_TARGETED = ("goodput", "ttft_p50_s")
 SIM_TARGET = 0.10
@@ -289,7 +291,7 @@ def replay_once(workload: Workload, cfg: BenchConfig, targets: list[str], door_p
     reasons = Counter(": ".join(reason.split(": ")[:2]) for reason in unserved)
     dram_tokens = sum(e.get("external_prefix_hits_delta") or 0.0 for e in (s.get("server") or {}).values())
     return {
-        **metrics_of(rep.records, window, s, door_cpu),
+        **metrics_of(rep.records, window, s, door_cpu, rep.wall_s),
         "engine_cpu_pct": engine_cpu,
         "liveness": trace_liveness(_lines_since(engines.traces, marks), dram_tokens) if engines.traces else
         {**dict.fromkeys(LIVENESS, None), "dram_tokens": dram_tokens},
@@ -307,12 +309,18 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, Any], door_cpu: float | None) -> dict[str, Any]:
+def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, Any], door_cpu: float | None,
+               run_end_s: float) -> dict[str, Any]:
     """The burst's metrics of one run: the bench summary's, TTFT split into continuations (an
-    agent session's later rounds) and cold requests, and the engines' counters summed."""
-    done = [r for r in records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
-    cont = [r["first_token_s"] - r["ready_s"] for r in done if not is_cold(r["session_id"]) and r["round"] > 0]
-    cold = [r["first_token_s"] - r["ready_s"] for r in done if is_cold(r["session_id"])]
+    agent session's later rounds) and cold requests, and the engines' counters summed. Requests
+    the run's end cut off count in every TTFT column, censored at ``run_end_s``
+    (``coda.metrics.requests.censored_latencies``); ``max_wait_censored`` counts them, and while
+    it is above zero ``max_wait_s`` is a lower bound."""
+    ttft, _, cut = censored_latencies(records, run_end_s)
+    waits = [(r, float(t)) for r, t, c in zip(records, ttft, cut)
+             if (r["state"] == "completed" or c) and window.start_s <= r["ready_s"] <= window.end_s]
+    cont = [t for r, t in waits if not is_cold(r["session_id"]) and r["round"] > 0]
+    cold = [t for r, t in waits if is_cold(r["session_id"])]
     engines = (s.get("server") or {}).values()
     hits = sum(e.get("prefix_hits_delta") or 0.0 for e in engines)
     queries = sum(e.get("prefix_queries_delta") or 0.0 for e in engines)
@@ -325,6 +333,7 @@ def metrics_of(records: Sequence[dict[str, Any]], window: Window, s: dict[str, A
         "ttft_p50_cold_s": _pct(cold, 50),
         "ttft_p95_cold_s": _pct(cold, 95),
         "max_wait_s": s["ttft_max_s"],
+        "max_wait_censored": s["latency_censored"],
         "session_p50_s": s.get("task_time_p50_s"),
         "session_p99_s": s.get("task_time_p99_s"),
         "prefix_hit_rate": hits / queries if queries else None,
@@ -431,7 +440,7 @@ def simulate_one(sc: Scenario, config: str, profile: str, workload: Workload, se
     res = simulate(workload, cfg)
     s = res.summary()
     window = Window(*s["window_s"])
-    m = metrics_of(res.records, window, s, None)
+    m = metrics_of(res.records, window, s, None, s["sim_time_s"])
     done = [r for r in res.records if r["state"] == "completed" and window.start_s <= r["ready_s"] <= window.end_s]
     prompt = sum(r["prompt_tokens"] for r in done)
     m["prefix_hit_rate"] = sum(r["hbm_hit_tokens"] + r["dram_hit_tokens"] + r["ssd_hit_tokens"] for r in done) / prompt if prompt else None

@@ -304,9 +304,14 @@ class Replay:
             rec["attempts"] += 1
             self.counts["inflight"] += 1
             outcome = "error"
+            a = Attempt(sent_s=self._clock())
             try:
-                a = await endpoint.send(body, headers, shard)
+                a = await endpoint.send(body, headers, shard, into=a)
                 outcome = "ok" if a.ok else "429" if a.status == 429 else "error"
+            except asyncio.CancelledError:
+                if a.first_token_s is not None:  # cut off while streaming: its TTFT is known, not censored
+                    rec["first_token_s"] = a.first_token_s - self._t0
+                raise
             finally:
                 self.counts["inflight"] -= 1
                 limiter.release(outcome, epoch)
@@ -379,10 +384,10 @@ class RoundRobin(Endpoint):
         for e in self.endpoints:
             e.model = name
 
-    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0) -> Attempt:
+    async def send(self, body: bytes, headers: dict[str, str], shard: int = 0, into: Attempt | None = None) -> Attempt:
         e = self.endpoints[self._turn % len(self.endpoints)]
         self._turn += 1
-        return await e.send(body, headers, shard)
+        return await e.send(body, headers, shard, into)
 
     async def close(self) -> None:
         for e in self.endpoints:

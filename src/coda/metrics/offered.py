@@ -1,20 +1,23 @@
-"""Goodput over a denominator that treats a refused session as a slowed one: the rounds a session
-turned away would have sent are charged only as far as its own trace timing, at the unloaded pace,
-reaches inside the measurement window.
+"""Goodput over a denominator that charges every door the same rounds: those each session of the
+workload would make ready inside the measurement window at the unloaded pace, whatever the door
+did to it.
 
 A replay records the rounds its clients send. A session slowed by queueing sends its later rounds
-late, past the window, so they are never offered; a session turned away is abandoned, and the
-replay charges its unsent rounds as if it had been served instantly from the moment it was
-refused, which can be far ahead of where it would have been even on an idle engine. Comparing
-goodputs on those two rules favours admitting everything. Here a refused session's unsent round k
-counts as offered (and refused) only when the time it would become ready at the unloaded pace, from
-the session's start, each earlier round served in its time alone on an idle engine (from the
-engine's cost profile, ``coda.metrics.tasks.alone_times_s``; instantly where none is given) and
-followed by its tool and think time (``unloaded_ready_s``), falls inside the window. Every round a
-client did send counts where the replay put it. Session goodput: the sessions that start in the
-window and would end in it at the unloaded pace, completed with every round within the SLO, over
-those sessions. Arrival-driven replays only: with ``max_concurrency`` a session starts when a slot
-frees, which depends on the run.
+late, past the window, so the replay never offers them; a session turned away is abandoned, and the
+replay charges its unsent rounds as if it had been served instantly from the moment it was refused.
+Comparing goodputs on either count favours one kind of door. Here the charged rounds come from the
+workload alone: session s's round k is charged when the time it would become ready at the unloaded
+pace, from the session's start, each earlier round served in its time alone on an idle engine (from
+the engine's cost profile, ``coda.metrics.tasks.alone_times_s``; instantly where none is given) and
+followed by its tool and think time (``unloaded_ready_s``), falls inside the window. A session
+refused at round k and one slowed at round k are charged the same rounds. Each charged round ends
+as what the client saw of it when it was sent by the window's end (completed, rejected or failed),
+as ``abandoned`` (and its session's refusal) when its session was refused first, or as ``late``
+(slowed past the window, or not sent before the run stopped). Only charged rounds completed within
+the SLO count as met. Session goodput: the sessions that start in the window and would end in it at
+the unloaded pace, completed with every round within the SLO, over those sessions.
+Arrival-driven replays only: with ``max_concurrency`` a session starts when a slot frees, which
+depends on the run.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from coda.metrics.requests import Window, column, within_slo
+from coda.metrics.requests import RUN_ENDED, Window, column, within_slo
 from coda.workload.schema import Session, Workload, next_ready_s
 
 ABANDONED = "session_abandoned"
@@ -52,31 +55,32 @@ def symmetric_summary(records: Sequence[Mapping[str, Any]], workload: Workload, 
     finished = np.array([r.get("state") == "completed" and r.get("finish_s") is not None for r in sent], dtype=bool)
     ok = within_slo(finished, column(sent, "first_token_s") - column(sent, "ready_s"),
                     column(sent, "tbt_mean_s"), column(sent, "output_tokens", 0.0), ttft_slo_s, tbt_slo_s)
-    counts = dict.fromkeys(("offered", "admitted", "deferred", "completed", "rejected", "failed", "abandoned", "slo_met"), 0)
+    counts = dict.fromkeys(("offered", "admitted", "deferred", "completed", "rejected", "failed", "abandoned", "late", "slo_met"), 0)
     by_session: dict[str, dict[int, tuple[Mapping[str, Any], bool]]] = {}
     for r, good in zip(sent, ok):
-        good = bool(good)
-        by_session.setdefault(r["session_id"], {})[r["round"]] = (r, good)
-        if not window.start_s <= r["ready_s"] <= window.end_s:
-            continue
-        counts["offered"] += 1
-        counts["admitted"] += bool(r.get("admitted"))
-        counts["deferred"] += bool(r.get("deferred"))
-        counts[r["state"] if r.get("state") in ("completed", "rejected", "failed") else "failed"] += 1
-        counts["slo_met"] += good
+        by_session.setdefault(r["session_id"], {})[r["round"]] = (r, bool(good))
     sessions = sessions_completed = sessions_good = 0
     for s in workload.sessions:
         rounds = by_session.get(s.session_id, {})
         ready = unloaded_ready_s(s, time_scale, alone_s.get(s.session_id) if alone_s is not None else None)
-        last = max(rounds, default=-1)
-        refused = last >= 0 and rounds[last][0].get("state") in ("rejected", "failed")
-        if refused:  # its unsent rounds, as far as the unloaded pace reaches inside the window
-            state = rounds[last][0]["state"]
-            for k in range(last + 1, len(s.rounds)):
-                if window.start_s <= ready[k] <= window.end_s:
-                    counts["offered"] += 1
-                    counts["abandoned"] += 1
-                    counts[state] += 1
+        refusal: str | None = None  # the state of the round that ended the session, once it was refused
+        for k in range(len(s.rounds)):
+            r, good = rounds.get(k, (None, False))
+            if r is not None and r.get("state") in ("rejected", "failed") and r.get("reason") not in RUN_ENDED:
+                refusal = refusal or r["state"]
+            if not window.start_s <= ready[k] <= window.end_s:
+                continue
+            counts["offered"] += 1
+            if r is not None and r["ready_s"] <= window.end_s:
+                counts["admitted"] += bool(r.get("admitted"))
+                counts["deferred"] += bool(r.get("deferred"))
+                counts[r["state"] if r.get("state") in ("completed", "rejected", "failed") else "failed"] += 1
+                counts["slo_met"] += good
+            elif refusal is not None:
+                counts["abandoned"] += 1
+                counts[refusal] += 1
+            else:
+                counts["late"] += 1
         if (
             0 in rounds
             and window.start_s <= rounds[0][0]["ready_s"] <= window.end_s

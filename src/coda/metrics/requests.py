@@ -2,7 +2,10 @@
 
 Throughput counts what *finished* inside the measurement window [t0, t1] (so work deferred past
 the window never inflates it), divided by the window length. Latencies are over the requests
-that became *ready* inside the window and completed. A request meets its SLO when its TTFT and
+that became *ready* inside the window and completed, and, when the run's end is known, those it cut
+off (*unfinished*: still waiting or streaming), each censored at the run's end: a request still
+waiting counts with the wait it had so far, so ``ttft_max_s`` and every other latency column is a
+lower bound on the true one whenever ``latency_censored`` is above zero. A request meets its SLO when its TTFT and
 its mean inter-token gap are both within their SLOs. Two views of decode speed are reported:
 ITL is per request, ``(e2e - ttft) / (output_tokens - 1)``, with percentiles over requests (what
 AIPerf and GuideLLM call inter-token latency and vLLM's benchmark calls TPOT); TBT percentiles
@@ -43,6 +46,8 @@ OPERATOR_KEYS = (
     "slowdown_jain",
 )
 STALL_S = 60.0  # assumed: the wait after which an agent's user gives up on a response
+#: the replay's reasons for a request cut off when the run stopped (``coda.bench.replay``)
+RUN_ENDED = ("run_ended", "interrupted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,25 @@ def column(records: Sequence[Mapping[str, Any]], key: str, default: float = math
     return np.array([default if r.get(key) is None else r[key] for r in records], dtype=float)
 
 
+def cut_off(records: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Requests the run's end cut off: neither completed nor refused (the simulator's ``unfinished``),
+    or failed only because the replay stopped (``RUN_ENDED``)."""
+    return np.array([r.get("finish_s") is None and (r.get("state") not in ("rejected", "failed") or r.get("reason") in RUN_ENDED)
+                     for r in records], dtype=bool)
+
+
+def censored_latencies(records: Sequence[Mapping[str, Any]], run_end_s: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each record's TTFT and E2E, and the mask of those censored: a request cut off by the run's end
+    (``cut_off``) counts as ending at ``run_end_s``, its first token too when none had come, so
+    each censored value is at most the true one. Without ``run_end_s``, no request is censored and
+    unfinished ones stay NaN."""
+    ready, first, finish = column(records, "ready_s"), column(records, "first_token_s"), column(records, "finish_s")
+    cut = cut_off(records) if run_end_s is not None else np.zeros(len(records), dtype=bool)
+    ttft = np.where(cut & np.isnan(first), run_end_s if run_end_s is not None else np.nan, first) - ready
+    e2e = np.where(cut, run_end_s if run_end_s is not None else np.nan, finish) - ready
+    return ttft, e2e, cut
+
+
 def summarize(
     records: Sequence[Mapping[str, Any]],
     window: Window,
@@ -93,10 +117,11 @@ def summarize(
     ``state``. ``gaps``: (values, weights) of pooled inter-token gaps;
     without it, each record's ``gaps_s`` list is pooled. With ``run_end_s`` (when the run
     stopped) the records also carry ``session_id`` and ``session_rounds`` and the task metrics are
-    added, slowdowns too when ``alone_s`` gives each session's time alone through each round.
+    added, slowdowns too when ``alone_s`` gives each session's time alone through each round, and
+    the requests the run's end cut off count in the TTFT and E2E columns, censored there
+    (``censored_latencies``; ``latency_censored`` counts them).
     """
     ready = column(records, "ready_s")
-    first = column(records, "first_token_s")
     finish = column(records, "finish_s")
     out = column(records, "output_tokens", 0.0)
     prompt = column(records, "prompt_tokens", 0.0)
@@ -110,8 +135,7 @@ def summarize(
 
     offered = (ready >= t0) & (ready <= t1)
     done_in = completed & (finish >= t0) & (finish <= t1)
-    ttft = first - ready
-    e2e = finish - ready
+    ttft, e2e, cut = censored_latencies(records, run_end_s)
     slo_ok = within_slo(completed, ttft, tbt, out, ttft_slo_s, tbt_slo_s)
     useful = useful_tokens(rnd, prompt, new_in, out)
 
@@ -130,12 +154,14 @@ def summarize(
         "goodput": float((offered & slo_ok).sum() / max(offered.sum(), 1)),
         "stalled": int((offered & (~completed | ~(ttft <= STALL_S))).sum()),
     }
+    waits = offered & (completed | cut)
+    res["latency_censored"] = int((offered & cut).sum())
     itl = tbt[lat & (out > 1) & ~np.isnan(tbt)]  # the record's tbt_mean_s is (finish - first) / (out - 1)
-    for name, arr in (("ttft", ttft[lat]), ("e2e", e2e[lat]), ("itl", itl)):
+    for name, arr in (("ttft", ttft[waits]), ("e2e", e2e[waits]), ("itl", itl)):
         for p in (50, 90, 95, 99):
             res[f"{name}_p{p}_s"] = _pct(arr, p)
         res[f"{name}_mean_s"] = float(arr.mean()) if arr.size else None
-    res["ttft_max_s"] = float(ttft[lat].max()) if lat.any() else None
+    res["ttft_max_s"] = float(ttft[waits].max()) if waits.any() else None
     if gaps is None:
         pooled = [g for r, m in zip(records, lat) if m for g in (r.get("gaps_s") or ())]
         gaps = (np.array(pooled, dtype=float), np.ones(len(pooled)))
