@@ -386,27 +386,25 @@ class CodaScheduler(Scheduler):
             return
         req = front[late]
 
-        def fits() -> bool:
+        def lack() -> int:
+            """Blocks it lacks: its prompt's beyond its GPU hit, and its idle hits, against what admission may claim."""
             free = pool.get_num_free_blocks() + self.coda_reclaimable()
-            return bool(admission_snapshot(time.time(), [req], queue._hit, bs, free).fits[0])
+            return int(admission_snapshot(time.time(), [req], queue._hit, bs, free).extra_blocks[0]) + queue._hit(req).idle_blocks - free
 
         def seat_needed() -> bool:
             return len(self.running) >= self.max_num_running_reqs
 
-        if fits() and not seat_needed():
+        if lack() <= 0 and not seat_needed():
             return
         hit, _, _ = kvm.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
         mine = {b.block_id for group in hit for b in group}
-        h = queue._hit(req)
-        need = -(-req.num_tokens // bs) - h.hbm_tokens // bs + h.idle_blocks
-        deficit = need - pool.get_num_free_blocks() - self.coda_reclaimable()
         # blocks each preemption frees: those only it holds, other than the overdue request's own hits
         candidates = [r for r in self.running if self._request_blocks_can_be_freed(r)]
         rows = [(r.arrival_time, sum(1 for group in kvm.get_blocks(r.request_id).blocks for b in group
                                      if b.ref_cnt == 1 and b.block_id not in mine)) for r in candidates]
         self._coda_w_max["for"] = req.request_id
-        for i in preemption_victims(req.arrival_time, deficit, seat_needed(), rows):
-            if fits() and not seat_needed():
+        for i in preemption_victims(req.arrival_time, lack(), seat_needed(), rows):
+            if lack() <= 0 and not seat_needed():
                 break
             victim = candidates[i]
             self.running.remove(victim)
