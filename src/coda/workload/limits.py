@@ -46,7 +46,7 @@ def _positive(env: Mapping[str, str], name: str, default: int) -> int:
 def bounded_lines(fh: BinaryIO, path: Path, limits: InputLimits) -> Iterator[str]:
     """The lines of ``fh`` as text (``\\r\\n`` read as ``\\n``), each read with at most
     ``limits.line_bytes + 1`` bytes held; one line naming the file, the limit and the fix when a
-    limit is passed. Bytes that are not UTF-8 raise ``UnicodeDecodeError`` (``coda.errors.reading``)."""
+    limit is passed, or when a line is not UTF-8."""
     total = 0
     lineno = 0
     while line := fh.readline(limits.line_bytes + 1):
@@ -62,5 +62,11 @@ def bounded_lines(fh: BinaryIO, path: Path, limits: InputLimits) -> Iterator[str
                 f"{path}: more than {limits.total_bytes} bytes{' after decompression' if path.suffix == '.gz' else ''} "
                 f"({TOTAL_ENV}); pass a smaller file, or set {TOTAL_ENV} higher"
             )
-        text = line.decode("utf-8")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise CodaError(
+                f"{path}:{lineno}: not UTF-8 text (byte {err.start + 1} of the line is {line[err.start:err.start + 1]!r}); pass a "
+                "text file"
+            ) from None
         yield text[:-2] + "\n" if text.endswith("\r\n") else text
