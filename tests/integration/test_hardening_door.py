@@ -131,6 +131,17 @@ def test_ten_thousand_headers_and_a_64_mib_header_are_cut_without_growing_memory
     assert rss_mib(gw.pid) - before < 32
 
 
+def test_the_default_limits_refuse_the_reported_heads(tmp_path, engine):
+    """With no limits configured: 10,000 headers, one 1 MiB header and a 16 KiB request line, each
+    accepted before the limits existed."""
+    with gateway(tmp_path, engine) as g:
+        for data in (request(headers=b"".join(b"x-h%d: v\r\n" % i for i in range(10_000))),
+                     request(headers=b"x-big: " + b"a" * 2**20 + b"\r\n"), request("/health?q=" + "a" * 16384)):
+            resp = exchange(g.url, data)
+            assert resp == b"" or parse(resp)[0] in (414, 431)  # answered, or cut off before the client finished sending
+        assert healthy(g)
+
+
 def test_a_request_line_past_the_limit_gets_414(gw):
     status, _, body = parse(exchange(gw.url, request("/health?q=" + "a" * LIMITS["max_request_line_bytes"])))
     assert status == 414
