@@ -23,10 +23,10 @@ from coda.policy.contracts import SIGNALS, Decision, IngressPolicy, Router
 from coda.policy.routing import rendezvous
 from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.build import build_policies
-from coda.shell.estimates import deadline_slack_s, ttft_estimate
+from coda.shell.estimates import DrainRate, deadline_slack_s, ttft_estimate
 from coda.shell.ingress_view import ingress_snapshot
 from coda.shell.kvindex import BlockHasher, KVIndexer, WorkerTiers
-from coda.shell.sessions import SessionLedger, ledger_ttl_s
+from coda.shell.sessions import SessionCap, ledger_of
 from coda.shell.shadow import Shadowed
 
 #: signals read from an engine's /metrics, with the vLLM metric names that carry them
@@ -78,6 +78,8 @@ class Worker:
     #: the most requests in flight here at once through every replica (``inflight_of`` at each send):
     #: with ``cfg.max_num_seqs`` and a door that counts seats, never above it
     inflight_peak: int = 0
+    #: what this replica's requests here freed as they ended (``WorkerLoad.freed_tokens_per_s``)
+    drain: DrainRate = field(default_factory=DrainRate)
 
     @property
     def label(self) -> str:
@@ -120,6 +122,7 @@ class Ticket:
     session_seen: bool = False  # the store says the session held a slot: an earlier round went somewhere
     plan: tuple[Worker, int | None] | None = None  # the worker (and shadow router's choice) its admission counted it on
     new_tokens: int = 0  # what it newly occupies on the worker it was sent to (``WorkerLoad.new_tokens``), while in flight
+    sent_s: float = 0.0  # when its attempt in flight was sent
     session_source: str | None = None  # the rule that recognised its session (``identity.session_of``)
 
     @property
@@ -175,7 +178,8 @@ class GatewayState:
         self.defer = self.policies.spec.ingress.defer
         self.ingress: IngressPolicy = self.policies.ingress
         self.router: Router = self.policies.router
-        self.ledger = SessionLedger(ledger_ttl_s(self.ingress), MAX_SESSION_SLOTS)
+        self.ledger = ledger_of(self.ingress, MAX_SESSION_SLOTS)
+        self.cap = SessionCap.of(self.ingress)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.chains = ResponseChains()  # Responses API answers -> their session, for ``previous_response_id``
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
@@ -379,6 +383,7 @@ class GatewayState:
         """``sessions``: the slots as the store found them (absent: this replica's own ledger)."""
         now = self.clock()
         ages = "queue_age" in self.needed_signals
+        drains = "drain_rate" in self.needed_signals
         loads = tuple(
             WorkerLoad(
                 w.id,
@@ -392,6 +397,7 @@ class GatewayState:
                 self.new_tokens(t, w),
                 w.cfg.max_num_seqs or 0,
                 w.kv_capacity_tokens,
+                *(w.drain.rates() if drains else (0.0, 0.0)),
             )
             for w in t.candidates
         )
@@ -410,13 +416,14 @@ class GatewayState:
             deadline_slack_s=slack,
             queued=self.queued + round(self.others.get("q", 0.0)),
             slots=(sessions.active, sessions.count) if sessions is not None else None,
+            cap=self.cap,
         )
 
     def decide(self, t: Ticket, sessions: Sessions | None = None) -> tuple[Decision, IngressSnapshot, Decision | None]:
         """The enforced decision, its snapshot, and the shadow policy's decision on it (if any)."""
         snap = self.ingress_snapshot(t, sessions)
         d = self.ingress.decide(snap)
-        if d.action == "defer":
+        if d.status == 503:  # held, or asked back at once: either spends the session's deferral budget
             self.ledger.defer(t.session_id, snap.now_s)
         return d, snap, self.ingress.last_shadow if isinstance(self.ingress, Shadowed) else None
 
@@ -505,7 +512,8 @@ class GatewayState:
         if w.first_sent_s is None:
             w.first_sent_s = self.last_active_s
         w.inflight[t.rid] = t.prompt_tokens
-        w.unanswered[t.rid] = self.last_active_s
+        w.unanswered[t.rid] = t.sent_s = self.last_active_s
+        w.drain.sent(self.last_active_s)
         w.inflight_tokens += t.prompt_tokens
         t.new_tokens = new = self.new_tokens(t, w)
         w.inflight_new_tokens += new
@@ -530,6 +538,12 @@ class GatewayState:
         self.last_active_s = self.clock()
         if completed and t.session_id is not None and (s := self.sessions.get(t.session_id)) is not None:
             s.completed_rounds += 1
+        if ttft_s is not None and self.cap is not None:
+            capacity = w.kv_capacity_tokens
+            pressure = (w.inflight_new_tokens + self.other("new", w.label)) / capacity if capacity else 0.0
+            self.cap.observe(ttft_s, t.sent_s, pressure, self.last_active_s)
+        w.drain.ended(t.new_tokens, self.last_active_s)
+        self.ledger.ended(t.session_id, self.last_active_s)
         w.inflight_tokens -= w.inflight.pop(t.rid, 0)
         w.unanswered.pop(t.rid, None)
         w.inflight_new_tokens -= t.new_tokens

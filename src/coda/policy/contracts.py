@@ -29,7 +29,8 @@ from coda.policy.snapshots import AdmissionSnapshot, IngressSnapshot, RoutingSna
 
 #: every signal an ingress policy may read; the gateway maps each to a source (an engine's /metrics
 #: or its own count) and refuses to start when one is missing, the simulator fills them all
-SIGNALS = ("queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "prefix_hit", "tenant_share", "deadline_slack")
+SIGNALS = ("queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "prefix_hit", "tenant_share", "deadline_slack",
+           "drain_rate")
 
 Action = Literal["admit", "defer", "reject"]
 SEVERITY: dict[str, int] = {"admit": 0, "defer": 1, "reject": 2}
@@ -38,7 +39,8 @@ SEVERITY: dict[str, int] = {"admit": 0, "defer": 1, "reject": 2}
 @dataclass(slots=True, frozen=True)
 class Decision:
     """An ingress decision. ``status``: the HTTP status the shell answers with when not admitting
-    (503 defer, 429 / 529 reject); ``reason``: one of a fixed set per policy (it labels metrics);
+    (503 defer; 429 / 529 reject, or 503 for a reject that asks the client back without being
+    held); ``reason``: one of a fixed set per policy (it labels metrics);
     ``signal``: what bound when not admitting, names from ``SIGNALS`` joined by ``+`` (``telemetry``
     for workers that are stale or unhealthy; a policy's own state, such as ``session_slots``),
     which the shells' liveness counts read (``coda.shell.liveness``)."""

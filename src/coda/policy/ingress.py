@@ -23,6 +23,7 @@ set so it can label metrics.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -235,6 +236,145 @@ class SessionAdmission(IngressPolicy):
             return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, signal)
         retry = jittered(self.retry_after_s, self.retry_jitter, f"{snap.session_id}|{snap.now_s!r}")
         return Decision("defer", self.name, reason, 503, retry, signal)
+
+
+#: the shortest Retry-After the predicted-wait door answers with (assumed: a client's round trip and a few engine steps)
+MIN_RETRY_S = 0.5
+
+
+def _time_to_free(short: float, per_s: float) -> float:
+    """Seconds until ``short`` more units are freed at ``per_s`` (``inf`` when none are freed)."""
+    if short <= 0:
+        return 0.0
+    return short / per_s if per_s > 0 else math.inf
+
+
+def tokens_short(w: WorkerLoad) -> int:
+    """KV tokens the requests sent to ``w`` must free before the arriving one fits beside them (0
+    when it fits; an unknown capacity does not bind, and the first request fits an idle engine)."""
+    if w.kv_capacity_tokens <= 0 or w.inflight_requests == 0:
+        return 0
+    return max(w.inflight_tokens + w.new_tokens - w.kv_capacity_tokens, 0)
+
+
+def seats_short(w: WorkerLoad) -> int:
+    """Requests that must end on ``w`` before the arriving one has a seat (0 when one is free)."""
+    return max(w.inflight_requests + 1 - w.max_num_seqs, 0) if w.max_num_seqs > 0 else 0
+
+
+def predicted_wait_s(w: WorkerLoad) -> float:
+    """Seconds a request sent to ``w`` now would wait before it could start, as an engine that
+    starts its requests in order sees it: until the requests sent before it have freed the KV tokens
+    and the seat it lacks, at the rates they have been freeing them (``freed_tokens_per_s``,
+    ``ended_per_s``); ``inf`` when it lacks room and nothing has been freed to predict from."""
+    return max(_time_to_free(tokens_short(w), w.freed_tokens_per_s), _time_to_free(seats_short(w), w.ended_per_s))
+
+
+def least_wait_s(snap: IngressSnapshot) -> float:
+    """The least predicted wait over the healthy workers with fresh telemetry (the router then
+    places the request; ``inf`` when there is none)."""
+    return min((predicted_wait_s(w) for w in snap.workers if w.healthy and not w.stale), default=math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class CapRule:
+    """Additive increase, multiplicative decrease of the number of sessions that may hold a slot, as
+    TCP and concurrency limiters (Netflix concurrency-limits, Envoy adaptive concurrency) move a
+    window: each first token of an admitted request is a sample; one late for the TTFT SLO, or one
+    from a worker sent more KV than it holds (``pressure`` above 1: the shell's in-flight tokens over
+    its capacity), cuts the cap by ``decrease``; an on-time one adds ``1 / cap``, about one session
+    per cap's worth of samples. The shell keeps the cap (``coda.shell.sessions.SessionCap``)."""
+
+    ttft_slo_s: float
+    initial: int
+    least: int
+    most: int  # 0: no upper bound
+    decrease: float
+
+    def step(self, cap: float, ttft_s: float, pressure: float) -> float:
+        if ttft_s > self.ttft_slo_s or pressure > 1.0:
+            return max(float(self.least), cap * self.decrease)
+        return min(cap + 1.0 / cap, float(self.most) if self.most else math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedWait(IngressPolicy):
+    """Admit by the wait a request would see, held only where holding pays. A request of a session
+    that holds a slot always passes (continuations first: they hold KV and finish sessions). A new
+    one is refused at once (503, no hold) while the adaptive session cap is reached (``CapRule``;
+    ``max_sessions`` bounds it). Otherwise the door predicts, per worker, how long it would wait
+    before it could start (``predicted_wait_s``: the KV tokens and seats the requests sent there
+    must free first, at the rates they free them) and admits when the least such wait is within
+    ``wait_share`` of the TTFT SLO, the rest left to its prefill and to what the prediction misses.
+    A longer wait is held (defer) only when it fits what is left of the session's deferral budget
+    ``defer_budget_s``; else it is refused at once, 503 with a Retry-After of the wait until it
+    would be admitted, and 529 once the budget is spent. A session whose slot went unused for its
+    own longest tool pause so far (``first_pause_s`` before one is seen) plus ``pause_margin_s``,
+    or for ``idle_ttl_s``, releases it (the shell's ``SessionLedger``)."""
+
+    ttft_slo_s: Positive = 5.0
+    #: assumed: half the SLO for the wait, half for the prefill and the prediction's error
+    wait_share: Fraction = 0.5
+    #: assumed: about six of an agent client's retries at SessionAdmission's Retry-After, as there
+    defer_budget_s: NonNegative = 15.0
+    retry_after_s: NonNegative = 2.0  # when nothing has ended yet to predict from
+    retry_jitter: NonNegative = 0.5
+    adaptive_cap: bool = True
+    #: assumed: a cap that starts open, at about the seats of two small engines
+    cap_initial: AtLeastOne = 32
+    cap_least: AtLeastOne = 2
+    max_sessions: Count = 0  # 0: the adaptive cap alone bounds
+    #: assumed: TCP's 0.5 halves too hard for a sample per request; 0.9 per late sample, at most once per round trip
+    cap_decrease: Fraction = 0.9
+    #: assumed: an agent's tool call or user turn, before the session has shown one
+    first_pause_s: Positive = 30.0
+    #: assumed: a client's round trip and the jitter of its tool's run time
+    pause_margin_s: NonNegative = 5.0
+    idle_ttl_s: Positive = 300.0
+    name: str = "predicted_wait"
+    signals: frozenset[str] = frozenset({"inflight_requests", "inflight_tokens", "drain_rate"})
+
+    @property
+    def session_ttl_s(self) -> float:  # type: ignore[override]
+        return self.idle_ttl_s
+
+    @property
+    def slot_pause_s(self) -> tuple[float, float]:
+        """(a session's pause before it has shown one, the margin past its longest): the shell's
+        ``SessionLedger`` releases a slot unused that long after its session's last request ended."""
+        return self.first_pause_s, self.pause_margin_s
+
+    @property
+    def cap_rule(self) -> CapRule | None:
+        if not self.adaptive_cap:
+            return None
+        return CapRule(self.ttft_slo_s, self.cap_initial, self.cap_least, self.max_sessions, self.cap_decrease)
+
+    def admit_wait_s(self) -> float:
+        return self.wait_share * self.ttft_slo_s
+
+    def decide(self, snap: IngressSnapshot) -> Decision:
+        if snap.session_active:
+            return Decision("admit", self.name, "session_continues")
+        left = self.defer_budget_s - snap.session_deferred_s
+        key = f"{snap.session_id}|{snap.now_s!r}"
+        cap = min((c for c in (self.max_sessions, snap.session_cap) if c), default=0)
+        if snap.session_id is not None and cap and snap.active_sessions >= cap:
+            if left <= 0:
+                return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, "session_slots")
+            return Decision("reject", self.name, "session_slots_full", 503, jittered(self.retry_after_s, self.retry_jitter, key),
+                            "session_slots")
+        wait = least_wait_s(snap)
+        if wait <= self.admit_wait_s():
+            return Decision("admit", self.name)
+        signal = binding(snap, {"inflight_tokens": lambda w: tokens_short(w) > 0, "inflight_requests": lambda w: seats_short(w) > 0})
+        if left <= 0:
+            return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, signal)
+        until = max(wait - self.admit_wait_s(), MIN_RETRY_S) if math.isfinite(wait) else self.retry_after_s
+        retry = jittered(until, self.retry_jitter, key)
+        if wait <= left:
+            return Decision("defer", self.name, "predicted_wait", 503, retry, signal)
+        return Decision("reject", self.name, "wait_over_budget", 503, retry, signal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state a
 BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
     "ingress": {"admit_all": ingress.AdmitAll, "queue_limit": ingress.QueueLimit, "kv_headroom": ingress.KVHeadroom,
                 "tenant_share": ingress.TenantShare, "overload": ingress.Overload, "session": ingress.SessionAdmission,
-                "deadline": ingress.Deadline},
+                "deadline": ingress.Deadline, "predicted_wait": ingress.PredictedWait},
     "router": {"round_robin": routing.RoundRobin, "least_loaded": routing.LeastLoaded, "smetric": routing.SMetric,
                "dynamo_kv": routing.DynamoKV, "context_compatible": routing.ContextCompatible},
     "state": {"fifo": state.Fifo, "fewest_blocks": state.FewestBlocks, "tiered_aging": state.TieredAging},

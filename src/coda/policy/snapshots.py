@@ -215,6 +215,13 @@ class WorkerLoad:
     #: tokens the engine's KV cache holds (vLLM: ``num_gpu_blocks`` x ``block_size`` of its
     #: ``vllm:cache_config_info``); 0 when unknown
     kv_capacity_tokens: int = 0
+    #: KV tokens per second the requests this shell sent here released as they ended (each one's
+    #: count in ``inflight_tokens``), exponentially averaged over the last
+    #: ``coda.shell.estimates.DRAIN_TAU_S`` seconds up to the latest end; 0 before any ended, and 0
+    #: where the policy does not read ``drain_rate``
+    freed_tokens_per_s: float = 0.0
+    #: requests per second that ended here, averaged the same way
+    ended_per_s: float = 0.0
 
     def has_seat(self) -> bool:
         """A seat is free for one more request (an unknown seat count does not bind)."""
@@ -264,6 +271,9 @@ class IngressSnapshot:
     deadline_slack_s: float = math.inf
     #: requests the shell holds deferred right now
     queued: int = 0
+    #: the shell's adaptive limit on sessions holding a slot (``coda.shell.sessions.SessionCap``,
+    #: under the rule the policy gives); 0 where the policy gives none
+    session_cap: int = 0
 
     @property
     def inflight_tokens(self) -> int:

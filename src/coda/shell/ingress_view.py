@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import TenantSpec
-from coda.shell.sessions import SessionLedger
+from coda.shell.sessions import SessionCap, SessionLedger
 
 
 def ingress_snapshot(
@@ -26,9 +26,11 @@ def ingress_snapshot(
     deadline_slack_s: float,
     queued: int,
     slots: tuple[bool, int] | None = None,
+    cap: SessionCap | None = None,
 ) -> IngressSnapshot:
     """``slots``: (whether the session holds a slot, how many are held), where the shell reads
-    them elsewhere than ``ledger``; the ledger still keeps how long the session has been deferred."""
+    them elsewhere than ``ledger``; the ledger still keeps how long the session has been deferred.
+    ``cap``: the shell's adaptive session cap, where the policy gives a rule for one."""
     active, count = slots if slots is not None else (ledger.active(session_id, now), ledger.count(now))
     busy = {name for name, n in tenant_tokens.items() if n > 0} | {tenant}
     return IngressSnapshot(
@@ -46,4 +48,5 @@ def ingress_snapshot(
         active_weight=sum(tenant_spec(name).weight for name in busy),
         deadline_slack_s=deadline_slack_s,
         queued=queued,
+        session_cap=cap.limit if cap is not None else 0,
     )

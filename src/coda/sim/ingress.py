@@ -20,28 +20,33 @@ from typing import Any
 from coda.policy.contracts import Decision, IngressPolicy
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
 from coda.policy.spec import DeferSpec, TenantSpec
-from coda.shell.estimates import deadline_slack_s
+from coda.shell.estimates import DrainRate, deadline_slack_s
 from coda.shell.ingress_view import ingress_snapshot
 from coda.shell.liveness import Liveness, gate_decisions
-from coda.shell.sessions import SessionLedger, ledger_ttl_s
+from coda.shell.sessions import SessionCap, ledger_of
 from coda.sim.request import SimRequest
 from coda.sim.worker import Worker
 
 SIM_SIGNALS = frozenset(
-    {"queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack"}
+    {"queue_depth", "queue_age", "kv_usage", "inflight_requests", "inflight_tokens", "tenant_share", "prefix_hit", "deadline_slack",
+     "drain_rate"}
 )
 
 
 class SimIngress:
     """The simulated gateway's admission state: in-flight tokens per worker and tenant, the
-    requests sent to each worker without output yet (oldest first), session slots, TTFT estimates
-    per worker, and the queue of deferred requests (oldest first)."""
+    requests sent to each worker without output yet (oldest first), what each worker freed as its
+    requests ended (``DrainRate``), session slots and their adaptive cap, and the queue of deferred
+    requests (oldest first)."""
 
     def __init__(self, policy: IngressPolicy, defer: DeferSpec, tenants: dict[str, TenantSpec]) -> None:
         self.policy = policy
         self.defer = defer
         self.tenants = tenants
-        self.ledger = SessionLedger(ledger_ttl_s(policy))
+        self.ledger = ledger_of(policy)
+        self.cap = SessionCap.of(policy)
+        self.drains: dict[int, DrainRate] = {}
+        self.capacity: dict[int, int] = {}  # each worker's KV tokens, for the cap's pressure
         self.inflight_tokens: dict[int, int] = {}
         self.unanswered: dict[int, OrderedDict[int, float]] = {}
         self.tenant_tokens: dict[str, int] = {}
@@ -74,10 +79,13 @@ class SimIngress:
             tenant_spec=self.tenant,
             deadline_slack_s=deadline_slack_s(deadline_ms / 1000 if deadline_ms is not None else None, predicted_ttft_s),
             queued=len(self.deferred),
+            cap=self.cap,
         )
 
     def load(self, w: Worker) -> WorkerLoad:
         """What the ingress policy sees of a worker's load now."""
+        self.capacity[w.id] = w.hbm.capacity * w.C
+        freed, ended = self.drains[w.id].rates() if "drain_rate" in self.policy.signals and w.id in self.drains else (0.0, 0.0)
         return WorkerLoad(
             worker_id=w.id,
             queue_depth=len(w.waiting),
@@ -86,6 +94,8 @@ class SimIngress:
             inflight_tokens=self.inflight_tokens.get(w.id, 0),
             max_num_seqs=w.max_num_seqs,
             kv_capacity_tokens=w.hbm.capacity * w.C,
+            freed_tokens_per_s=freed,
+            ended_per_s=ended,
         )
 
     def decide(self, snap: IngressSnapshot, rid: int) -> Decision:
@@ -98,7 +108,7 @@ class SimIngress:
             self.liveness.done(rid)
         if d.action == "admit":
             self.ledger.touch(snap.session_id, snap.now_s)
-        elif d.action == "defer":
+        elif d.status == 503:  # held, or asked back at once: either spends the session's deferral budget
             self.ledger.defer(snap.session_id, snap.now_s)
         return d
 
@@ -134,12 +144,22 @@ class SimIngress:
         self.inflight_tokens[worker] = self.inflight_tokens.get(worker, 0) + tokens
         self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + tokens
         self.unanswered.setdefault(worker, OrderedDict())[req.rid] = now
+        self.drains.setdefault(worker, DrainRate()).sent(now)
 
     def answered(self, req: SimRequest) -> None:
-        """Its first output came."""
-        self.unanswered.get(req.worker, {}).pop(req.rid, None)  # type: ignore[call-overload]
+        """Its first output came (at ``req.first_token_s``): a sample for the session cap, once."""
+        now = req.first_token_s
+        sent = self.unanswered.get(req.worker, {}).pop(req.rid, None)  # type: ignore[call-overload]
+        if sent is not None and self.cap is not None:
+            capacity = self.capacity.get(req.worker, 0)
+            pressure = self.inflight_tokens.get(req.worker, 0) / capacity if capacity else 0.0
+            self.cap.observe(now - sent, sent, pressure, now)
 
     def finished(self, req: SimRequest, tenant: str) -> None:
+        """It ended (at ``req.finish_s``)."""
+        now = req.finish_s
         self.answered(req)
         self.inflight_tokens[req.worker] -= req.ingress_tokens
         self.tenant_tokens[tenant] -= req.ingress_tokens
+        self.drains[req.worker].ended(req.ingress_tokens, now)
+        self.ledger.ended(req.sess.session.session_id, now)
