@@ -72,7 +72,7 @@ def test_the_cap_moves_by_aimd_and_cuts_once_per_round_trip():
 
 
 def test_a_slot_lapses_after_its_sessions_own_longest_pause_plus_the_margin():
-    led = ledger_of(PredictedWait(first_pause_s=30.0, pause_margin_s=5.0))
+    led = ledger_of(PredictedWait(first_pause_s=30.0, pause_margin_s=5.0, idle_ttl_s=300.0))
     led.touch("a", 0.0)
     led.ended("a", 10.0)
     assert led.active("a", 44.0) and not led.active("a", 45.5)  # no pause seen yet: 30 s + 5 s after its end
