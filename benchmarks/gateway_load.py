@@ -28,6 +28,10 @@ and the most requests in flight on one worker beside its seats (``--seats``, eac
                                       [--sweep-json runs/gateway-load/sweep/sweep.json | --knee RATE]
                                       [--policies admit_all,queue_limit,session] [--gateway-config FILE] [--json]
 
+Without ``--policies`` it runs ``admit_all``, every registered ingress policy (Coda's doors, and
+admitperf's as ``admitperf_kv_threshold`` and ``admitperf_queue_depth`` when installed) and
+``vllm-router``, each row named by its policy.
+
 ``--gateway-config`` is a `coda serve --config` file every gateway of the run starts with (for
 example ``telemetry: {stale: saturated}``); the title names it. The policy ``vllm-router`` runs
 the peer router instead of `coda serve`, with its concurrency limit set to the engines' seats
@@ -59,6 +63,7 @@ from coda.errors import CodaError
 from coda.metrics.offered import symmetric_summary
 from coda.metrics.requests import Window
 from coda.metrics.tasks import alone_times_s
+from coda.policy.registry import names
 from coda.serving.procs import running
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
@@ -66,7 +71,11 @@ from coda.workload.spec import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 from coda.bench.doors import PEER, PEER_QUEUE, PEER_QUEUE_TIMEOUT_S, PEER_VERSION, door_metrics, peer_limit, peer_python, vllm_router
 
-POLICIES = "admit_all,queue_limit,session"
+
+def every_door() -> list[str]:
+    """What a run without ``--policies`` compares: ``admit_all``, every registered ingress policy
+    (Coda's, and the peers' that are installed: admitperf's as ``admitperf_...``) and vllm-router."""
+    return ["admit_all", *(n for n in names("ingress") if n != "admit_all"), PEER]
 
 
 def rss_mib(pid: int) -> float:
@@ -102,7 +111,8 @@ class Door:
     def open(self, policy: str, log: Path) -> Iterator[tuple[str, int, Callable[[], bool]]]:
         """(URL, process id, whether it is still up) of the door for ``policy``."""
         if policy == PEER:
-            assert self.peer is not None
+            if self.peer is None:
+                raise RunFailed(f"{PEER} is not installed")
             with vllm_router(self.peer, self.engines, log, self.peer_limits) as proxy:
                 yield proxy.url, proxy.pid, lambda: Path(f"/proc/{proxy.pid}").exists()
             return
@@ -177,7 +187,8 @@ def main() -> None:
     ap.add_argument("--sweep-json", type=Path, help="reuse the sweep.json of an earlier run instead of sweeping again")
     ap.add_argument("--knee", type=float, help="the knee rate (req/s), e.g. from an earlier sweep, instead of sweeping")
     ap.add_argument("--overload", type=float, default=4.0, help="the loaded runs' rate as a multiple of the knee")
-    ap.add_argument("--policies", default=POLICIES, help="ingress policies of the loaded runs, comma-separated ('+' composes)")
+    ap.add_argument("--policies", help="ingress policies of the loaded runs, comma-separated ('+' composes); "
+                    "default: admit_all, every registered ingress policy and vllm-router")
     ap.add_argument("--load-repeats", type=int, default=1, help="runs of every phase and policy, interleaved; medians with ranges")
     ap.add_argument("--peer-venv", type=Path, default=ROOT / "runs" / "peers", help="where vllm-router's virtual environment is made")
     ap.add_argument("--peer-queue", type=int, default=PEER_QUEUE, help="vllm-router's --queue-size (its default)")
@@ -204,7 +215,13 @@ def main() -> None:
     engine_args = ("--speedup", str(args.speedup), "--max-num-seqs", str(args.seats))
     with FakeEngineProcess(*engine_args) as e0, FakeEngineProcess(*engine_args) as e1:
         serve_args = ["--config", str(gateway_config(given, [e0.url, e1.url], args.seats, out))]
-        peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}") if PEER in args.policies.split(",") else None
+        policies = args.policies.split(",") if args.policies else every_door()
+        peer = None
+        if PEER in policies:
+            try:
+                peer = peer_python(PEER_VERSION, args.peer_venv / f"{PEER}-{PEER_VERSION}")
+            except (OSError, subprocess.CalledProcessError) as err:  # its rows fail with the reason; the others run
+                console.print(f"{PEER} {PEER_VERSION} cannot be installed, so its runs fail: {err}", highlight=False)
         peer_limits = peer_limit(2 * args.seats, args.peer_queue, args.peer_queue_timeout_s)
         door = Door(serve_args, [e0.url, e1.url], peer, peer_limits, args.seats)
         sweep_wl = f"synth:rate=1,duration={args.sweep_duration:g},seed=0"
@@ -223,7 +240,6 @@ def main() -> None:
         if knee is None:
             raise SystemExit(f"no knee found over rates {args.rates}: {json.dumps(sweep)[:500]}")
         duration = args.minutes * 60 / scale  # trace seconds that replay in `minutes` of wall time
-        policies = args.policies.split(",")
         # repeats interleaved (every policy once, then again), so a drift of the host spreads over all of them
         phases = [("unloaded", knee / 4, "admit_all"), *(("overload", args.overload * knee, p) for p in policies)]
         runs = [(r, phase, rate, policy) for r in range(args.load_repeats) for phase, rate, policy in phases]
