@@ -37,6 +37,8 @@ MESSAGES = {
     "new_session_deferred": "the cluster is saturated, so new agent sessions wait while running ones finish",
     "defer_budget_spent": "this new agent session has waited for a slot as long as the session policy defers one",
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
+    "predicted_wait": "the engines are predicted to have room for this request within this session's deferral budget",
+    "wait_over_budget": "the engines are predicted to have no room for this request within this session's deferral budget",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
     "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
     "store_contended": "the other gateway replicas' counts kept changing while this request was being placed",

@@ -5,7 +5,7 @@ simulated workers (engine queue, active KV use, in-flight requests and tokens). 
 request waits in the gateway's queue, at most ``defer.max_queue`` of them, and decides again
 whenever something that could free room happens (a request is admitted by an engine or
 finishes), until it has waited ``defer.max_wait_s``; then it is answered 503 with the policy's
-Retry-After. ``reject``: 429/529. The simulated client does not retry: a request that is not
+Retry-After. ``reject``: 429/529, or 503 at once without a hold. The simulated client does not retry: a request that is not
 served ends its session, so the session's unsent rounds count as rejected too
 (``session_abandoned``), each at the time it would have become ready had the session been served
 instantly; shedding never shrinks the goodput denominator.
