@@ -1,0 +1,42 @@
+"""The predicted-wait door in the gateway: a request whose predicted wait exceeds what is left of
+its session's deferral budget is answered 503 at once, never held, and the 503 spends the budget,
+so the session's next request is answered 529."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coda.gateway.admission import Admission, JsonlLog
+from coda.gateway.prometheus import GatewayMetrics
+from coda.serving.errors import ApiError
+from tests.unit.test_gateway_state import Clock, make_state, ticket
+
+
+def test_a_refusal_costs_no_hold_when_the_predicted_wait_exceeds_the_budget():
+    async def run() -> None:
+        clock = Clock()
+        # one seat; held requests would wait up to 30 s, far longer than the budget of 0.5 s
+        s = make_state(clock, backends=[{"url": "http://a:1", "max_num_seqs": 1}], policies={"ingress": {
+            "name": "predicted_wait", "params": {"ttft_slo_s": 0.5, "defer_budget_s": 0.5, "adaptive_cap": False},
+            "defer": {"max_wait_s": 30}}})
+        first = ticket(s, "a", "early", 640)
+        s.begin(first, s.workers[0])
+        clock.t = 1.0
+        s.end(first, completed=True)  # one request ended after 1 s: about one seat frees per second
+        s.begin(ticket(s, "a", "early", 640), s.workers[0])  # the seat is taken again
+        metrics = GatewayMetrics()
+        adm = Admission(s, metrics, JsonlLog(None))
+        with pytest.raises(ApiError) as err:
+            await adm.admit(ticket(s, "a", "late", 640))
+        assert (err.value.status, err.value.code) == (503, "wait_over_budget")
+        # the predicted wait (one seat at about one a second: 0.95 s) less the 0.25 s it may wait, stretched by up to half
+        assert 0.7 <= err.value.retry_after_s <= 1.05
+        assert metrics.registry.get_sample_value("coda_ingress_deferred_total") == 0.0  # never held
+        clock.t = 1.6  # past the budget since that 503
+        with pytest.raises(ApiError) as err:
+            await adm.admit(ticket(s, "a", "late", 640))
+        assert (err.value.status, err.value.code) == (529, "defer_budget_spent")
+
+    asyncio.run(run())
