@@ -118,19 +118,6 @@ def test_a_rerun_on_the_same_out_keeps_every_saved_replay(result):
     assert again["knee"] == res["knee"]
 
 
-def test_a_rerun_with_other_settings_runs_its_own_replays_and_loses_none(result):
-    """Cells are keyed by everything that determines them: a rerun on the same folder with another
-    window replays anew, and every cell the first run kept is still there, unchanged."""
-    res, out = result
-    before = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file()}
-    proc = subprocess.run(fake_burst_cmd(out, window_s="4"), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    other = json.loads(proc.stdout)
-    assert other["runs"] != res["runs"]
-    after = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file()}
-    assert len(after) > len(before) and all(after.get(p) == data for p, data in before.items())
-
-
 def test_group_cpu_counts_every_process_of_the_group_and_nothing_else():
     """The engines' CPU column sums a vLLM server's process group (API server and engine core)."""
     burn = "import sys; sum(range(30_000_000)); print('done', flush=True); sys.stdin.read()"
@@ -170,25 +157,27 @@ def test_the_scenario_has_its_cold_share_bursts_and_round_cap():
     assert [s.session_id for s in again.sessions] == [s.session_id for s in wl.sessions]
 
 
+def simulated_cmd(out: Path, window_s: str = "5") -> list[str]:
+    return [str(CODA), "burst", "--simulate", "vllm-cpu-tiny", "--configs", "plain,vllm-router,coda", "--repeats", "2",
+            "--sim-sweep", "1,2", "--window-s", window_s, "--out", str(out), "--json"]
+
+
+def test_a_rerun_with_other_settings_runs_its_own_cells_and_loses_none(tmp_path):
+    """Cells are keyed by everything that determines them: a rerun on the same folder with another
+    window runs anew, and every cell the first run kept is still there, unchanged (the simulator's
+    rung here; replays on engines are cells of the same store)."""
+    first = subprocess.run(simulated_cmd(tmp_path), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in (tmp_path / "cells").rglob("*") if p.is_file()}
+    proc = subprocess.run(simulated_cmd(tmp_path, window_s="6"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["runs"] != json.loads(first.stdout)["runs"]
+    after = {p: p.read_bytes() for p in (tmp_path / "cells").rglob("*") if p.is_file()}
+    assert len(after) > len(before) and all(after.get(p) == data for p, data in before.items())
+
+
 def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tmp_path):
-    cmd = [
-        str(CODA),
-        "burst",
-        "--simulate",
-        "vllm-cpu-tiny",
-        "--configs",
-        "plain,vllm-router,coda",
-        "--repeats",
-        "2",
-        "--sim-sweep",
-        "1,2",
-        "--window-s",
-        "5",
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(simulated_cmd(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)
     assert [lv["sessions_per_s"] for lv in res["knee"]["levels"]] == [1.0, 2.0]
