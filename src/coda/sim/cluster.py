@@ -23,14 +23,14 @@ from coda.cost.profile import load_profile
 from coda.errors import CodaError
 from coda.metrics.requests import Window
 from coda.policy.presets import system_preset
-from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot
+from coda.policy.snapshots import IngressSnapshot, PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad
 from coda.shell.build import PolicySet, build_policies
 from coda.shell.estimates import ttft_estimate
 from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.chains import ChunkChains
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
-from coda.sim.kvcache import HbmPool, KVListener, KVStore, Versions, owners_of
+from coda.sim.kvcache import HbmPool, KVListener, KVStore, Residency, Versions, owners_of
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
@@ -106,19 +106,21 @@ class Simulation:
         self._owner_session: dict[int, SessionState] = {}
 
         # locations: an HBM pool per worker and at most a DRAM and an SSD store per worker
+        self.residency = Residency()
         self.views = ClusterViews(
-            C, self.worker_fields, self.ingress, KVIndexer(max_locations=3 * config.workers) if config.indexer else None
+            C, self.worker_fields, self.ingress, KVIndexer(max_locations=3 * config.workers) if config.indexer else None, self.residency
         )
         if self.views.indexer is not None:
             kv_listener = self.views.indexing(kv_listener)
         wpn = 1 if self.tiers.per_worker else self.profile.tiers.workers_per_node
         n_stores = math.ceil(config.workers / wpn)
+        res = self.residency
         self.ssd_stores = [
-            KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener) if self.tiers.ssd else None
+            KVStore("ssd", i, self.tiers.ssd_chunks, self.versions, listener=kv_listener, residency=res) if self.tiers.ssd else None
             for i in range(n_stores)
         ]
         self.dram_stores = [
-            KVStore("dram", i, self.tiers.dram_chunks, self.versions, lower=self.ssd_stores[i], listener=kv_listener)
+            KVStore("dram", i, self.tiers.dram_chunks, self.versions, lower=self.ssd_stores[i], listener=kv_listener, residency=res)
             if self.tiers.dram
             else None
             for i in range(n_stores)
@@ -146,7 +148,7 @@ class Simulation:
             Worker(
                 w,
                 settings,
-                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims),
+                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims, self.residency),
                 self.dram_stores[w // wpn],
                 self.ssd_stores[w // wpn],
                 links[w // wpn],
@@ -257,20 +259,22 @@ class Simulation:
         """What the ingress policy sees of an arriving (or held) request and the workers."""
         ing = self.ingress
         assert ing is not None
-        matches = self.views.matches(req.chain)
+        matches = self.views.matches(req.chain, req.owners)
         hit = 0.0
         if "prefix_hit" in ing.policy.signals:
             best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in matches.values()), default=0)
             hit = best / max(len(req.chain), 1)
-        now, ages = self.loop.now, "queue_age" in ing.policy.signals
-        loads = tuple(
-            dataclasses.replace(
-                w,
-                new_tokens=self._new_tokens(req, matches.get(w.worker_id)),
-                queue_age_s=ing.queue_age_s(w.worker_id, now) if ages else 0.0,
+        now = self.loop.now
+        loads: Sequence[WorkerLoad]
+        if "queue_age" in ing.policy.signals:
+            loads = tuple(
+                dataclasses.replace(
+                    w, new_tokens=self._new_tokens(req, matches.get(w.worker_id)), queue_age_s=ing.queue_age_s(w.worker_id, now)
+                )
+                for w in self.views.loads()
             )
-            for w in self.views.loads()
-        )
+        else:  # each worker's load built as the policy reads it (most read none, or the chosen one's)
+            loads = self.views.arrival_loads(matches, req.orig_prompt_tokens)
         return ing.snapshot(now, req, self._tenant(req), loads, hit, self.ttft_estimates)
 
     def _new_tokens(self, req: SimRequest, match: PrefixMatch | None) -> int:
@@ -362,7 +366,7 @@ class Simulation:
             prompt_tokens=req.prompt_tokens,
             prompt_blocks=len(req.chain),
         )
-        return self.views.routing_snapshot(self.loop.now, rr, req.chain)
+        return self.views.routing_snapshot(self.loop.now, rr, req.chain, req.owners)
 
     def _route(self, req: SimRequest, sess: SessionState) -> int:
         snap = self.routing_snapshot(req)

@@ -61,28 +61,70 @@ class Versions:
                 last = o
 
 
+class Residency:
+    """Cluster-wide residency by owner, over every tier (HBM pools, DRAM and SSD stores) that
+    reports to it: ``epochs`` counts, per owner, the changes to which of its chunks any tier holds
+    (not to their references or order), and ``holders`` names the tiers holding some of its chunks.
+    A routing match over one owner's chunks stays valid while that owner's epoch does, and only the
+    workers of an owner's holders can hold any of its chunks."""
+
+    __slots__ = ("epochs", "holders", "changes")
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, int] = {}
+        self.holders: dict[int, set[object]] = {}
+        self.changes = 0  # every owner's epoch moves taken together: unchanged, no tier's residency changed
+
+
 class PrefixRuns:
     """A tier's remembered prefix runs. ``epochs`` counts, per owner, the changes to which of its
     chunks the tier holds (not to their references or order), so a run over one owner's chunks
     stays valid while that owner's epoch does: a prefix group's shared system prompt is scanned
-    once per change on each tier, not once per routing probe."""
+    once per change on each tier, not once per routing probe. With a ``residency``, the tier also
+    counts the chunks it holds per owner and reports its changes there (``tier`` names it)."""
 
-    __slots__ = ("epochs", "runs")
+    __slots__ = ("epochs", "runs", "residency", "tier", "held")
 
-    def __init__(self) -> None:
+    def __init__(self, residency: Residency | None = None, tier: object = None) -> None:
         self.epochs: dict[int, int] = {}
         # first chunk of a probed chain -> (its owner's epoch, held run over that owner's chunks, the run's last chunk)
         self.runs: dict[int, tuple[int, int, int]] = {}
+        self.residency = residency
+        self.tier = tier
+        self.held: dict[int, int] = {}  # owner -> chunks of it this tier holds (with a residency only)
 
-    def moved(self, chunks: Iterable[int]) -> None:
-        """Chunks were added to or removed from the tier: their owners' epochs move on."""
+    def moved(self, chunks: Iterable[int], sign: int = 0) -> None:
+        """Chunks were added to (``sign`` 1) or removed from (-1) the tier: their owners' epochs move on."""
         ep = self.epochs
+        res = self.residency
         last = -1
+        n = 0
         for c in chunks:
             o = c >> OWNER_SHIFT
             if o != last:
+                if n and res is not None:
+                    self._count(res, last, sign * n)
                 ep[o] = ep.get(o, 0) + 1
                 last = o
+                n = 0
+            n += 1
+        if n and res is not None:
+            self._count(res, last, sign * n)
+
+    def _count(self, res: Residency, owner: int, delta: int) -> None:
+        res.epochs[owner] = res.epochs.get(owner, 0) + 1
+        res.changes += 1
+        held = self.held
+        before = held.get(owner, 0)
+        after = before + delta
+        if after:
+            held[owner] = after
+        else:
+            del held[owner]
+        if not before:
+            res.holders.setdefault(owner, set()).add(self.tier)
+        elif not after:
+            res.holders[owner].discard(self.tier)
 
     def leading(self, held: Container[int], chain: Sequence[int]) -> int:
         """``leading_run(held, chain)``, the part over the chain's first owner's chunks remembered.
@@ -121,7 +163,13 @@ class HbmPool:
     __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor", "prefix_runs")
 
     def __init__(
-        self, worker: int, capacity: int, versions: Versions, listener: KVListener | None = None, evictor: Evictor | None = None
+        self,
+        worker: int,
+        capacity: int,
+        versions: Versions,
+        listener: KVListener | None = None,
+        evictor: Evictor | None = None,
+        residency: Residency | None = None,
     ) -> None:
         if capacity <= 0:
             raise ValueError("HBM capacity must be at least one chunk")
@@ -133,7 +181,7 @@ class HbmPool:
         self.versions = versions
         self.listener = listener
         self.evictor = evictor
-        self.prefix_runs = PrefixRuns()
+        self.prefix_runs = PrefixRuns(residency, self)
 
     @property
     def used(self) -> int:
@@ -190,7 +238,7 @@ class HbmPool:
             del res[c]
         if out:
             self.versions.bump(out)
-            self.prefix_runs.moved(out)
+            self.prefix_runs.moved(out, -1)
             if self.listener:
                 self.listener("removed", self.worker, "hbm", out)
         return out
@@ -216,7 +264,7 @@ class HbmPool:
         if chunks:
             self.versions.bump(chunks)
         if new:
-            self.prefix_runs.moved(new)
+            self.prefix_runs.moved(new, 1)
             if self.listener:
                 self.listener("stored", self.worker, "hbm", new)
         assert self.used <= self.capacity, "HBM over capacity"
@@ -247,7 +295,7 @@ class HbmPool:
                 res[c] = r
         if gone:
             self.versions.bump(gone)
-            self.prefix_runs.moved(gone)
+            self.prefix_runs.moved(gone, -1)
             if self.listener:
                 self.listener("removed", self.worker, "hbm", gone)
 
@@ -258,7 +306,14 @@ class KVStore:
     __slots__ = ("name", "node", "capacity", "chunks", "lower", "versions", "listener", "prefix_runs")
 
     def __init__(
-        self, name: str, node: int, capacity: int, versions: Versions, lower: KVStore | None = None, listener: KVListener | None = None
+        self,
+        name: str,
+        node: int,
+        capacity: int,
+        versions: Versions,
+        lower: KVStore | None = None,
+        listener: KVListener | None = None,
+        residency: Residency | None = None,
     ) -> None:
         self.name = name
         self.node = node
@@ -267,7 +322,7 @@ class KVStore:
         self.lower = lower
         self.versions = versions
         self.listener = listener
-        self.prefix_runs = PrefixRuns()
+        self.prefix_runs = PrefixRuns(residency, self)
 
     def __contains__(self, c: int) -> bool:
         return c in self.chunks
@@ -299,14 +354,14 @@ class KVStore:
         if not new:
             return
         self.versions.bump(new)
-        self.prefix_runs.moved(new)
+        self.prefix_runs.moved(new, 1)
         if self.listener:
             self.listener("stored", self.node, self.name, new)
         over = len(chunks) - self.capacity
         if over > 0:
             evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
             self.versions.bump(evicted)
-            self.prefix_runs.moved(evicted)
+            self.prefix_runs.moved(evicted, -1)
             if self.listener:
                 self.listener("removed", self.node, self.name, evicted)
             if self.lower is not None:
