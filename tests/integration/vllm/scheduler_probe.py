@@ -136,9 +136,11 @@ def run_script(run: dict[str, Any]) -> dict[str, Any]:
                 finished += [[o.request_id, tick, str(o.finish_reason)] for o in eco.outputs if o.finish_reason is not None]
         if not pending and not sched.has_requests() and not in_flight:
             break
-    records = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
+    header, *lines = trace.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
     return {
         "class": type(sched).__name__,
+        "traced_class": json.loads(header)["scheduler"],
         "async_scheduler": isinstance(sched, AsyncScheduler),
         "steps": [s for s in steps if s["admitted"] or s["preempted"]],
         "finished": finished,

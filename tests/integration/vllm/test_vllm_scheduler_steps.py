@@ -92,8 +92,9 @@ def observed(request, model) -> dict[str, Any]:
 
 
 def test_the_scheduler_is_an_async_scheduler_exactly_where_vllm_asks_for_async_scheduling(observed):
-    assert (observed["sync"]["class"], observed["sync"]["async_scheduler"]) == ("CodaScheduler", False)
-    assert (observed["async"]["class"], observed["async"]["async_scheduler"]) == ("CodaAsyncScheduler", True)
+    sync, asynchronous = observed["sync"], observed["async"]
+    assert (sync["class"], sync["traced_class"], sync["async_scheduler"]) == ("CodaScheduler", "CodaScheduler", False)
+    assert (asynchronous["class"], asynchronous["traced_class"], asynchronous["async_scheduler"]) == ("CodaAsyncScheduler",) * 2 + (True,)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

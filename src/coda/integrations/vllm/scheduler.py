@@ -274,7 +274,8 @@ class CodaScheduler(Scheduler):
                 f"tiers {probe.name}; execution {spec.execution.name} ({cohort_note}); eviction {spec.eviction.name} ({retention_note})")
         logger.info(line)
         if self._coda_trace is not None:
-            self._coda_trace.write(json.dumps({"coda": __version__, "vllm": vllm.__version__, "tested": TESTED, "policies": spec.describe(),
+            self._coda_trace.write(json.dumps({"coda": __version__, "vllm": vllm.__version__, "tested": TESTED,
+                                               "scheduler": type(self).__name__, "policies": spec.describe(),
                                                "profile": settings.profile, "tiers": probe.name, "retention": retention_note}) + "\n")
 
     def _cohorts(self, execution: str) -> tuple[bool, str]:
