@@ -109,9 +109,12 @@ def test_an_option_of_any_value_is_taken_or_refused_in_one_line(command, data):
     assert_refused_in_one_line(code, err, args)
 
 
-@pytest.mark.xfail(strict=True, reason="sim.config.SimConfig takes an infinite hbm_kv_gib and the simulator raises ValueError")
 def test_an_infinite_hbm_is_refused_in_one_line():
     one_line(run("sim", "-w", SPEC, "--hbm-kv-gib", "inf"), "hbm_kv_gib")
+
+
+def test_an_absurd_seed_count_is_refused_in_one_line_not_run():
+    one_line(run("compare", "-w", SPEC, "--systems", "vllm", "--seeds", "99999999999999999999"), "--seeds", "10,000")
 
 
 @pytest.mark.parametrize("value", [["a.jsonl", "b.jsonl"], 5, {"spec": SPEC}])

@@ -333,11 +333,15 @@ COMPARE_METRICS = (
 )
 
 
+#: more seeds than any interval needs; a larger count is a typo that would only look like a hang (assumed)
+MAX_SEEDS = 10_000
+
+
 def _seeds(extra: dict[str, Any], default: int) -> int:
     """How many seeds: ``--seeds`` (or the config file's ``seeds``), which must be at least 1."""
     n = extra.get("seeds")
     if n is None:
         return default
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CodaError(f"--seeds must be an integer >= 1 (the number of seeds to run), got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SEEDS:
+        raise CodaError(f"--seeds must be an integer from 1 to {MAX_SEEDS:,} (the number of seeds to run), got {n!r}")
     return n

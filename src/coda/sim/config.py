@@ -44,9 +44,10 @@ class SimConfig(PoliciesConfig):
     ssd: bool | None = None
     cpu_shadow: bool | None = None
     per_worker_tiers: bool = Field(False, description="each worker gets its own DRAM/SSD store instead of sharing a node's")
-    hbm_kv_gib: PositiveFloat | None = None
-    dram_kv_gib: float | None = Field(None, ge=0)
-    ssd_kv_gib: float | None = Field(None, ge=0)
+    # sizes are finite: each sizes a tier's arrays
+    hbm_kv_gib: PositiveFloat | None = Field(None, allow_inf_nan=False)
+    dram_kv_gib: float | None = Field(None, ge=0, allow_inf_nan=False)
+    ssd_kv_gib: float | None = Field(None, ge=0, allow_inf_nan=False)
     decode_run_max: PositiveInt = Field(1024, description="longest run of pure-decode steps advanced at once")
     sample_every_s: PositiveFloat = Field(10.0, description="occupancy time-series sampling period")
     indexer: bool = Field(
