@@ -68,6 +68,8 @@ EXTRA_OF = {
     "numba": "sim",
     "starlette": "gateway",
     "uvicorn": "gateway",
+    "httptools": "gateway",
+    "uvloop": "gateway",
     "httpx": "gateway",
     "httpx_sse": "gateway",
     "prometheus_client": "gateway",
