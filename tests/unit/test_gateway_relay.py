@@ -8,7 +8,6 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from coda.gateway.admission import JsonlLog
@@ -39,8 +38,8 @@ async def relay_stream(status: int, chunks: int) -> tuple[float, list[float], bo
     async def send(message: dict[str, Any]) -> None:
         pass
 
-    resp = httpx.Response(status, headers=[("content-type", "text/event-stream")])
-    done = await Exchange(relay, t, b"", [], True, 0.0)._relay(send, w, resp, EVENT, body())
+    headers = ((b"Content-Type", b"text/event-stream"),)
+    done = await Exchange(relay, t, b"", [], True, 0.0)._relay(send, w, status, headers, EVENT, body())
     return w.answered_s, seen, done
 
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 import msgspec
 
@@ -36,7 +37,12 @@ NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
 CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 TAIL_BYTES = 4096
-UpstreamFailure = (httpx.TransportError, httpx.RemoteProtocolError)
+#: an engine that failed to connect, answer or finish: aiohttp's errors, and a read that timed out
+UpstreamFailure = (aiohttp.ClientError, TimeoutError)
+#: a failure to reach the engine at all, which counts toward ejecting it
+ConnectFailure = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+#: headers aiohttp would add on its own; the client's request goes to the engine as it came
+NO_AUTO_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 #: the message uvicorn logs when a response ends without its last body message: how a relay aborts
 ABORT_MESSAGE = "ASGI callable returned without completing response."
 #: what asyncio logs for every write to a connection its client has closed
@@ -105,22 +111,38 @@ logging.getLogger("asyncio").addFilter(_quiet_lost_writes)
 
 
 class Upstream:
-    """The pooled HTTP connections to every engine. Proxied requests go straight to the transport:
-    the client layer's cookies, auth flows, redirects and hooks are not wanted there, and skipping
-    them saves a share of the gateway's CPU per request; side calls (``/tokenize``) use the client,
-    on the same pool."""
+    """The pooled HTTP connections to every engine. Proxied requests go through aiohttp, whose
+    response parser is in C: against httpx over httpcore and h11 it costs the relay a fraction of
+    the CPU per streamed chunk (``benchmarks/bench_upstream_client.py``; docs/gateway.md). It reads
+    bodies as they come, undecoded, so the client gets the engine's bytes. Side calls
+    (``/tokenize``) use ``client``, an httpx client, off the streaming path."""
 
     def __init__(self, connect_s: float, first_byte_s: float) -> None:
-        self.timeout = {"connect": connect_s, "read": first_byte_s, "write": 60.0, "pool": None}
-        self.transport = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
-        self.client = httpx.AsyncClient(transport=self.transport, timeout=httpx.Timeout(**self.timeout), trust_env=False)
+        # httpx's read timeout is per read, as aiohttp's sock_read is: a stream may last longer
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=first_byte_s)
+        self._session: aiohttp.ClientSession | None = None  # made on the serving loop, at the first request
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=connect_s, read=first_byte_s, write=60.0, pool=None), trust_env=False
+        )
 
-    async def open(self, w: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
-        headers = [*headers, *((k.encode(), v.encode()) for k, v in w.auth().items())]
-        req = httpx.Request("POST", w.cfg.url + path, content=body, headers=headers, extensions={"timeout": self.timeout})
-        return await self.transport.handle_async_request(req)
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, auto_decompress=False, skip_auto_headers=NO_AUTO_HEADERS
+            )
+        return self._session
+
+    async def open(self, w: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> aiohttp.ClientResponse:
+        """The engine's response, once its status line and headers are in; the body is read after."""
+        sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        sent.extend(w.auth().items())
+        return await self.session.post(w.cfg.url + path, data=body, headers=sent, allow_redirects=False)
 
     async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
         await self.client.aclose()
 
 
@@ -288,28 +310,28 @@ class Exchange:
             except UpstreamFailure as err:
                 state.end(t)
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
-                if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout) and state.failed(w):
+                if isinstance(err, ConnectFailure) and state.failed(w):
                     log.warning("backend %s ejected: connections to it failing", w.label)
                 error = f"backend {w.label} failed before responding ({type(err).__name__})"
                 continue
             try:
-                chunks = resp.aiter_raw()
+                chunks = resp.content.iter_any()  # each chunk as it arrives, whatever its framing
                 first = await anext(chunks, b"")
             except UpstreamFailure as err:
-                await resp.aclose()
+                resp.close()
                 state.end(t)
                 metrics.upstream_errors.labels(w.label, type(err).__name__).inc()
                 error = f"backend {w.label} failed before its first byte ({type(err).__name__})"
                 continue
             state.answered(t)
             relay.admission.kick()  # its engine's queue got younger
-            if resp.status_code in RETRY_STATUSES and len(tried) < 2:
-                await resp.aclose()
+            if resp.status in RETRY_STATUSES and len(tried) < 2:
+                resp.close()
                 state.end(t)
-                metrics.upstream_errors.labels(w.label, f"http_{resp.status_code}").inc()
-                error = f"backend {w.label} answered {resp.status_code}"
+                metrics.upstream_errors.labels(w.label, f"http_{resp.status}").inc()
+                error = f"backend {w.label} answered {resp.status}"
                 continue
-            if resp.status_code < 500:
+            if resp.status < 500:
                 w.answered_s = state.clock()  # alive: its next health check may be skipped
             ttft = time.perf_counter() - sent if self.stream else None
             if ttft is not None:
@@ -317,9 +339,9 @@ class Exchange:
                 self.ttft_s = ttft
             completed = False
             try:
-                completed = await self._relay(send, w, resp, first, chunks)
+                completed = await self._relay(send, w, resp.status, resp.raw_headers, first, chunks)
             finally:
-                await resp.aclose()
+                resp.release()  # to the pool when read to its end; one cut short closes its connection, which aborts it
                 state.end(t, ttft, completed)
             if completed:
                 self.e2e_s = time.perf_counter() - sent
@@ -330,25 +352,27 @@ class Exchange:
             send, ApiError(502, f"{error}; tried {len(tried)} worker(s); check the engines (GET /debug/state)", "upstream_failed")
         )
 
-    async def _relay(self, send: Callable[[Any], Any], w: Worker, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> bool:
-        """Relay the response; ``True`` when it ended normally with a 200."""
+    async def _relay(self, send: Callable[[Any], Any], w: Worker, status: int, raw_headers: tuple[tuple[bytes, bytes], ...],
+                     first: bytes, chunks: AsyncIterator[bytes]) -> bool:
+        """Relay the response, each chunk as it came; ``True`` when it ended normally with a 200.
+        Only the event count and a tail of the stream are read (for usage), never its events one by one."""
         relay, t = self.relay, self.t
-        headers = strip_hop_by_hop(resp.headers.raw, HOP_BY_HOP)
+        headers = strip_hop_by_hop(list(raw_headers), HOP_BY_HOP)
         headers.append((b"x-coda-worker", w.label.encode()))
-        self.status = resp.status_code
-        if resp.status_code >= 400:
+        self.status = status
+        if status >= 400:
             self.outcome = "engine_error"
-        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in raw_headers)
         self.started = True
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         # usage: from the last events of a stream, or from the whole body of a JSON answer
         tail, body = first[-TAIL_BYTES:], [first]
-        if t.path == "/v1/responses" and t.session_id is not None and resp.status_code == 200 and (rid := response_id(first)):
+        if t.path == "/v1/responses" and t.session_id is not None and status == 200 and (rid := response_id(first)):
             relay.state.chains.record(rid, t.tenant, t.session_id)  # a request continuing this answer is its session
         await send({"type": "http.response.body", "body": first, "more_body": True})
         if sse:
             relay.state.streamed(t, first.count(b"data:"))
-        clock = relay.state.clock if resp.status_code < 500 else None
+        clock = relay.state.clock if status < 500 else None
         try:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -373,9 +397,9 @@ class Exchange:
                 log.warning("backend %s failed mid-response (%s): aborted the client's connection", w.label, type(err).__name__)
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if resp.status_code == 200:
+        if status == 200:
             self._usage(stream_usage(tail) if sse else usage_of(b"".join(body)))
-        return resp.status_code == 200
+        return status == 200
 
     def _usage(self, usage: tuple[int, int] | None) -> None:
         relay, t = self.relay, self.t
