@@ -41,13 +41,16 @@ def block(names: tuple[str, ...]) -> str:
 FAKE_VLLM = textwrap.dedent("""
     import logging, types
     for name in ("vllm", "vllm.logger", "vllm.utils", "vllm.utils.import_utils", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched",
-                 "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.scheduler", "vllm.v1.request"):
+                 "vllm.v1.core.sched.async_scheduler", "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.scheduler",
+                 "vllm.v1.request"):
         sys.modules[name] = types.ModuleType(name)
     sys.modules["vllm"].__version__ = "0.32.0"
     sys.modules["vllm.logger"].init_logger = logging.getLogger
     sys.modules["vllm.utils.import_utils"].resolve_obj_by_qualname = None
     sys.modules["vllm.v1.core.sched.request_queue"].RequestQueue = type("RequestQueue", (), {})
     sys.modules["vllm.v1.core.sched.scheduler"].Scheduler = type("Scheduler", (), {})
+    sys.modules["vllm.v1.core.sched.async_scheduler"].AsyncScheduler = type(
+        "AsyncScheduler", (sys.modules["vllm.v1.core.sched.scheduler"].Scheduler,), {})
     sys.modules["vllm.v1.request"].RequestStatus = type("RequestStatus", (), {})
 """)
 
