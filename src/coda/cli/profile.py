@@ -435,6 +435,14 @@ def profile_measure(
         typer.Option("--kv-bytes-per-token", help="--endpoint: KV bytes per token (default: from vLLM's /metrics when it can tell)"),
     ] = None,
     note: Annotated[str, typer.Option("--note", help="--endpoint: how the engine was started (flags), kept in the description")] = "",
+    host_probes: Annotated[
+        bool,
+        typer.Option(
+            "--host-probes",
+            help="--endpoint: also fit the host CPU per request, prompt token, streamed token and step (coda.cost.host), "
+            "for an engine whose API server shares the forward pass's core (vLLM-CPU, one core per worker)",
+        ),
+    ] = False,
     device: Annotated[str, typer.Option("--device", help="cuda or cpu (cpu: a small smoke test)")] = "cuda",
     budget_s: Annotated[float, typer.Option("--budget-s", help="stop measuring new shapes after this many seconds")] = 420.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -476,6 +484,7 @@ def profile_measure(
             note,
             seed,
             as_json,
+            host_probes,
         )
         return
     if out is None:
@@ -499,6 +508,7 @@ def _measure_endpoint(
     note: str,
     seed: int,
     as_json: bool,
+    host_probes: bool = False,
 ) -> None:
     import asyncio
     import datetime
@@ -508,7 +518,7 @@ def _measure_endpoint(
     from coda.cost.profile import Profile
     from coda.errors import CodaError
     from coda.profiling.api_measure import Plan, Prober
-    from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile, write_samples
+    from coda.profiling.empirical_fit import COLUMNS, fit_step_model, measured_profile, write_host_samples, write_samples
 
     if repeats < 1 or output_tokens < 8 or max_batch < 1:
         raise CodaError("--repeats and --max-batch must be >= 1 and --output-tokens >= 8")
@@ -525,12 +535,14 @@ def _measure_endpoint(
                     "at /metrics) or no max_model_len at /v1/models; a profile needs them"
                 )
             kv = _kv_bytes(info, kv_bytes)
-            plan = Plan.for_engine(info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats, max_context=max_context)
+            plan = Plan.for_engine(
+                info, max_batch=max_batch, output_tokens=output_tokens, repeats=repeats, max_context=max_context, host=host_probes
+            )
             return (info, kv, *await prober.measure(plan))
         finally:
             await prober.close()
 
-    info, kv, prefill, decode, api = asyncio.run(go())
+    info, kv, prefill, decode, api, host = asyncio.run(go())
     try:
         fit = fit_step_model(prefill, decode)
     except ValueError as err:
@@ -538,6 +550,8 @@ def _measure_endpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     samples = out.with_name(out.name.removesuffix(".json") + ".samples.csv")
     write_samples(samples, prefill, decode, api)
+    if host:
+        write_host_samples(out.with_name(out.name.removesuffix(".json") + ".host.csv"), host)
     data = measured_profile(
         name,
         info,
@@ -545,6 +559,7 @@ def _measure_endpoint(
         decode,
         fit,
         api,
+        host,
         kv_bytes_per_token=kv,
         samples=samples.name,
         date=datetime.date.today().isoformat(),
@@ -559,6 +574,8 @@ def _measure_endpoint(
     out_console.print(f"wrote {out} and {samples}: {data['description']}", highlight=False, soft_wrap=True)
     for k in (*COLUMNS, "api_stream_s", "api_stream_token_s"):
         out_console.print(f"  {k} = {fmt_value(data['step_model'][k])}")
+    for k, v in (data["step_model"].get("host") or {}).items():
+        out_console.print(f"  host.{k} = {v if isinstance(v, bool) else fmt_value(v)}")
     f = data["step_model"]["fit"]
     out_console.print(
         f"  form: {' + '.join(fit.form)}; leave-one-out median error (the worse kind) of each form: "

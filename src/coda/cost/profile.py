@@ -193,6 +193,21 @@ class StepFit(StrictModel):
     loo_err: float = Field(ge=0, description="leave-one-out median error, the worse of prefill's and decode's")
 
 
+class HostCosts(StrictModel):
+    """The engine's host CPU beside its forward pass (API server, tokenizer, detokenizer, SSE
+    framing, the scheduler's Python), measured through the API (``coda profile measure --endpoint``):
+    CPU time per request, per prompt token, per streamed output token and per step. With
+    ``shares_cores`` (vLLM-CPU, one core per worker) it serializes with the forward pass, so it
+    lengthens the steps it runs beside; without, it overlaps them up to a core's worth (a GPU
+    engine), so a step lasts the longer of the two (``coda.cost.host.HostModel``)."""
+
+    request_s: float = Field(ge=0, description="CPU per request the engine receives while it runs steps (HTTP, request set-up)")
+    prompt_token_s: float = Field(ge=0, description="CPU per prompt token of such a request (tokenization)")
+    output_token_s: float = Field(ge=0, description="CPU per streamed output token beyond the step model's unstreamed decodes (SSE)")
+    step_s: float = Field(ge=0, description="CPU per step of a streaming batch beyond the step model's unstreamed decodes")
+    shares_cores: bool = Field(description="host work serializes with the forward pass (True) or overlaps it (False)")
+
+
 class StepModel(StrictModel):
     """An engine's step time measured through its API (``coda profile measure --endpoint``):
 
@@ -224,6 +239,7 @@ class StepModel(StrictModel):
     max_model_len: PositiveInt
     domain: StepDomain
     fit: StepFit
+    host: HostCosts | None = Field(None, description="host CPU that delays the steps; none measured charges nothing")
 
 
 class Curve(StrictModel):

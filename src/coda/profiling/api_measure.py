@@ -24,7 +24,12 @@ every vocabulary has) except where the server's own text handling is the point:
   prompt is cached, the batch joins in one step and decodes in lockstep; the step time is the
   median latency of ``output`` tokens minus that of ``SHORT`` tokens, per extra token, which
   cancels the API latency and the first step. These are not streamed: a long streamed answer
-  also times the server's per-token work, which on a loaded machine arrives late and in bursts.
+  also times the server's per-token work, which on a loaded machine arrives late and in bursts;
+* host CPU (``Plan.host``, for an engine whose API server shares the forward pass's core): a
+  lockstep decode batch is timed alone and while one client sends fresh text requests back to
+  back (the CPU the API server spends on each delays the batch's steps by as much: per request and
+  per prompt token), and streamed beside not streamed (the server's work per streamed token and
+  per step).
 
 Each shape is warmed up, then measured ``repeats`` times in interleaved rounds (a slow moment of
 the machine touches every shape a little, not one shape a lot), and the median is kept.
@@ -52,6 +57,8 @@ MIN_ID, MAX_ID = 10, 1000
 SHORT = 8  # tokens of the reference decode request
 PROBE_WORDS = (32, 384)  # text prompts of the API-under-load probes (a word is one to three tokens)
 PROBES = 4  # probes per load and round
+HOST_CONTEXT = 32  # words (one to three tokens each) of the prompt of each request of a host probe's decode batch
+HOST_OUTPUT = 384  # tokens of a host probe's decode batch: long enough that dozens of requests arrive within it
 PROBE_TRIES = 4  # tries per probe: one whose load changed under it (a stream ended) is sent again
 STREAM_MAX = 1024  # answer of a request streaming beside the probes (sent again when it ends; longer leaves fewer probes to retry)
 #: vLLM's histograms of the engine's own part of a request's first token (EngineCore timestamps)
@@ -132,6 +139,24 @@ class ApiSample:
 
 
 @dataclass(frozen=True, slots=True)
+class HostSample:
+    """A lockstep decode of ``batch`` requests over ``context`` prompt tokens, ``output`` tokens each:
+    streamed (``streams``) or not. Not streamed, it is timed alone (``quiet_s``) and while one
+    client sent text requests of ``words`` words back to back (``loaded_s``), ``arrivals`` of them,
+    each (new, cached) tokens, sent and answered within it. Streamed, ``loaded_s`` is the streamed
+    batch's time and ``arrivals`` is empty."""
+
+    batch: int
+    context: int
+    output: int
+    words: int
+    streams: bool
+    quiet_s: float
+    loaded_s: float
+    arrivals: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The shapes to measure: prefills as (new, cached), decodes as (batch, context)."""
 
@@ -144,13 +169,18 @@ class Plan:
     output_tokens: int = 96
     repeats: int = 3
     warmup: int = 1
+    host: tuple[tuple[int, int], ...] = ()  # host probes' decode batches (batch, context); empty: none
+    host_words: tuple[int, ...] = PROBE_WORDS  # words of the text requests sent beside them
+    host_output: int = HOST_OUTPUT  # tokens of each host probe's decode (its window)
 
     @classmethod
     def for_engine(
-        cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3, max_context: int | None = None
+        cls, info: EngineInfo, *, max_batch: int, output_tokens: int = 96, repeats: int = 3, max_context: int | None = None,
+        host: bool = False,
     ) -> Plan:
         """A grid over what the engine can hold: prompts within max_model_len (and ``max_context``),
-        and every decode batch (prompts, outputs, a block of slack each) within its KV capacity."""
+        and every decode batch (prompts, outputs, a block of slack each) within its KV capacity;
+        with ``host``, host probes over batches that leave a seat and the KV of the requests beside them."""
         limit = min(info.max_model_len or 4096, max_context or 1 << 62)
         cap = info.kv_capacity_tokens or limit
         slack = output_tokens + (info.block_tokens or 16)
@@ -170,8 +200,12 @@ class Plan:
         block = info.block_tokens or 16
         room = (cap - 3 * max(probe_words, default=0) - block) // max(1, max_batch - 1)  # each stream's KV beside the largest probe
         stream_tokens = max(SHORT, min(STREAM_MAX, room - 64 - block))
+        beside = 3 * max(probe_words, default=0) + block
+        host_batches = sorted({1, max(1, (max_batch - 1) // 2), max_batch - 1}) if host and max_batch >= 3 else []
+        host_shapes = tuple((b, HOST_CONTEXT) for b in host_batches if b * (3 * HOST_CONTEXT + HOST_OUTPUT + block) + beside <= cap)
         return cls(
-            tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens, repeats
+            tuple((n, 0) for n in news) + tuple(cached), tuple(decode), text, streams, stream_tokens, probe_words, output_tokens, repeats,
+            host=host_shapes, host_words=probe_words,
         )
 
 
@@ -277,21 +311,26 @@ class Prober:
     async def first_token(self, prompt: list[int] | str) -> Timing:
         """One streamed single-token request through ``coda bench``'s own client, timed to its first
         chunk: the TTFT that client sees (its overhead included)."""
+        return await self.streamed(prompt, 1, first=True)
+
+    async def streamed(self, prompt: list[int] | str, max_tokens: int, *, first: bool = False) -> Timing:
+        """One streamed request through ``coda bench``'s own client, timed to its first chunk
+        (``first``) or to its end."""
         body = msgspec.json.encode(
             {
                 "model": self.model,
                 "prompt": prompt,
-                "max_tokens": 1,
+                "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
         )
         a = await self.endpoint.send(body, {})
-        first = a.first_token_s
-        if not a.ok or first is None:
+        done = a.first_token_s if first else a.end_s
+        if not a.ok or done is None:
             raise _fail(self.url, f"POST /v1/completions (streamed): {a.reason or f'HTTP {a.status}'}")
-        return self._timing(a.sent_s, first, 1, a.usage)
+        return self._timing(a.sent_s, done, max_tokens, a.usage)
 
     def _timing(self, sent: float, done: float, max_tokens: int, usage: Any) -> Timing:
         try:
@@ -331,6 +370,45 @@ class Prober:
         short = await asyncio.gather(*(self.complete(p, SHORT) for p in prompts))
         long = await asyncio.gather(*(self.complete(p, output) for p in prompts))
         return (statistics.median(t.seconds for t in long) - statistics.median(t.seconds for t in short)) / (output - SHORT)
+
+    async def _lockstep(self, prompts: list[str], output: int, stream: bool) -> list[Timing]:
+        """A batch of cached prompts sent at once, ``output`` tokens each (joined in one step)."""
+        send = self.streamed if stream else self.complete
+        return list(await asyncio.gather(*(send(p, output) for p in prompts)))
+
+    async def _beside(self, words: int, stop: asyncio.Event, into: list[Timing]) -> None:
+        """Fresh text requests of ``words`` words, one token each, back to back until ``stop``."""
+        while not stop.is_set():
+            into.append(await self.complete(tok.text(self.rng.randrange(1 << 62), words), 1))
+
+    async def host(self, batch: int, context: int, output: int, sizes: tuple[int, ...]) -> list[HostSample]:
+        """Host probes over one lockstep batch of ``context``-word prompts (a seat left free for the requests beside it):
+        streamed against not streamed, and not streamed with and without text requests of each of
+        ``sizes`` words sent back to back beside it."""
+        prompts = [tok.text(self.rng.randrange(1 << 62), context) for _ in range(batch)]  # text: any OpenAI server takes it
+        tokens = [(await self.complete(p, 1)).prompt_tokens for p in prompts]
+        context = int(statistics.median(tokens))
+
+        def seconds(ts: list[Timing]) -> float:
+            return statistics.median(t.seconds for t in ts)
+
+        quiet = seconds(await self._lockstep(prompts, output, stream=False))
+        out = [HostSample(batch, context, output, 0, True, quiet, seconds(await self._lockstep(prompts, output, stream=True)), ())]
+        for words in sizes:
+            side: list[Timing] = []
+            stop = asyncio.Event()
+            task = asyncio.create_task(self._beside(words, stop, side))
+            try:
+                while not side:  # the load runs before the batch starts
+                    await asyncio.sleep(0.001)
+                timed = await self._lockstep(prompts, output, stream=False)
+            finally:
+                stop.set()
+                await task
+            start, end = min(t.sent_s for t in timed), max(t.done_s for t in timed)
+            arrivals = tuple((t.prompt_tokens - (t.cached_tokens or 0), t.cached_tokens or 0) for t in side if start <= t.done_s <= end)
+            out.append(HostSample(batch, context, output, words, False, quiet, seconds(timed), arrivals))
+        return out
 
     async def _engine_ttft_s(self) -> tuple[float, float] | None:
         """(sum, count) of the engine's queue and prefill time histograms; None where not exposed."""
@@ -418,7 +496,7 @@ class Prober:
                 if task.done():
                     task.result()  # it ends only by raising
 
-    async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample], list[ApiSample]]:
+    async def measure(self, plan: Plan) -> tuple[list[PrefillSample], list[DecodeSample], list[ApiSample], list[HostSample]]:
         self.log(f"warm-up: {len(plan.prefill)} prefill, {len(plan.decode)} decode and {len(plan.text)} text shapes x {plan.warmup}")
         for _ in range(plan.warmup):
             for n, c in plan.prefill:
@@ -432,6 +510,7 @@ class Prober:
         dec: dict[tuple[int, int], list[float]] = {}
         txt: dict[int, list[tuple[int, int, int, float]]] = {}
         api: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        host: list[HostSample] = []
         for r in range(plan.repeats):
             self.log(f"round {r + 1}/{plan.repeats}")
             for n, c in plan.prefill:
@@ -445,6 +524,8 @@ class Prober:
             for b in plan.streams:
                 for words, n, seconds in await self.api_under_load(b, PROBES, plan.stream_tokens, plan.probe_words):
                     api.setdefault((b, words), []).append((n, seconds))
+            for b, c in plan.host:
+                host += await self.host(b, c, plan.host_output, plan.host_words)
         prefill = [PrefillSample(*hits[k], ttft_s=v) for k, v in pre.items()]
         # A text's hit varies with where its last block ends; the median repeat stands for the shape.
         for runs in txt.values():
@@ -453,4 +534,4 @@ class Prober:
         decode = [DecodeSample(b, c + (SHORT + plan.output_tokens) / 2.0, v) for (b, c), v in dec.items()]
         # a size's prompt tokens vary a little with its words: the median stands for the shape
         api_samples = [ApiSample(b, int(statistics.median(n for n, _ in v)), [t for _, t in v]) for (b, _), v in api.items()]
-        return prefill, decode, api_samples
+        return prefill, decode, api_samples, host

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from coda.cost.empirical import TERMS, step_features
-from coda.profiling.api_measure import ApiSample, DecodeSample, EngineInfo, PrefillSample
+from coda.cost.empirical import TERMS, pairs, step_features
+from coda.profiling.api_measure import ApiSample, DecodeSample, EngineInfo, HostSample, PrefillSample
 
 COLUMNS = ("api_latency_s", "api_id_token_s", "api_text_token_s", *TERMS)
 OPTIONAL = ("prefill_pair_s", "decode_context_s")
@@ -162,6 +162,47 @@ def fit_api_stream(api: Sequence[ApiSample]) -> tuple[float, float, str]:
     )
 
 
+HOST_TERMS = ("request_s", "prompt_token_s", "output_token_s", "step_s")
+
+
+def fit_host(host: Sequence[HostSample], constants: dict[str, float]) -> tuple[dict[str, float], str] | None:
+    """The host model's four CPU costs (``coda.cost.host``) from the host probes of an engine whose
+    host work shares the forward pass's core, with their provenance; None without probes.
+
+    * A streamed batch outlasts the same batch not streamed by the server's work per step and per
+      streamed token: (streamed - not) / output = step_s + output_token_s x batch.
+    * Requests sent beside a batch delay it by their host CPU plus their own prefill in its steps
+      (the step model's marginal cost of a chunk, from ``constants``):
+      delay - prefills = request_s x requests + prompt_token_s x their prompt tokens.
+
+    Non-negative least squares in seconds, each kind on its own rows."""
+    streamed = [h for h in host if h.streams]
+    loaded = [h for h in host if not h.streams]
+    if len({h.batch for h in streamed}) < 2 or len({h.words for h in loaded}) < 2:
+        return None
+    from scipy.optimize import nnls
+
+    step = np.array([[1.0, h.batch] for h in streamed])
+    per_step = np.array([(h.loaded_s - h.quiet_s) / h.output for h in streamed])
+    (step_s, output_token_s), _ = nnls(step, per_step)
+    c = constants
+
+    def prefill_s(new: int, cached: int) -> float:
+        return c["token_s"] * new + c["seq_s"] + c["prefill_pair_s"] * pairs(new, cached)
+
+    arrivals = np.array([[len(h.arrivals), sum(n + m for n, m in h.arrivals)] for h in loaded], dtype=float)
+    delay = np.array([h.loaded_s - h.quiet_s - sum(prefill_s(n, m) for n, m in h.arrivals) for h in loaded])
+    (request_s, prompt_token_s), _ = nnls(arrivals, delay)
+    batches = sorted({h.batch for h in host})
+    note = (
+        f"fitted: host probes through the API, {len(streamed)} streamed against not streamed and {len(loaded)} with text requests "
+        f"of {sorted({h.words for h in loaded})} words sent back to back beside them ({int(arrivals[:, 0].sum())} requests), "
+        f"over lockstep decode batches of {batches} requests of {host[0].output} tokens; non-negative least squares in seconds"
+    )
+    values = dict(zip(HOST_TERMS, (float(request_s), float(prompt_token_s), float(output_token_s), float(step_s))))
+    return values, note
+
+
 def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence[DecodeSample], api: Sequence[ApiSample] = ()) -> None:
     """Every repeat of every shape, the raw material of the fit."""
     with path.open("w", newline="") as fh:
@@ -175,6 +216,16 @@ def write_samples(path: Path, prefill: Sequence[PrefillSample], decode: Sequence
             w.writerows(("api", a.prompt_tokens, "", "", a.streams, "", i, f"{t:.6g}") for i, t in enumerate(a.api_s))
 
 
+def write_host_samples(path: Path, host: Sequence[HostSample]) -> None:
+    """Every host probe: its batch, whether streamed, its time alone and loaded, and the requests beside it."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(("batch", "context", "output", "words", "streamed", "quiet_s", "loaded_s", "requests", "new_tokens", "cached_tokens"))
+        for h in host:
+            w.writerow((h.batch, h.context, h.output, h.words, int(h.streams), f"{h.quiet_s:.6g}", f"{h.loaded_s:.6g}", len(h.arrivals),
+                        sum(n for n, _ in h.arrivals), sum(m for _, m in h.arrivals)))
+
+
 def measured_profile(
     name: str,
     info: EngineInfo,
@@ -182,6 +233,7 @@ def measured_profile(
     decode: Sequence[DecodeSample],
     fit: StepFitResult,
     api: Sequence[ApiSample] = (),
+    host: Sequence[HostSample] = (),
     *,
     kv_bytes_per_token: tuple[int, str],
     samples: str,
@@ -191,7 +243,9 @@ def measured_profile(
 ) -> dict[str, Any]:
     """A ``measured`` profile (JSON-ready) with the provenance of every constant. ``machine``: the
     engine's machine (``coda.profiling.machine``) when it ran where it was measured from, else
-    ``None``. The endpoint's address and the model's local path are not recorded."""
+    ``None``. ``host``: probes of an engine whose host work shares the forward pass's core (its
+    ``step_model.host`` section); none leaves the section out. The endpoint's address and the
+    model's local path are not recorded."""
     if info.block_tokens is None or info.kv_capacity_tokens is None or info.max_model_len is None:
         raise ValueError("the engine did not report its block size, KV capacity and max_model_len")
     kv_tok, kv_source = kv_bytes_per_token
@@ -226,6 +280,9 @@ def measured_profile(
             "loo_err": fit.loo_score,
         },
     }
+    host_fit = fit_host(host, c)
+    if host_fit is not None:
+        step_model["host"] = {**host_fit[0], "shares_cores": True}
     forms = ", ".join(f"{k} {v:.3f}" for k, v in fit.forms.items())
     prov = {f"step_model.{k}": src + (f"; form chosen by leave-one-out median error ({forms})" if k in OPTIONAL else "") for k in COLUMNS}
     prov |= {
@@ -237,6 +294,8 @@ def measured_profile(
         "step_model.max_model_len": "measured: max_model_len in /v1/models",
         **{f"step_model.domain.{k}": "measured: the largest shape measured" for k in step_model["domain"]},  # type: ignore[attr-defined]
         **{f"step_model.fit.{k}": "fitted: |predicted / measured - 1| over the fit's own samples" for k in step_model["fit"]},  # type: ignore[attr-defined]
+        **{f"step_model.host.{k}": f"{host_fit[1]}; samples in {samples.removesuffix('.samples.csv')}.host.csv"
+           for k in HOST_TERMS if host_fit is not None},
         "tiers.hbm_kv_bytes": "measured: kv_capacity_tokens x kv_bytes_per_token",
         "tiers.dram_kv_bytes": "measured: none; the profile describes one engine without KV offload",
         "tiers.ssd_kv_bytes": "measured: none; the profile describes one engine without KV offload",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from coda.cost.host import HostModel
 from coda.cost.model import CohortPlan, CostModel
 from coda.policy.contracts import ExecutionPolicy, StatePolicy
 from coda.policy.snapshots import AdmissionSnapshot
@@ -101,6 +102,8 @@ class Worker:
         self.w_max_admissions = 0  # admissions of requests that had waited W_max
         self.w_max_preemptions = 0  # running requests preempted for them
         self.chunk_bytes = st.cost.kv_bytes(st.chunk_tokens)
+        self.host = HostModel.of(st.cost.profile)
+        self.host_backlog_s = 0.0  # host CPU of requests that arrived while steps ran, charged to the next batch
 
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -142,8 +145,10 @@ class Worker:
     def enqueue(self, req: SimRequest) -> None:
         """A request reaches the engine; its scheduler sees it after the engine's own per-request
         time (``cost.request_s``: the API server's work, with the requests running now), when the
-        profile measured one."""
+        profile measured one; arriving while steps run, its host CPU also delays the next batch (``HostModel``)."""
         self.touched.add(self.id)
+        if self.host is not None and self.busy:
+            self.host_backlog_s += self.host.arrival_s(req.prompt_tokens)
         req.worker = self.id
         req.state = WAITING
         if req.arrived_s < 0:
@@ -456,6 +461,10 @@ class Worker:
             durs = self.cost.decode_steps_s(ctx, k, plan)
         else:
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
+        if self.host is not None:
+            outputs = len(decoders) + sum(r.computed + n >= r.prompt_tokens for r, n in prefills)
+            durs = self.host.steps_s(durs, outputs, self.host_backlog_s)
+            self.host_backlog_s = 0.0
         ends = self.loop.now + np.cumsum(durs)
         if len(ends) > 1 and self.w_max_preempt and self.waiting:
             # the oldest waiting request's W_max ends a decode run at the next step boundary, where it may preempt

@@ -1,0 +1,49 @@
+"""Host CPU in the step: the work an engine's steps wait for, or run beside, outside the forward pass.
+
+A served engine's API server parses and tokenizes each request, detokenizes and frames every
+streamed token, and its scheduler runs Python every step. On a GPU engine that CPU overlaps the
+forward pass (a step lasts the longer of the two); on vLLM-CPU, with one core per worker, it
+serializes with it (a step lasts their sum). The constants are a profile's ``step_model.host``
+section (``coda.cost.profile.HostCosts``), fitted from probes through the API
+(``coda.profiling.empirical_fit.fit_host``); a profile without one charges nothing here.
+
+A request's own API time while the engine is idle is latency, charged before the scheduler
+(``request_s`` of the cost model); only a request that arrives while steps run takes CPU from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from coda.cost.profile import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class HostModel:
+    """Host CPU seconds per request, prompt token, streamed output token and step (``HostCosts``)."""
+
+    request_s: float
+    prompt_token_s: float
+    output_token_s: float
+    step_s: float
+    shares_cores: bool
+
+    @classmethod
+    def of(cls, profile: Profile) -> HostModel | None:
+        """The profile's host model; None where it measured none (its steps are charged as before)."""
+        host = profile.step_model.host if profile.step_model is not None else None
+        return None if host is None else cls(**host.model_dump())
+
+    def arrival_s(self, prompt_tokens: int) -> float:
+        """CPU the API server spends on a request of ``prompt_tokens`` before its scheduler sees it."""
+        return self.request_s + self.prompt_token_s * prompt_tokens
+
+    def steps_s(self, forward_s: np.ndarray, outputs: int, backlog_s: float) -> np.ndarray:
+        """Durations of steps whose forward passes take ``forward_s``, each emitting ``outputs``
+        tokens; the first also carries ``backlog_s``, the CPU of requests that arrived while the
+        engine ran. Shared cores add the host's time to the forward's, separate ones overlap them."""
+        host = np.full(len(forward_s), self.step_s + self.output_token_s * outputs)
+        host[0] += backlog_s
+        return forward_s + host if self.shares_cores else np.maximum(forward_s, host)
