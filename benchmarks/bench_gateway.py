@@ -12,7 +12,12 @@ Each mode gets two freshly started engines (so none inherits another's prefix ca
 - routing: other sessions (another seed), every round, ``--concurrency`` sessions at a time; the
   engines' prefix-cache hit rate over the phase (``vllm:prefix_cache_hits / vllm:prefix_cache_queries``)
   and requests/s;
-- memory: the proxy's RSS after both phases, and its peak (VmHWM).
+- memory: the proxy's RSS after both phases, and its peak (VmHWM);
+- saturation (``--saturate``): ``--saturate-clients`` clients send short streamed requests
+  (``--saturate-words`` words, 16 output tokens) back to back for ``--saturate-s`` seconds; the
+  requests/s, the cores the proxy used (its CPU seconds per second) and their quotient, requests/s
+  per proxy core. Client, engines and proxy share the machine, so requests/s alone says little;
+  per core is what compares. Direct has no proxy and is not saturated.
 
 Direct sends each request to the engine with fewer of this client's requests in flight. The
 prompts are agent-shaped: each session's chat grows round by round from ``--min-tokens`` to a
@@ -72,6 +77,8 @@ class ModeResult:
     failed: int = 0
     hit_rate: float = 0.0
     requests_per_s: float = 0.0
+    saturated_rps: float | None = None
+    saturated_cores: float | None = None
 
 
 def status_mib(pid: int, key: str) -> float:
@@ -139,6 +146,25 @@ async def drive(urls: list[str], model: str, work: list[list[tuple[str, bytes]]]
     return done
 
 
+async def hammer(url: str, model: str, bodies: list[bytes], clients: int, seconds: float) -> int:
+    """``clients`` clients sending ``bodies`` in turn, each as soon as its last answer ended, for
+    ``seconds``; returns the requests completed."""
+    ep = Endpoint(url, model=model)
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def client(i: int) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            a = await ep.send(bodies[i % len(bodies)], {"x-session-id": f"saturate-{i % len(bodies)}"})
+            done += a.ok
+            i += clients
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    await ep.close()
+    return done
+
+
 def prefix_counters(urls: list[str]) -> tuple[float, float]:
     hits = queries = 0.0
     for u in urls:
@@ -192,6 +218,13 @@ def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, byt
         res.hit_rate = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
         if proxy is not None:
             res.rss_mib, res.peak_rss_mib = status_mib(proxy.pid, "VmRSS"), status_mib(proxy.pid, "VmHWM")
+        if proxy is not None and args.saturate:
+            short = [b for s in sessions(name, 64, 1, args.saturate_words, args.saturate_words, 16, args.seed + 2) for _, b in s]
+            asyncio.run(hammer(proxy.url, name, short, args.saturate_clients, 1.0))  # its connections opened
+            c0, t0 = cpu_s(proxy.pid), time.perf_counter()
+            done = asyncio.run(hammer(proxy.url, name, short, args.saturate_clients, args.saturate_s))
+            wall = time.perf_counter() - t0
+            res.saturated_rps, res.saturated_cores = done / wall, (cpu_s(proxy.pid) - c0) / wall
     return res
 
 
@@ -222,6 +255,10 @@ def main() -> None:
     ap.add_argument("--latency-requests", type=int, default=30)
     ap.add_argument("--idle-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--saturate", action="store_true", help="also measure requests/s per proxy core at saturation (see above)")
+    ap.add_argument("--saturate-clients", type=int, default=32)
+    ap.add_argument("--saturate-words", type=int, default=1000)
+    ap.add_argument("--saturate-s", type=float, default=20.0)
     ap.add_argument("--quick", action="store_true", help="3 sessions x 3 rounds, 9 latency requests, 5 s idle")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -249,7 +286,10 @@ def main() -> None:
         "modes": {m: {"idle_cpu_pct": r.idle_cpu_pct, "cpu_ms_per_request": r.cpu_ms_per_request, "rss_mib": r.rss_mib,
                       "peak_rss_mib": r.peak_rss_mib, "ttft_p50_ms": 1000 * p(r.ttft_s, 50), "ttft_p95_ms": 1000 * p(r.ttft_s, 95),
                       "e2e_p50_ms": 1000 * p(r.e2e_s, 50), "added_ttft_p50_ms": added_ttft_ms(r, direct) if m != "direct" else 0.0,
-                      "prefix_hit_rate": r.hit_rate, "requests_per_s": r.requests_per_s, "failed": r.failed} for m, r in results.items()},
+                      "prefix_hit_rate": r.hit_rate, "requests_per_s": r.requests_per_s, "failed": r.failed,
+                      "saturated_rps": r.saturated_rps, "saturated_cores": r.saturated_cores,
+                      "saturated_rps_per_core": r.saturated_rps / r.saturated_cores if r.saturated_cores else None}
+                  for m, r in results.items()},
     }
     if peer:
         c, v = summary["modes"]["coda"], summary["modes"][PEER]
@@ -258,6 +298,8 @@ def main() -> None:
             "cpu_per_request": c["cpu_ms_per_request"] / v["cpu_ms_per_request"] if v["cpu_ms_per_request"] else None,
             "rss": c["rss_mib"] / v["rss_mib"] if v["rss_mib"] else None,
         }
+        if args.saturate:
+            summary["vs_peer"]["saturated_rps_per_core"] = c["saturated_rps_per_core"] / v["saturated_rps_per_core"]
     if args.json:
         print(json.dumps(summary))
         return
@@ -284,6 +326,9 @@ def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
         ("prefix-cache hit rate", "prefix_hit_rate", "{:.3f}"),
         ("requests/s (routing phase)", "requests_per_s", "{:.2f}"),
         ("failed requests", "failed", "{}"),
+        ("saturated requests/s", "saturated_rps", "{:.1f}"),
+        ("proxy cores used at saturation", "saturated_cores", "{:.2f}"),
+        ("saturated requests/s per proxy core", "saturated_rps_per_core", "{:.1f}"),
     ]
     table = Table("metric", *modes)
     for label, key, fmt in rows:
@@ -308,6 +353,9 @@ def show(summary: dict, work: list[list[tuple[str, bytes]]]) -> None:
         ]
         idle = modes["coda"]["idle_cpu_pct"]
         parts.append(f"idle CPU {idle:.2f}% of a core ({'met' if idle <= 0.5 else 'MISSED'}, goal <= 0.5%)")
+        if "saturated_rps_per_core" in vs:
+            per_core = vs["saturated_rps_per_core"]
+            parts.append(f"saturated requests/s per core {per_core:.2f}x ({'met' if per_core >= 0.67 else 'MISSED'}, goal >= 0.67x)")
         con.print(f"coda vs {PEER}: " + "; ".join(parts), highlight=False)
 
 
