@@ -11,7 +11,7 @@ when the session's next request arrived). The contract is ``coda.policy.contract
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar, Literal
@@ -80,3 +80,32 @@ class ToolAware(EvictionPolicy):
         score = np.repeat([scores[o] for o in run_owner], np.diff(starts, prepend=0, append=w))
         order = np.argsort(-score, kind="stable")  # highest score first, LRU order among equals
         return chunks[order[:n]].tolist()
+
+    def victims_by_runs(self, runs: Iterable[tuple[int, Iterable[int]]], size: int, n: int, out: OutStatus) -> list[int]:
+        """``victims`` read from the idle chunks as runs of one owner's chunks in LRU order
+        (``(owner, chunks)``; ``size`` chunks in all), as a shell that keeps them passes them: the
+        same chunks in the same order, found in a step per run of the window rather than per chunk.
+        A run's chunks all precede the next run's, so ordering runs by score, stably, orders their
+        chunks as the stable sort over chunks does."""
+        w = min(max(self.window_chunks, n), size)
+        window: list[tuple[int, Iterable[int], int]] = []  # (owner, its chunks, how many of them lie in the window)
+        left = w
+        for owner, chunks in runs:
+            if left <= 0:
+                break
+            take = min(len(chunks), left)  # type: ignore[arg-type]
+            window.append((owner, chunks, take))
+            left -= take
+        scores: dict[int, float] = {}
+        for o, _, _ in window:
+            if o not in scores:
+                scores[o] = self.score(o, out)
+        if any(v > 0 for v in scores.values()):
+            window.sort(key=lambda r: -scores[r[0]])  # stable: LRU order among equals
+        chosen: list[int] = []
+        for _, chunks, take in window:
+            k = min(take, n - len(chosen))
+            chosen.extend(islice(chunks, k))
+            if len(chosen) == n:
+                break
+        return chosen

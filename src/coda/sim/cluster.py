@@ -30,7 +30,7 @@ from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.chains import ChunkChains
 from coda.sim.config import SimConfig
 from coda.sim.ingress import SIM_SIGNALS, SimIngress
-from coda.sim.kvcache import HbmPool, KVListener, KVStore, Residency, Versions, owners_of
+from coda.sim.kvcache import HbmPool, IdleRuns, KVListener, KVStore, Residency, Versions, owners_of
 from coda.sim.lockstep import Lockstep
 from coda.sim.loop import EventLoop
 from coda.sim.observe import SimObserver
@@ -144,11 +144,13 @@ class Simulation:
             on_admit=self._engine_admitted,
         )
         groups = data_parallel_groups(config, self.cost, self.loop)
+        # a policy that reads the LRU by owner gets it as runs, which the pools keep as it changes
+        run_evictor = self._victims_by_runs if hasattr(self.eviction, "victims_by_runs") else None
         self.workers = [
             Worker(
                 w,
                 settings,
-                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims, self.residency),
+                HbmPool(w, self.tiers.hbm_chunks, self.versions, kv_listener, self._victims, self.residency, run_evictor),
                 self.dram_stores[w // wpn],
                 self.ssd_stores[w // wpn],
                 links[w // wpn],
@@ -184,6 +186,9 @@ class Simulation:
 
     def _victims(self, lru: Any, n: int) -> list[int]:
         return self.eviction.victims(lru, n, self._out_status, owners_of)
+
+    def _victims_by_runs(self, runs: IdleRuns, n: int) -> list[int]:
+        return self.eviction.victims_by_runs(runs, len(runs), n, self._out_status)  # type: ignore[attr-defined]
 
     def _out_status(self, owner: int) -> tuple[tuple[str, ...], float] | None:
         """What a shell observes of the session owning a chunk: the tools it waits on and for how

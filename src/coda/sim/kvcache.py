@@ -9,7 +9,7 @@ version so cached prefix matches of waiting requests are invalidated exactly whe
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from itertools import islice, takewhile
 
 import numpy as np
@@ -155,12 +155,73 @@ Evictor = Callable[[OrderedDict[int, None], int], list[int]]
 least ``n``); the simulator binds its eviction policy (``coda.policy.eviction``) to its sessions."""
 
 
+class IdleRuns:
+    """A pool's idle chunks in LRU order, as runs of one owner's chunks: a released request's
+    chain joins the LRU at once, so its session's chunks lie together, and a policy that reads the
+    LRU by owner (tool-aware reclaim) walks a window run by run instead of chunk by chunk. The runs
+    are kept as the LRU changes (chunks join at its tail, leave anywhere); a run is any stretch of
+    one owner's chunks, not necessarily the longest."""
+
+    __slots__ = ("runs", "run_of", "size", "_next")
+
+    def __init__(self) -> None:
+        # run id -> (owner, its chunks in LRU order); runs in LRU order
+        self.runs: OrderedDict[int, tuple[int, dict[int, None]]] = OrderedDict()
+        self.run_of: dict[int, int] = {}
+        self.size = 0
+        self._next = 0
+
+    def extend(self, chunks: Sequence[int]) -> None:
+        """Chunks joined the LRU's tail, in this order."""
+        runs, run_of = self.runs, self.run_of
+        if runs:
+            rid = next(reversed(runs))
+            owner, cur = runs[rid]
+        else:
+            rid, owner, cur = -1, -1, {}
+        for c in chunks:
+            o = c >> OWNER_SHIFT
+            if o != owner:
+                rid = self._next
+                self._next += 1
+                owner, cur = o, {}
+                runs[rid] = (o, cur)
+            cur[c] = None
+            run_of[c] = rid
+        self.size += len(chunks)
+
+    def remove(self, chunks: Iterable[int]) -> None:
+        """Chunks left the LRU."""
+        runs, run_of = self.runs, self.run_of
+        n = 0
+        for c in chunks:
+            rid = run_of.pop(c)
+            cur = runs[rid][1]
+            del cur[c]
+            if not cur:
+                del runs[rid]
+            n += 1
+        self.size -= n
+
+    def __iter__(self) -> Iterator[tuple[int, dict[int, None]]]:
+        """``(owner, its chunks)`` per run, in LRU order."""
+        return iter(self.runs.values())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+RunEvictor = Callable[[IdleRuns, int], list[int]]
+"""Called as ``evictor(runs, n)``: ``n`` idle chunks to evict, read from the LRU's runs."""
+
+
 class HbmPool:
     """One worker's HBM KV: hashed chunks (refcounted; ref 0 = cached and evictable, kept in LRU
     order) plus private chunks (partial tails and decode growth not yet hashed). Without an
     evictor, the least recently used idle chunks go first."""
 
-    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor", "prefix_runs")
+    __slots__ = ("worker", "capacity", "resident", "lru", "private", "versions", "listener", "evictor", "prefix_runs", "idle_runs",
+                 "run_evictor")
 
     def __init__(
         self,
@@ -170,7 +231,10 @@ class HbmPool:
         listener: KVListener | None = None,
         evictor: Evictor | None = None,
         residency: Residency | None = None,
+        run_evictor: RunEvictor | None = None,
     ) -> None:
+        """``run_evictor``, where given, chooses instead of ``evictor`` from the LRU's runs, which the
+        pool then keeps (``IdleRuns``)."""
         if capacity <= 0:
             raise ValueError("HBM capacity must be at least one chunk")
         self.worker = worker
@@ -182,6 +246,8 @@ class HbmPool:
         self.listener = listener
         self.evictor = evictor
         self.prefix_runs = PrefixRuns(residency, self)
+        self.run_evictor = run_evictor
+        self.idle_runs = IdleRuns() if run_evictor is not None else None
 
     @property
     def used(self) -> int:
@@ -223,17 +289,21 @@ class HbmPool:
             res[c] = r + 1
         if woke:
             self.versions.bump(woke)
+            if self.idle_runs is not None:
+                self.idle_runs.remove(woke)
 
     def evict(self, n: int) -> list[int]:
         """Evict ``n`` idle chunks (LRU order, or the evictor's choice); returns their ids."""
         res, lru = self.resident, self.lru
         n = min(n, len(lru))
-        if self.evictor is None or n == 0:
+        if n == 0 or (self.evictor is None and self.run_evictor is None):
             out = [lru.popitem(last=False)[0] for _ in range(n)]
         else:
-            out = self.evictor(lru, n)
+            out = self.run_evictor(self.idle_runs, n) if self.run_evictor is not None else self.evictor(lru, n)  # type: ignore[arg-type,misc]
             for c in out:
                 del lru[c]
+        if out and self.idle_runs is not None:
+            self.idle_runs.remove(out)
         for c in out:
             del res[c]
         if out:
@@ -252,6 +322,7 @@ class HbmPool:
         """Reference chunks being filled (room must have been made); ones already resident are shared."""
         res, lru = self.resident, self.lru
         new = []
+        woke = []
         for c in chunks:
             r = res.get(c)
             if r is None:
@@ -260,9 +331,12 @@ class HbmPool:
             else:
                 if r == 0:
                     del lru[c]
+                    woke.append(c)
                 res[c] = r + 1
         if chunks:
             self.versions.bump(chunks)
+        if woke and self.idle_runs is not None:
+            self.idle_runs.remove(woke)
         if new:
             self.prefix_runs.moved(new, 1)
             if self.listener:
@@ -281,6 +355,8 @@ class HbmPool:
                 idle.append(c)
         if idle:
             self.versions.bump(idle)
+            if self.idle_runs is not None:
+                self.idle_runs.extend(idle)
 
     def discard(self, chunks: Sequence[int]) -> None:
         """Release and remove chunks whose content was never computed (a preempted prefill)."""
