@@ -22,7 +22,9 @@ def median_ci(values: Sequence[float | None], rng: np.random.Generator) -> tuple
     return float(np.median(arr)), [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
 
 
-def median_ratio_ci(num: Sequence[float | None], den: Sequence[float | None], rng: np.random.Generator) -> tuple[float | None, list[float] | None]:
+def median_ratio_ci(
+    num: Sequence[float | None], den: Sequence[float | None], rng: np.random.Generator
+) -> tuple[float | None, list[float] | None]:
     """Ratio of medians and its 95% interval, each side resampled on its own (None where a median is 0 or missing)."""
     a = np.array([v for v in num if v is not None], dtype=float)
     b = np.array([v for v in den if v is not None], dtype=float)
