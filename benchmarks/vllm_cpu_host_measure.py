@@ -21,6 +21,7 @@ from coda.cost.profile import Profile
 from coda.engines.vllm_cpu import KV_BYTES_PER_TOKEN, build_tiny_model, vllm_servers, word_tokenizer
 from coda.profiling.api_measure import PROBE_WORDS, Plan, Prober
 from coda.profiling.empirical_fit import fit_step_model, measured_profile, write_host_samples, write_samples
+from coda.profiling.machine import machine
 
 PLAN = Plan(
     prefill=((16, 0), (128, 0), (512, 0), (1024, 0), (2048, 0), (3072, 0), (64, 1024), (64, 2048), (512, 1024)),
@@ -56,7 +57,7 @@ def main(out: Path) -> None:
     samples = out.with_name(out.stem + ".samples.csv")
     write_samples(samples, prefill, decode, api)
     write_host_samples(out.with_name(out.stem + ".host.csv"), host)
-    data = measured_profile(out.stem, info, prefill, decode, fit, api, host, samples=samples.name, machine=None, note=note,
+    data = measured_profile(out.stem, info, prefill, decode, fit, api, host, samples=samples.name, machine=machine(vllm=info.version), note=note,
                             kv_bytes_per_token=(KV_BYTES_PER_TOKEN, "given: the tiny model's (coda.engines.vllm_cpu.KV_BYTES_PER_TOKEN)"),
                             date=datetime.date.today().isoformat())
     Profile.model_validate(data)
