@@ -57,9 +57,9 @@ def main(out: Path) -> None:
     samples = out.with_name(out.stem + ".samples.csv")
     write_samples(samples, prefill, decode, api)
     write_host_samples(out.with_name(out.stem + ".host.csv"), host)
-    data = measured_profile(out.stem, info, prefill, decode, fit, api, host, samples=samples.name, machine=machine(vllm=info.version), note=note,
-                            kv_bytes_per_token=(KV_BYTES_PER_TOKEN, "given: the tiny model's (coda.engines.vllm_cpu.KV_BYTES_PER_TOKEN)"),
-                            date=datetime.date.today().isoformat())
+    kv = (KV_BYTES_PER_TOKEN, "given: the tiny model's (coda.engines.vllm_cpu.KV_BYTES_PER_TOKEN)")
+    data = measured_profile(out.stem, info, prefill, decode, fit, api, host, kv_bytes_per_token=kv, samples=samples.name,
+                            date=datetime.date.today().isoformat(), machine=machine(vllm=info.version), note=note)
     Profile.model_validate(data)
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data["step_model"], indent=1))
