@@ -359,3 +359,28 @@ def test_task_metrics_and_slowdown_when_a_cost_profile_is_given(server):
     _, without = bench(server.url, gappy)
     assert without["tasks"] == 2 and without["task_time_p99_s"] > 0
     assert without["slowdown_p99"] is None and without["slowdown_jain"] is None and "--profile" in without["slowdown_basis"]
+
+
+def stall_after(chunks: int, stall_s: float) -> Response:
+    async def gen():
+        for i in range(chunks):
+            yield _chunk({"content": f" w{i}"})
+        await asyncio.sleep(stall_s)
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+def test_requests_the_run_cuts_off_count_in_the_waits_censored_at_its_end(server):
+    """One request still waiting for its first token and one streaming when the drain ends: both
+    count in the TTFT columns, the waiting one with its wait so far (a lower bound), the streaming
+    one with the first token it got; the summary says how many were censored."""
+    server.reset(lambda s: ok(3, delay_s=30.0) if s.session == "waiting" else stall_after(1, 30.0))
+    replay, summary = bench(server.url, sessions(("waiting", 1), ("streaming", 1)), duration_s=1.0, drain_s=0.5)
+    recs = {r["session_id"]: r for r in replay.records}
+    assert {r["reason"] for r in recs.values()} == {"run_ended"}
+    assert recs["waiting"]["first_token_s"] is None and recs["streaming"]["first_token_s"] is not None
+    streamed_ttft = recs["streaming"]["first_token_s"] - recs["streaming"]["ready_s"]
+    assert summary["latency_censored"] == 2
+    # the waiting one waited until the run ended, longer than the other's first token took
+    assert summary["ttft_max_s"] == pytest.approx(replay.wall_s - recs["waiting"]["ready_s"]) and summary["ttft_max_s"] > streamed_ttft
