@@ -176,6 +176,9 @@ def show(result: dict[str, Any], seats: int, compact: bool = False) -> None:
             highlight=False,
             soft_wrap=True,
         )
+        k = sim["knee"]
+        con.print(f"knee: {fmt(k['real'])} sessions/s on the engines, {fmt(k['simulated'])} simulated (error {fmt(k['error'])})"
+                  + ("; the simulated knee is its sweep's top level: raise --sim-sweep" if k["simulated_at_top"] else ""), highlight=False)
         errs = Table("config", "load", *SIM_ERROR_METRICS, "targets met")
         for e in sim["errors"]:
             errs.add_row(

@@ -637,10 +637,15 @@ def run_engines(b: Bench) -> dict[str, Any]:
     if profile is not None:
         sim_runs = simulate_runs(b, str(profile), rate)
         sim_rows = rows_of(sim_runs, sc.seed)
+        sim_knee = simulated_knee(b, str(profile))
+        simulated = sim_knee["knee_sessions_per_s"]
         result["sim"] = {
             "profile": json.loads(profile.read_text()),
             "rows": sim_rows,
             "errors": sim_errors(rows, sim_rows),
+            # the knees in sessions/s: the engines' (their sweep's rule) and the simulator's (its open-loop sweep)
+            "knee": {"real": rate, "simulated": simulated, "error": simulated / rate - 1.0 if simulated and rate else None,
+                     "simulated_levels": sim_knee["levels"], "simulated_at_top": sim_knee["at_top"]},
             "target": f"|sim / measured - 1| <= {SIM_TARGET:g} for {', '.join(SIM_TARGETED)}",
             "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier",
         }
