@@ -93,6 +93,26 @@ def stream_usage(tail: bytes) -> tuple[int, int] | None:
     return None
 
 
+#: what every line of a server-sent event starts with (a blank line ends an event)
+SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def opens_as_sse(first: bytes) -> bool:
+    """Whether a stream's first bytes read as server-sent events: its first line a field or a
+    comment (the read may end anywhere, so the lines after it may be cut)."""
+    line = next((x.strip() for x in first.splitlines() if x.strip()), b"")
+    return line.startswith(SSE_FIELDS)
+
+
+def closes_as_sse(tail: bytes, cut: bool) -> bool:
+    """Whether a stream's last line is a field or a comment; ``cut``: the tail kept is only the end of
+    the stream, so a last line as long as the whole tail cannot be judged (and passes)."""
+    lines = [x.strip() for x in tail.splitlines() if x.strip()]
+    if not lines:
+        return not cut
+    return lines[-1].startswith(SSE_FIELDS) or (cut and len(lines) == 1)
+
+
 def draining_error() -> ApiError:
     return ApiError(503, "the gateway is shutting down; retry (another gateway replica will answer)", "draining", retry_after_s=1.0)
 
@@ -363,6 +383,14 @@ class Exchange:
         if status >= 400:
             self.outcome = "engine_error"
         sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in raw_headers)
+        if self.stream and status == 200 and not (sse and opens_as_sse(first)):
+            # nothing has reached the client yet: answer the engine's failure as one
+            relay.metrics.upstream_errors.labels(w.label, "not_sse").inc()
+            self.outcome = "engine_error"
+            log.warning("backend %s answered a stream that is not server-sent events: answered 502", w.label)
+            msg = f"backend {w.label} answered a stream that is not server-sent events; check the engine, then retry the request"
+            await self._error(send, ApiError(502, msg, "engine_error"))
+            return False
         self.started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         # usage: from the last events of a stream, or from the whole body of a JSON answer
@@ -397,6 +425,12 @@ class Exchange:
                 log.warning("backend %s failed mid-response (%s): aborted the client's connection", w.label, type(err).__name__)
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if sse and status == 200 and not closes_as_sse(tail, len(tail) >= TAIL_BYTES):
+            # relayed already: logged and counted as the engine's error, not as a good answer
+            relay.metrics.upstream_errors.labels(w.label, "not_sse").inc()
+            self.outcome = "engine_error"
+            log.warning("backend %s ended a stream with lines that are not server-sent events", w.label)
+            return False
         if status == 200:
             self._usage(stream_usage(tail) if sse else usage_of(b"".join(body)))
         return status == 200
