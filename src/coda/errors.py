@@ -59,6 +59,21 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
         raise CodaError(f"{what} {path}: cannot be read ({err.strerror or err}); check the path and its permissions") from None
 
 
+#: the largest JSON document (a cost profile, a model's config.json) read whole; the largest shipped
+#: profile is under 1 MiB (assumed: room for a profile with a million measured samples inline)
+MAX_DOCUMENT_BYTES = 64 * 2**20
+
+
+def read_document(path: Path, what: str, limit_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """A text file read whole, refused in one line before it is read when it is larger than
+    ``limit_bytes`` (so a huge file given by mistake costs nothing), with ``reading``'s errors."""
+    with reading(path, what):
+        size = path.stat().st_size
+        if size > limit_bytes:
+            raise CodaError(f"{what} {path}: {size:,} bytes, more than any {what} ({limit_bytes:,}); pass the right file")
+        return path.read_text()
+
+
 # The extra (pyproject.toml) that installs each optional dependency: a command that needs one the
 # install left out says what to install, in one line, instead of a traceback.
 EXTRA_OF = {

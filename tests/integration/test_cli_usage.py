@@ -133,3 +133,10 @@ def test_bench_exits_non_zero_when_no_request_completed(tmp_path):
     summary = json.loads(proc.stdout)  # what was measured is still reported and written
     assert summary["offered"] > 0 and summary["completed"] == 0
     assert all(json.loads(line)["state"] != "completed" for line in (tmp_path / "requests.jsonl").read_text().splitlines())
+
+
+def test_a_huge_profile_file_is_refused_in_one_line_before_it_is_read(tmp_path):
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as fh:  # sparse: 65 MiB long, nothing written
+        fh.truncate(65 * 2**20)
+    assert_one_error_line(coda("sim", "-w", SMALL, "--profile", str(huge)), 2, f"profile {huge}", "more than any profile")

@@ -19,7 +19,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_v
 
 from coda.cost.cohorts import CUT_FEATURES
 from coda.cost.geometry import Geometry
-from coda.errors import CodaError, invalid, reading
+from coda.errors import CodaError, invalid, read_document
 from coda.strict import StrictModel
 
 GiB = 1024**3
@@ -566,8 +566,7 @@ def profile_data(name_or_path: str | Path = BUILTIN_DEFAULT) -> dict:
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise CodaError(f"profile {source}: no such file; built-in profiles: {', '.join(builtin_profiles())}")
-        with reading(path, "profile"):
-            text = path.read_text()
+        text = read_document(path, "profile")
     else:
         res = resources.files("coda.cost") / "profiles" / f"{source}.json"
         if not res.is_file():

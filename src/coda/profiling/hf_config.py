@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from coda.cost.geometry import Geometry
-from coda.errors import CodaError
+from coda.errors import CodaError, read_document
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
 UNSUPPORTED = {"kv_lora_rank": "multi-head latent attention (DeepSeek-style)", "layer_types": "hybrid attention layers"}
@@ -24,7 +24,7 @@ def read_config(path: Path, *, name: str | None = None, kv_dtype_bytes: int = 2)
     if not path.is_file():
         raise CodaError(f"--model-config {path}: no such file (pass the model's config.json)")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_document(path, "--model-config"))
     except json.JSONDecodeError as err:
         raise CodaError(f"--model-config {path}: not valid JSON at line {err.lineno}: {err.msg}") from None
     if not isinstance(raw, dict):
