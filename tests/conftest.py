@@ -58,3 +58,13 @@ def tiny_workload() -> Workload:
         make_session("c", 1.0, [(800, 10, 0.0)]),
     ]
     return Workload(sessions=sessions, meta={"duration_s": 10.0})
+
+
+def insert_if_room(pool, held: list, chain: list[int]) -> None:
+    """Insert ``chain`` into an HBM pool when its new chunks fit (making room for them), and keep it
+    in ``held`` to release or discard later: the pool tests' insert step."""
+    fresh = [x for x in dict.fromkeys(chain) if x not in pool.resident]
+    if len(fresh) <= pool.reclaimable:
+        pool.make_room(len(fresh))
+        pool.insert(chain)
+        held.append(chain)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from coda.policy.eviction import ToolAware
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, Versions, owners_of
+from tests.conftest import insert_if_room
 
 GROUP, SESSIONS = 0, (1, 2, 3, 4)
 
@@ -54,11 +55,7 @@ def test_idle_runs_lay_out_the_lru_and_give_the_same_victims(steps, out, observe
     held: list[list[int]] = []
     for op, c, n in steps:
         if op == "insert" and c:
-            fresh = [x for x in dict.fromkeys(c) if x not in pool.resident]
-            if len(fresh) <= pool.reclaimable:
-                pool.make_room(len(fresh))
-                pool.insert(c)
-                held.append(c)
+            insert_if_room(pool, held, c)
         elif op == "acquire" and c:
             run = [x for x in c[: pool.leading_hits(c)[0]]]
             if run:

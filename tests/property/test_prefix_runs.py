@@ -7,6 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVStore, Versions, leading_run
+from tests.conftest import insert_if_room
 
 GROUP, SESSIONS = 0, (1, 2, 3)
 
@@ -47,11 +48,7 @@ def test_remembered_runs_equal_a_fresh_scan(steps):
     held: list[list[int]] = []  # chains the pool references, to release or discard later
     for op, c, n in steps:
         if op == "insert" and c:
-            fresh = [x for x in dict.fromkeys(c) if x not in pool.resident]
-            if len(fresh) <= pool.reclaimable:
-                pool.make_room(len(fresh))
-                pool.insert(c)
-                held.append(c)
+            insert_if_room(pool, held, c)
         elif op == "release" and held:
             pool.release(held.pop())
         elif op == "discard" and held:
