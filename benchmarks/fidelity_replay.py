@@ -288,9 +288,12 @@ def comm_shares(profile: Profile) -> dict[str, dict[str, float]]:
 
 
 def tp2_check(console: Console) -> dict[str, Any]:
-    folder = Path(os.environ.get("CODA_DATA_DIR", "../shared")) / "profiles"
+    data = os.environ.get("CODA_DATA_DIR")
+    if not data:
+        raise CodaError("--tp2-check: CODA_DATA_DIR is unset; point it at the folder holding profiles/ (the measured operator files)")
+    folder = Path(data) / "profiles"
     if not folder.is_dir():
-        raise CodaError(f"{folder}: no such folder; set CODA_DATA_DIR to the folder holding profiles/ (the shared operator files)")
+        raise CodaError(f"{folder}: no such folder; set CODA_DATA_DIR to the folder holding profiles/ (the measured operator files)")
     out: dict[str, Any] = {"operators": {}, "steps": {}, "comm": {}}
     profiles = {}
     for src, setup in TP2_SETUPS.items():
