@@ -60,11 +60,22 @@ def tiny_workload() -> Workload:
     return Workload(sessions=sessions, meta={"duration_s": 10.0})
 
 
-def insert_if_room(pool, held: list, chain: list[int]) -> None:
-    """Insert ``chain`` into an HBM pool when its new chunks fit (making room for them), and keep it
-    in ``held`` to release or discard later: the pool tests' insert step."""
-    fresh = [x for x in dict.fromkeys(chain) if x not in pool.resident]
-    if len(fresh) <= pool.reclaimable:
-        pool.make_room(len(fresh))
-        pool.insert(chain)
-        held.append(chain)
+def pool_step(pool, held: list, op: str, chain: list[int], n: int) -> bool:
+    """One of the pool tests' shared steps on an HBM pool (True when ``op`` was one): insert a chain
+    when its new chunks fit (making room), keeping it in ``held``; release or discard the last one
+    held; evict ``n`` chunks."""
+    if op == "insert" and chain:
+        fresh = [x for x in dict.fromkeys(chain) if x not in pool.resident]
+        if len(fresh) <= pool.reclaimable:
+            pool.make_room(len(fresh))
+            pool.insert(chain)
+            held.append(chain)
+    elif op == "release" and held:
+        pool.release(held.pop())
+    elif op == "discard" and held:
+        pool.discard(held.pop())
+    elif op == "evict":
+        pool.evict(n)
+    else:
+        return False
+    return True

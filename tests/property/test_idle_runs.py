@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from coda.policy.eviction import ToolAware
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, Versions, owners_of
-from tests.conftest import insert_if_room
+from tests.conftest import pool_step
 
 GROUP, SESSIONS = 0, (1, 2, 3, 4)
 
@@ -54,19 +54,11 @@ def test_idle_runs_lay_out_the_lru_and_give_the_same_victims(steps, out, observe
     pool = HbmPool(0, 40, versions, evictor=by_lru, run_evictor=by_runs)
     held: list[list[int]] = []
     for op, c, n in steps:
-        if op == "insert" and c:
-            insert_if_room(pool, held, c)
-        elif op == "acquire" and c:
+        if not pool_step(pool, held, op, c, n) and op == "acquire" and c:
             run = [x for x in c[: pool.leading_hits(c)[0]]]
             if run:
                 pool.acquire(run)
                 held.append(run)
-        elif op == "release" and held:
-            pool.release(held.pop())
-        elif op == "discard" and held:
-            pool.discard(held.pop())
-        elif op == "evict":
-            pool.evict(n)
         laid = [x for _, chunks in pool.idle_runs for x in chunks]
         assert laid == list(pool.lru)
         assert len(pool.idle_runs) == len(pool.lru)

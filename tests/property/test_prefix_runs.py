@@ -7,7 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVStore, Versions, leading_run
-from tests.conftest import insert_if_room
+from tests.conftest import pool_step
 
 GROUP, SESSIONS = 0, (1, 2, 3)
 
@@ -47,15 +47,7 @@ def test_remembered_runs_equal_a_fresh_scan(steps):
     store = KVStore("dram", 0, 24, versions)
     held: list[list[int]] = []  # chains the pool references, to release or discard later
     for op, c, n in steps:
-        if op == "insert" and c:
-            insert_if_room(pool, held, c)
-        elif op == "release" and held:
-            pool.release(held.pop())
-        elif op == "discard" and held:
-            pool.discard(held.pop())
-        elif op == "evict":
-            pool.evict(n)
-        elif op == "put":
+        if not pool_step(pool, held, op, c, n) and op == "put":
             store.put(c)
         assert pool.leading(c) == leading_run(pool.resident, c)
         assert store.leading(c, 0) == leading_run(store.chunks, c)
