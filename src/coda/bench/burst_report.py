@@ -20,7 +20,8 @@ from rich.table import Table
 
 from coda import __version__
 from coda.bench.burst import BASELINES, PEER
-from coda.bench.ladder import MECHANISMS, PEER_VERSION, SIM_ERROR_METRICS, Bench
+from coda.bench.doors import PEER_VERSION
+from coda.bench.ladder import MECHANISMS, SIM_ERROR_METRICS, Bench
 from coda.bench.report import csv_text
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +32,17 @@ from typing import Any, Literal
 import numpy as np
 
 from coda.bench.burst import BASELINES, CONFIGS, PEER, SIM_CONFIGS, Scenario, Setup, burst_workload, is_cold, load_seed
-from coda.bench.doors import coda_serve, cpu_s, door_metrics, group_cpu_s, kv_events_args, peer_limit, peer_python, vllm_router
+from coda.bench.doors import (
+    PEER_VERSION,
+    coda_serve,
+    cpu_s,
+    door_metrics,
+    group_cpu_s,
+    kv_events_args,
+    peer_limit,
+    peer_python,
+    vllm_router,
+)
 from coda.bench.replay import BenchConfig, Replay, SpreadReplay
 from coda.bench.report import knee
 from coda.bench.run import alone_s, summary_of
@@ -45,8 +56,6 @@ from coda.sweep import Cell, SweepOptions, profile_digest, run_cells
 from coda.workload.schema import Workload
 
 Kind = Literal["simulate", "fake", "vllm-cpu", "endpoints"]
-#: the version of vllm-router the peer door runs
-PEER_VERSION = "0.1.17"
 SCHEDULER_CLS = "coda.integrations.vllm.scheduler.CodaScheduler"
 WORKER_CLS = "coda.integrations.vllm.worker.CodaWorker"
 #: vLLM-CPU's host store for the tiers mechanism (DRAM); 400 MB holds every session's KV of the scenario
@@ -623,7 +632,7 @@ def run_engines(b: Bench) -> dict[str, Any]:
         cells = [Cell(f"repeat {rep + 1}/{sc.repeats} {config}",
                       {"burst": "replay", **settings, "config": config, "setup": asdict(CONFIGS[config]), "rep": rep, "rate": rate,
                        "loads": list(sc.loads), "pace": profile_digest(pace) if pace else None},
-                      _bind(_replays, b, h, config, rep, rate, pace))
+                      functools.partial(_replays, b, h, config, rep, rate, pace))
                  for rep, config in index]
         values = run_cells(cells, b.options(serial=True), title="replaying every configuration at every load")
     runs: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -650,10 +659,6 @@ def run_engines(b: Bench) -> dict[str, Any]:
             "settings": "the engines' block size, KV blocks, sequences and token budget; no DRAM tier",
         }
     return result
-
-
-def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    return lambda: fn(*args)
 
 
 def run(b: Bench) -> dict[str, Any]:
