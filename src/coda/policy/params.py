@@ -84,18 +84,22 @@ def checked(factory: Callable[..., Any], params: Mapping[str, Any], label: str) 
     if unknown:
         raise CodaError(f"{label}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(model.model_fields) or '(none)'}")
     accepted = parameters(factory)
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        default = accepted[key].default
-        if _nested(default):
-            if not isinstance(value, Mapping):
-                raise CodaError(f"{label}: parameter {key} takes a mapping of {type(default).__name__}'s parameters, got {value!r}")
-            out[key] = dataclasses.replace(default, **checked(type(default), value, f"{label} {key}"))
-            continue
-        try:
-            out[key] = getattr(model.model_validate({key: value}), key)
-        except ValidationError as err:
-            raise CodaError(f"{label}: {_message(key, value, err, hints(factory).get(key))}") from None
+    nested = {k for k in params if _nested(accepted[k].default)}
+    plain = {k: v for k, v in params.items() if k not in nested}
+    try:
+        model_ = model.model_validate(plain)  # all at once: a parameter without a default must be given
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = str(first["loc"][0])
+        if first["type"] == "missing":
+            raise CodaError(f"{label}: parameter {key} has no default; give it in params") from None
+        raise CodaError(f"{label}: {_message(key, plain[key], err, hints(factory).get(key))}") from None
+    out: dict[str, Any] = {k: getattr(model_, k) for k in plain}
+    for key in nested:
+        default, value = accepted[key].default, params[key]
+        if not isinstance(value, Mapping):
+            raise CodaError(f"{label}: parameter {key} takes a mapping of {type(default).__name__}'s parameters, got {value!r}")
+        out[key] = dataclasses.replace(default, **checked(type(default), value, f"{label} {key}"))
     return out
 
 
