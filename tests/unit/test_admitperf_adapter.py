@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from coda.errors import CodaError
 from coda.integrations.admitperf import AdmitPerfKvThreshold, AdmitPerfQueueDepth
 from coda.policy.ingress import KVHeadroom
-from coda.policy.registry import lookup
 from coda.policy.snapshots import IngressSnapshot, WorkerLoad
+from coda.shell.build import make_policy
 
 pytest.importorskip("admitperf", reason="admitperf is not installed: pip install 'coda[admitperf]' (make test installs it)")
 
@@ -21,7 +21,7 @@ def snap(*workers: WorkerLoad) -> IngressSnapshot:
 
 
 def test_queue_depth_admits_while_some_engine_queues_at_most_max_waiting_and_defers_with_its_retry_after():
-    policy = lookup("ingress", "admitperf_queue_depth").build({"max_waiting": 2, "retry_after_s": 0.5})
+    policy = make_policy("ingress", "admitperf_queue_depth", {"max_waiting": 2, "retry_after_s": 0.5})
     assert isinstance(policy, AdmitPerfQueueDepth)
     assert policy.decide(snap(WorkerLoad(0, queue_depth=9), WorkerLoad(1, queue_depth=2))).action == "admit"
     held = policy.decide(snap(WorkerLoad(0, queue_depth=9), WorkerLoad(1, queue_depth=3)))
@@ -49,6 +49,6 @@ def test_kv_threshold_admits_exactly_when_coda_kv_headroom_does_at_the_same_thre
 
 def test_bad_parameters_name_the_policy_and_the_value():
     with pytest.raises(CodaError, match="admitperf_kv_threshold: threshold must be within"):
-        lookup("ingress", "admitperf_kv_threshold").build({"threshold": 1.5})
+        make_policy("ingress", "admitperf_kv_threshold", {"threshold": 1.5})
     with pytest.raises(CodaError, match="unknown parameter"):
-        lookup("ingress", "admitperf_queue_depth").build({"threshold": 0.5})
+        make_policy("ingress", "admitperf_queue_depth", {"threshold": 0.5})

@@ -27,3 +27,25 @@ def test_a_bad_block_is_one_line_naming_the_parameter(params, line):
     with pytest.raises(CodaError) as err:
         checked(factory, params, "p")
     assert str(err.value) == line
+
+
+def test_a_configuration_checks_each_parameter_once_at_load_and_the_build_only_calls_the_factory(monkeypatch):
+    """The checked arguments travel with the configuration: building from it never checks again,
+    so a parameter's route ends at its policy (docs/architecture.md)."""
+    from coda.cost.model import build_cost_model
+    from coda.cost.profile import load_profile
+    from coda.policy import spec as spec_module
+    from coda.policy.state import TieredAging
+    from coda.shell.build import build_policies
+    from coda.sim.config import SimConfig
+
+    calls: list[str] = []
+    real = spec_module.checked
+    monkeypatch.setattr(spec_module, "checked", lambda f, params, label: calls.append(label) or real(f, params, label))
+    config = SimConfig(system="vllm", policies={"state": {"name": "tiered_aging", "params": {"tau_s": 3}}})
+    assert calls == ["ingress policy admit_all", "router round_robin", "state admission policy tiered_aging", "execution policy full",
+                     "eviction policy lru"]
+    calls.clear()
+    built = build_policies(config.policy_spec, kinds=("router", "state"), cost=build_cost_model(load_profile(config.profile)))
+    assert calls == []
+    assert isinstance(built.state, TieredAging) and built.state.tau_s == 3.0 and isinstance(built.state.tau_s, float)

@@ -24,8 +24,7 @@ def build_config(config: Path | None, cli: dict[str, Any]) -> Any:
     from coda.sim.config import SimConfig
 
     source = str(config) if config else "command line"
-    data = layered({"system": ENGINE_SYSTEM}, read_config(config) if config else {}, {k: v for k, v in cli.items() if v is not None},
-                   source=source)
+    data = layered({"system": ENGINE_SYSTEM}, read_config(config) if config else {}, {k: v for k, v in cli.items() if v is not None})
     engine = validated(SimConfig, {k: data.pop(k) for k in WORKER_KEYS if k in data}, source, show_input=True)
     return validated(FakeEngineConfig, {**data, "engine": engine}, source, show_input=True)
 

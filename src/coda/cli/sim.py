@@ -82,7 +82,7 @@ def _settings(config: Path | None, cli: dict[str, Any]) -> tuple[dict[str, Any],
     given = {k: v for k, v in cli.items() if v is not None and k not in (*CONFIG_ONLY_KEYS, *POLICY_FLAGS, "slo_ttft_s", "slo_tbt_s")}
     over = {**given, **({"slo": slo} if slo else {}), **({"policies": flags} if flags else {})}
     source = str(config) if config else "command line"
-    return extra, validated(SimConfig, layered(data, over, source=source), source, show_input=True)
+    return extra, validated(SimConfig, layered(data, over), source, show_input=True)
 
 
 @app.command()

@@ -1,9 +1,10 @@
 """Reading configuration: a YAML, TOML or JSON file, or inline JSON, laid in layers (a file, then
 environment variables, then flags), validated into a schema with a one-line error.
 
-Layers merge mapping by mapping, except ``policies``, which merges kind by kind with the rules of
-``coda.policy.spec.PoliciesOverride.then`` (a new policy name drops the parameters given for the
-old one), so every shell layers a policies block the same way.
+Layers merge mapping by mapping, except ``policies``: its layers are kept in order (``Layers``) for
+the schema to merge kind by kind with the rules of ``coda.policy.spec.PoliciesOverride.then`` (a new
+policy name drops the parameters given for the old one), so every shell layers a policies block the
+same way and the block is read in one place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from coda.errors import CodaError, invalid
-from coda.policy.spec import PoliciesOverride
+from coda.policy.spec import Layers
 
 M = TypeVar("M", bound=BaseModel)
 FORMATS = {".toml": "TOML", ".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
@@ -138,21 +139,19 @@ def env_layer(environ: Mapping[str, str], prefix: str) -> dict[str, Any]:
     return out
 
 
-def layered(*layers: Mapping[str, Any], source: str = "command line") -> dict[str, Any]:
-    """The layers merged in order, each over the ones before (see the module docstring); a
-    malformed ``policies`` block is a one-line ``CodaError`` naming ``source``."""
+def layered(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """The layers merged in order, each over the ones before; ``policies`` as the ``Layers`` of the
+    layers' blocks (see the module docstring)."""
     out: dict[str, Any] = {}
-    policies: PoliciesOverride | None = None
+    policies: list[Any] = []
     for layer in layers:
         for key, value in layer.items():
             if key == "policies":
-                if value is not None:
-                    given = value if isinstance(value, PoliciesOverride) else validated(PoliciesOverride, value, source, at="policies")
-                    policies = given if policies is None else policies.then(given)
+                policies.extend(value if isinstance(value, Layers) else [value] if value is not None else [])
             else:
                 out[key] = _deep(out.get(key), value)
-    if policies is not None:
-        out["policies"] = policies
+    if policies:
+        out["policies"] = Layers(policies)
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from coda.eval.characterize_observe import DecodeMix, RoutingOpportunity
 from coda.policy.routing import SMetric
-from coda.shell.build import build_policy
+from coda.shell.build import build_policies
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.results import SimResult
@@ -260,7 +260,7 @@ def characterize(
     if base.workers >= 2:
         t1 = time.perf_counter()
         routed_cfg = base.with_overrides(system="smetric", ssd=True)
-        smetric = build_policy("router", routed_cfg.policy_spec.router)  # the run's router
+        smetric = build_policies(routed_cfg.policy_spec, kinds=("router",)).router  # the run's router
         assert isinstance(smetric, SMetric)
         opp = RoutingOpportunity(smetric)
         routed = _replay(workload, routed_cfg, opp, "replay smetric (F8)", progress)

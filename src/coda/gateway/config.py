@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from coda.config.load import env_layer, layered, validated
-from coda.config.policies import PoliciesConfig
-from coda.policy.spec import TenantSpec
+from coda.policy.spec import PoliciesConfig, TenantSpec
 from coda.strict import StrictModel
 
 ENV_PREFIX = "CODA_SERVE_"
@@ -228,6 +227,6 @@ def build_config(
     """File, then ``CODA_SERVE_*`` environment variables, then flags (``coda.config.load.layered``).
     A variable names a nested key with ``__``: ``CODA_SERVE_PORT=9000``,
     ``CODA_SERVE_POLICIES__INGRESS__NAME=session``; values parse as YAML scalars."""
-    data = layered(file_data, env_layer(os.environ if environ is None else environ, ENV_PREFIX), cli, source=source)
+    data = layered(file_data, env_layer(os.environ if environ is None else environ, ENV_PREFIX), cli)
     missing_backends = not data.get("backends")
     return validated(GatewayConfig, data, source, "give at least one --backend URL" if missing_backends else "")

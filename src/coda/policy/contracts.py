@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from coda.cost.cohorts import CohortPlan
+from coda.errors import CodaError
 from coda.policy.snapshots import AdmissionSnapshot, IngressSnapshot, RoutingSnapshot
 
 # --- ingress --------------------------------------------------------------------------------------
@@ -216,8 +217,24 @@ MEMBERS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the kinds of policy, in the order a policies block lists them
+KINDS = tuple(CONTRACTS)
+KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state admission policy",
+              "execution": "execution policy", "eviction": "eviction policy"}
+
+
 def missing_members(kind: str, obj: Any) -> list[str]:
     """The members of ``kind``'s contract that ``obj`` (a policy, or a policy class whose data
     members are class attributes or dataclass fields) does not have."""
     fields = getattr(obj, "__dataclass_fields__", {})
     return [m for m in MEMBERS[kind] if not hasattr(obj, m) and m not in fields]
+
+
+def conform(kind: str, name: str, obj: Any) -> None:
+    """Raise ``CodaError`` when ``obj`` (a policy class when registered, a policy when built) lacks
+    a member of its kind's contract."""
+    missing = missing_members(kind, obj)
+    if missing:
+        what = obj.__qualname__ if isinstance(obj, type) else type(obj).__qualname__
+        raise CodaError(f"{KIND_NAMES[kind]} {name} ({what}) lacks {', '.join(missing)} of its contract "
+                        f"({', '.join(MEMBERS[kind])}); subclass coda.policy.contracts.{CONTRACTS[kind].__name__} and declare them")

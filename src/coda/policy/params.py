@@ -7,7 +7,7 @@ that signature into a strict pydantic model; ``checked`` validates a user's ``pa
 and answers with the keyword arguments to build the policy from, or a one-line ``CodaError`` that
 names the policy, the parameter, what it must be and what it got. The configuration schemas of
 ``coda sim``, ``coda serve`` and ``CODA_SCHEDULER_CONFIG`` call it when they load (through
-``coda.shell.build.check_policies``), so a bad value fails there with the same line in each.
+``coda.policy.spec.PoliciesConfig``), so a bad value fails there with the same line in each.
 """
 
 from __future__ import annotations

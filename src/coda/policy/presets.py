@@ -1,7 +1,9 @@
 """System presets: a named ``policies`` block plus the KV tiers the system runs with.
 
 Any router combines with any admission policy from config (``policies: {router: ...}`` over a
-preset), so a mix needs no new preset; these name the systems the evaluation compares.
+preset), so a mix needs no new preset; these name the systems the evaluation compares. A preset's
+block is data written as a user would write it; ``coda.policy.spec`` checks it with the user's
+block laid over it, when a configuration loads.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from coda.errors import CodaError
-from coda.policy.spec import BASELINE, PoliciesOverride, PoliciesSpec, PolicySpec
+
+#: what a block means where it names nothing: vLLM's own behaviour, kind by kind
+BASELINE: dict[str, Any] = {"ingress": "admit_all", "router": "round_robin", "state": "fifo", "execution": "full", "eviction": "lru"}
 
 
 @dataclass(frozen=True, slots=True)
 class SystemPreset:
     name: str
     description: str
-    policies: PoliciesSpec
+    policies: dict[str, Any]
     # the Coda paper's serving setup: a DRAM KV store written as blocks complete (CPU-shadow), no SSD
     dram: bool = True
     ssd: bool = False
@@ -30,8 +34,8 @@ class SystemPreset:
 
 def _preset(name: str, router: str, state: str, execution: str, eviction: str, description: str,
             state_params: dict[str, Any] | None = None) -> SystemPreset:
-    block = BASELINE.model_copy(update={"router": PolicySpec(name=router), "state": PolicySpec(name=state, params=state_params or {}),
-                                        "execution": PolicySpec(name=execution), "eviction": PolicySpec(name=eviction)})
+    block = {**BASELINE, "router": router, "state": {"name": state, "params": state_params or {}}, "execution": execution,
+             "eviction": eviction}
     return SystemPreset(name, description, block)
 
 
@@ -130,7 +134,3 @@ def system_preset(name: str) -> SystemPreset:
         raise CodaError(f"unknown system {name!r}; valid: {', '.join(sorted(SYSTEMS))}")
     return preset
 
-
-def resolve_policies(system: str, over: PoliciesOverride | None = None) -> PoliciesSpec:
-    """The system's block with the user's ``policies`` laid over it."""
-    return system_preset(system).policies.merged(over)

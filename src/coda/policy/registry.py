@@ -23,20 +23,17 @@ import inspect
 import operator
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
 from coda.errors import CodaError
 from coda.policy import eviction, execution, ingress, routing, state
-from coda.policy.contracts import CONTRACTS, MEMBERS, missing_members
-from coda.policy.params import checked, hints, parameters
-from coda.policy.spec import KINDS
+from coda.policy.contracts import KIND_NAMES, KINDS, conform
+from coda.policy.params import hints, parameters
 
 ENTRY_POINT_GROUP = "coda.policies"
-KIND_NAMES = {"ingress": "ingress policy", "router": "router", "state": "state admission policy",
-              "execution": "execution policy", "eviction": "eviction policy"}
 #: Coda's own policies, by kind and name
 BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
     "ingress": {"admit_all": ingress.AdmitAll, "queue_limit": ingress.QueueLimit, "kv_headroom": ingress.KVHeadroom,
@@ -66,33 +63,6 @@ class Entry:
     def needs_cost(self) -> bool:
         return "cost" in inspect.signature(self.factory).parameters
 
-    def check(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The keyword arguments ``params`` give, typed and within their constraints
-        (``coda.policy.params``); a ``CodaError`` for anything else, without building the policy."""
-        return checked(self.factory, params, self.label)
-
-    def build(self, params: Mapping[str, Any], cost: Any = None) -> Any:
-        kwargs = self.check(params)
-        if self.needs_cost:
-            if cost is None:
-                raise CodaError(f"{self.label} needs a cost model, which this shell does not have; give it a profile")
-            kwargs["cost"] = cost
-        try:
-            policy = self.factory(**kwargs)
-        except ValueError as err:
-            raise CodaError(f"{self.label}: {err}") from None
-        _conform(self.kind, self.name, policy)
-        return policy
-
-
-def _conform(kind: str, name: str, obj: Any) -> None:
-    """Raise ``CodaError`` when ``obj`` lacks a member of its kind's contract."""
-    missing = missing_members(kind, obj)
-    if missing:
-        what = obj.__qualname__ if isinstance(obj, type) else type(obj).__qualname__
-        raise CodaError(f"{KIND_NAMES[kind]} {name} ({what}) lacks {', '.join(missing)} of its contract "
-                        f"({', '.join(MEMBERS[kind])}); subclass coda.policy.contracts.{CONTRACTS[kind].__name__} and declare them")
-
 
 _REGISTRY: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
 _loaded_entry_points = False
@@ -112,7 +82,7 @@ def _add(kind: str, name: str, factory: Callable[..., Any], replace: bool) -> No
     if not name or "+" in name:
         raise CodaError(f"{KIND_NAMES[kind]} name {name!r}: use a non-empty name without '+' ('+' composes ingress policies)")
     if isinstance(factory, type):
-        _conform(kind, name, factory)
+        conform(kind, name, factory)
     if replace or name not in _REGISTRY[kind]:
         _REGISTRY[kind][name] = Entry(kind, name, factory)
 

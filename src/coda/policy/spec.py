@@ -11,17 +11,29 @@
 Each kind is ``{name, params}``, optionally with a ``shadow`` evaluated on the same snapshots and
 logged, never enforced; a bare string is a name. A system preset is a named block; a block given
 by the user is laid over the preset's kind by kind (``PoliciesOverride.then``).
+
+A configuration's block is resolved and checked here, once, when the configuration loads
+(``PoliciesConfig``): the layers merged over the preset, every name looked up, every parameter
+typed and bounded (``coda.policy.params``). The checked block carries each kind's ``Recipe``, the
+factories with their typed keyword arguments, so a shell's build (``coda.shell.build``) only calls
+them.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_validator
 
+from coda.errors import CodaError
+from coda.policy.contracts import KINDS
+from coda.policy.params import checked
+from coda.policy.presets import DEFAULT_SYSTEM, system_preset
+from coda.policy.registry import Entry, lookup
 from coda.strict import StrictModel
-
-KINDS = ("ingress", "router", "state", "execution", "eviction")
 
 
 class PolicySpec(StrictModel):
@@ -50,8 +62,43 @@ class IngressSpec(PolicySpec):
     defer: DeferSpec = DeferSpec()
 
 
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """One kind's policy as checked: each part's registry entry with its typed keyword arguments
+    (an ingress ``a+b`` has two parts, composed in order), and the shadow's recipe."""
+
+    kind: str
+    parts: tuple[tuple[Entry, dict[str, Any]], ...]
+    shadow: Recipe | None = None
+
+
+def recipe(kind: str, spec: PolicySpec) -> Recipe:
+    """A kind's recipe: its names looked up, its parameters checked; a ``CodaError`` naming the
+    policy and the parameter for anything unknown or out of bounds."""
+    parts = spec.name.split("+") if kind == "ingress" else [spec.name]
+    if len(parts) == 1:
+        given = [(lookup(kind, spec.name), spec.params)]
+    else:
+        unknown = sorted(set(spec.params) - set(parts))
+        if unknown:
+            raise CodaError(f"ingress policy {spec.name}: parameters for {', '.join(unknown)}, which is not part of it; "
+                            "key them by part name")
+        for key, value in spec.params.items():
+            if not isinstance(value, dict):
+                raise CodaError(f"ingress policy {spec.name}: params.{key} must be a mapping of {key}'s parameters, got {value!r}")
+        given = [(lookup(kind, p), spec.params.get(p) or {}) for p in parts]
+    shadow = None
+    if spec.shadow is not None:
+        if kind == "eviction":
+            raise CodaError(
+                "eviction.shadow: an eviction policy cannot run in shadow (its choice changes what the next one sees); drop the shadow"
+            )
+        shadow = recipe(kind, spec.shadow)
+    return Recipe(kind, tuple((entry, checked(entry.factory, params, entry.label)) for entry, params in given), shadow)
+
+
 class PoliciesSpec(StrictModel):
-    """A complete block: every kind named. ``BASELINE`` is what an empty block means."""
+    """A complete block: every kind named, and checked as it is validated (its ``recipes``)."""
 
     ingress: IngressSpec
     router: PolicySpec
@@ -59,12 +106,17 @@ class PoliciesSpec(StrictModel):
     execution: PolicySpec
     eviction: PolicySpec
 
-    def merged(self, over: PoliciesOverride | None) -> PoliciesSpec:
-        """This block with ``over`` laid on top, kind by kind, with the rules of ``PoliciesOverride.then``."""
-        if over is None:
-            return self
-        whole = PoliciesOverride.model_validate(self.model_dump(exclude_none=True))
-        return PoliciesSpec.model_validate(whole.then(over).model_dump(exclude_none=True))
+    _recipes: dict[str, Recipe] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _checked(self) -> PoliciesSpec:
+        self._recipes = {kind: recipe(kind, getattr(self, kind)) for kind in KINDS}
+        return self
+
+    @property
+    def recipes(self) -> Mapping[str, Recipe]:
+        """Each kind's checked recipe, by kind."""
+        return self._recipes
 
     def describe(self) -> dict[str, Any]:
         """The block as plain data (for result files and decision logs)."""
@@ -132,10 +184,44 @@ class TenantSpec(StrictModel):
     )
 
 
-BASELINE = PoliciesSpec(
-    ingress=IngressSpec(name="admit_all"),
-    router=PolicySpec(name="round_robin"),
-    state=PolicySpec(name="fifo"),
-    execution=PolicySpec(name="full"),
-    eviction=PolicySpec(name="lru"),
-)
+
+class Layers(tuple):
+    """A policies block given in layers (a file, the environment, flags; ``coda.config.load.layered``),
+    merged in order by ``PoliciesConfig``."""
+
+
+class PoliciesConfig(StrictModel):
+    """The ``system`` and ``policies`` fields every shell's schema shares (``coda sim``, ``coda
+    serve``, ``coda fake-engine``, ``CODA_SCHEDULER_CONFIG``), resolved and checked when the
+    configuration is validated: an unknown system, policy or parameter is a ``CodaError``, which
+    ``coda.config.load.validated`` reports with the file it came from, before anything is built."""
+
+    system: str = Field(DEFAULT_SYSTEM, description="the system preset whose policies block this starts from (see `coda systems`)")
+    policies: PoliciesOverride | None = Field(None, description="kinds laid over the system's block (ingress, router, state, execution, "
+                                              "eviction; each {name, params, shadow}; ingress also {defer})")
+
+    _resolved: tuple[str, PoliciesOverride | None, PoliciesSpec] | None = PrivateAttr(None)
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _layers(cls, value: Any) -> Any:
+        """``Layers`` merged in order, each a mapping or a ``PoliciesOverride``."""
+        if not isinstance(value, Layers):
+            return value
+        given = [v if isinstance(v, PoliciesOverride) else PoliciesOverride.model_validate(v) for v in value if v is not None]
+        return functools.reduce(PoliciesOverride.then, given) if given else None
+
+    @model_validator(mode="after")
+    def _resolve(self) -> PoliciesConfig:
+        _ = self.policy_spec
+        return self
+
+    @property
+    def policy_spec(self) -> PoliciesSpec:
+        """The system's block with ``policies`` laid over it, checked (once; again only for a copy
+        whose system or policies changed)."""
+        if self._resolved is None or self._resolved[:2] != (self.system, self.policies):
+            preset = PoliciesOverride.model_validate(system_preset(self.system).policies)
+            spec = PoliciesSpec.model_validate(preset.then(self.policies).model_dump(exclude_none=True))
+            self._resolved = (self.system, self.policies, spec)
+        return self._resolved[2]

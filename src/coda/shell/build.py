@@ -1,9 +1,10 @@
 """One builder for every shell: ``build_policies(spec, cost) -> PolicySet``.
 
 A shell calls it once and enforces the kinds it can (the simulator all five; the gateway ingress
-and routing; the vLLM plugin state admission). The kinds it does not enforce are still checked
-(their names are registered, their parameters valid), so a block moved between shells fails in
-the same place, with the same message, wherever it is wrong.
+and routing; the vLLM plugin state admission). Every kind was checked when the configuration
+loaded (``coda.policy.spec.PoliciesSpec`` carries each kind's recipe: factories with typed keyword
+arguments), so a block moved between shells fails in the same place, with the same message,
+wherever it is wrong, and building only calls the factories.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from typing import Any
 
 from coda.errors import CodaError
 from coda.policy import ingress
-from coda.policy.contracts import EvictionPolicy, ExecutionPolicy, IngressPolicy, Router, StatePolicy
-from coda.policy.registry import KIND_NAMES, Entry, lookup
-from coda.policy.spec import KINDS, PoliciesSpec, PolicySpec
+from coda.policy.contracts import KIND_NAMES, KINDS, EvictionPolicy, ExecutionPolicy, IngressPolicy, Router, StatePolicy, conform
+from coda.policy.spec import PoliciesSpec, PolicySpec, Recipe, recipe
 from coda.shell.shadow import SHADOWS, Shadowed
 
 
@@ -36,72 +36,37 @@ class PolicySet:
         return {k: p for k in KINDS if isinstance(p := getattr(self, k), Shadowed)}
 
 
-def _entries(kind: str, spec: PolicySpec) -> list[tuple[Entry, dict[str, Any]]]:
-    """The registry entries a spec names with their parameters; ``a+b`` composes ingress policies,
-    and then ``params`` maps each part's name to its parameters."""
-    parts = spec.name.split("+") if kind == "ingress" else [spec.name]
-    if len(parts) == 1:
-        return [(lookup(kind, spec.name), spec.params)]
-    unknown = sorted(set(spec.params) - set(parts))
-    if unknown:
-        raise CodaError(f"ingress policy {spec.name}: parameters for {', '.join(unknown)}, which is not part of it; key them by part name")
-    for key, value in spec.params.items():
-        if not isinstance(value, dict):
-            raise CodaError(f"ingress policy {spec.name}: params.{key} must be a mapping of {key}'s parameters, got {value!r}")
-    return [(lookup(kind, p), spec.params.get(p) or {}) for p in parts]
-
-
-def check_policy(kind: str, spec: PolicySpec) -> None:
-    """Raise ``CodaError`` for an unknown name or parameter, without building anything."""
-    for entry, params in _entries(kind, spec):
-        entry.check(params)
-    if spec.shadow is not None:
-        _no_eviction_shadow(kind)
-        check_policy(kind, spec.shadow)
-
-
-def check_policies(spec: PoliciesSpec) -> None:
-    """Raise ``CodaError`` for an unknown name or parameter of any kind, without building anything."""
-    for kind in KINDS:
-        check_policy(kind, getattr(spec, kind))
-
-
-def build_policy(kind: str, spec: PolicySpec, cost: Any = None) -> Any:
-    """One policy (wrapped in ``Shadowed`` when the spec names a shadow)."""
-    parts = [entry.build(params, cost) for entry, params in _entries(kind, spec)]
-    policy = ingress.compose(parts) if kind == "ingress" else parts[0]
-    if spec.shadow is None:
-        return policy
-    _no_eviction_shadow(kind)
-    return SHADOWS[kind](policy, build_policy(kind, spec.shadow, cost))
+def _build(planned: Recipe, cost: Any) -> Any:
+    """The recipe's policy: each part's factory called with its checked arguments (and the
+    shell's cost model where it asks for one), composed, wrapped with its shadow."""
+    parts = []
+    for entry, kwargs in planned.parts:
+        if entry.needs_cost:
+            if cost is None:
+                raise CodaError(f"{entry.label} needs a cost model, which this shell does not have; give it a profile")
+            kwargs = {**kwargs, "cost": cost}
+        try:
+            policy = entry.factory(**kwargs)
+        except ValueError as err:
+            raise CodaError(f"{entry.label}: {err}") from None
+        conform(entry.kind, entry.name, policy)
+        parts.append(policy)
+    policy = ingress.compose(parts) if planned.kind == "ingress" else parts[0]
+    return policy if planned.shadow is None else SHADOWS[planned.kind](policy, _build(planned.shadow, cost))
 
 
 def make_policy(kind: str, name: str, params: dict[str, Any] | None = None, cost: Any = None) -> Any:
-    """One policy by name (a shorthand of ``build_policy`` for code and tests)."""
-    return build_policy(kind, PolicySpec(name=name, params=params or {}), cost)
-
-
-def _no_eviction_shadow(kind: str) -> None:
-    if kind == "eviction":
-        raise CodaError(
-            "eviction.shadow: an eviction policy cannot run in shadow (its choice changes what the next one sees); drop the shadow"
-        )
+    """One policy by name, checked and built (a shorthand for code and tests)."""
+    return _build(recipe(kind, PolicySpec(name=name, params=params or {})), cost)
 
 
 def build_policies(spec: PoliciesSpec, cost: Any = None, kinds: Iterable[str] = KINDS) -> PolicySet:
-    """Build the ``kinds`` a shell enforces; check the rest."""
+    """Build the ``kinds`` a shell enforces (the others were checked when ``spec`` was validated)."""
     wanted = set(kinds)
     unknown = wanted - set(KINDS)
     if unknown:
         raise CodaError(f"unknown policy kind(s) {', '.join(sorted(unknown))}; valid: {', '.join(KINDS)}")
-    built: dict[str, Any] = {}
-    for kind in KINDS:
-        sub = getattr(spec, kind)
-        if kind in wanted:
-            built[kind] = build_policy(kind, sub, cost)
-        else:
-            check_policy(kind, sub)
-    return PolicySet(spec=spec, **built)
+    return PolicySet(spec=spec, **{kind: _build(spec.recipes[kind], cost) for kind in KINDS if kind in wanted})
 
 
 def describe(kind: str, policy: Any) -> str:

@@ -7,8 +7,7 @@ from typing import Any
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from coda.config.load import layered, validated
-from coda.config.policies import PoliciesConfig
-from coda.policy.spec import TenantSpec
+from coda.policy.spec import PoliciesConfig, TenantSpec
 from coda.strict import StrictModel
 
 

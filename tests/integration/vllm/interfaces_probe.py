@@ -24,7 +24,6 @@ from coda.integrations.vllm.cohort_plan import PLAN_ATTR, STEP
 from coda.integrations.vllm.compat import check_version
 from coda.integrations.vllm.retention import Retention
 from coda.integrations.vllm.settings import ENFORCED, RetentionSettings, load_settings
-from coda.policy.presets import resolve_policies
 from coda.shell.build import build_policies
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -95,7 +94,7 @@ prefix = list(range(100, 164))  # 4 blocks
 a = request("a", prefix)
 run(a)
 kvm.free(a)
-policies = build_policies(resolve_policies("coda", None), build_cost_model(load_profile(load_settings({}).profile)), kinds=ENFORCED)
+policies = build_policies(load_settings({}).policy_spec, build_cost_model(load_profile(load_settings({}).profile)), kinds=ENFORCED)
 fake_scheduler = SimpleNamespace(kv_cache_manager=kvm, block_size=BLOCK, coda_reclaimable=lambda: 0)
 queue = scheduler.PolicyQueue(fake_scheduler, policies.state, tiers.NoTiers("none"), explain_rules=True)  # type: ignore[arg-type]
 b = request("b", prefix[:48] + list(range(500, 540)))

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pydantic import Field, PositiveFloat, PositiveInt, StrictBool, field_validator
 
 from coda.config.load import read_config, validated
-from coda.config.policies import PoliciesConfig
+from coda.policy.spec import PoliciesConfig
 from coda.strict import StrictModel
 
 CONFIG_ENV = "CODA_SCHEDULER_CONFIG"
