@@ -25,7 +25,9 @@ class constructs itself as ``CodaAsyncScheduler``, the same code over vLLM's ``A
   rule too), and the policy admits it first.
 - **Cohorts.** Each pure-decode step is planned once, from the scheduled batch, by the execution
   policy; the plan rides on the ``SchedulerOutput`` to ``CodaWorker``'s attention backend
-  (``coda.integrations.vllm.cohort_backend``).
+  (``coda.integrations.vllm.cohort_backend``). The ``cohort`` policy plans only from gain bounds
+  measured on this engine's device; otherwise cohorts are off, and the startup says why once
+  (``coda.integrations.vllm.cohort_gate``).
 - **Retention.** With a tool-aware eviction policy, a request that ends with tool calls keeps its
   blocks until its session returns or its predicted return passes, yielding them to any
   allocation that needs them (``coda.integrations.vllm.retention``).
@@ -47,7 +49,8 @@ from typing import Any
 import numpy as np
 
 from coda.cost.model import build_cost_model
-from coda.cost.profile import load_profile
+from coda.cost.profile import Profile, load_profile
+from coda.integrations.vllm.cohort_gate import cohort_switch, engine_device
 from coda.integrations.vllm.compat import RANGE, TESTED, check_version
 from coda.integrations.vllm.settings import ENFORCED, SchedulerSettings, load_settings
 from coda.integrations.vllm.snapshot import Hits, admission_snapshot
@@ -251,7 +254,8 @@ class CodaScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         settings = load_settings()
         spec = settings.policy_spec
-        policies = build_policies(spec, build_cost_model(load_profile(settings.profile)), kinds=ENFORCED)
+        profile = load_profile(settings.profile)
+        policies = build_policies(spec, build_cost_model(profile), kinds=ENFORCED)
         self.coda_policies = policies
         self._coda_added_s = 0.0  # Coda's time outside schedule() (arrivals, finishes) since the last step
         trace_path = settings.trace
@@ -262,7 +266,7 @@ class CodaScheduler(Scheduler):
             queue.add_request(req)
         self.waiting = queue
         self._coda_queue = queue
-        self._coda_cohorts, cohort_note = self._cohorts(spec.execution.name)
+        self._coda_cohorts, cohort_note = self._cohorts(spec.execution.name, profile)
         self._coda_retention, retention_note = self._retention(settings, policies.eviction)
         self._coda_step = 0
         self._coda_split_steps = 0
@@ -276,11 +280,13 @@ class CodaScheduler(Scheduler):
         if self._coda_trace is not None:
             self._coda_trace.write(json.dumps({"coda": __version__, "vllm": vllm.__version__, "tested": TESTED,
                                                "scheduler": type(self).__name__, "policies": spec.describe(),
-                                               "profile": settings.profile, "tiers": probe.name, "retention": retention_note}) + "\n")
+                                               "profile": settings.profile, "tiers": probe.name, "cohorts": cohort_note,
+                                               "retention": retention_note}) + "\n")
 
-    def _cohorts(self, execution: str) -> tuple[bool, str]:
+    def _cohorts(self, execution: str, profile: Profile) -> tuple[bool, str]:
         """Whether steps are planned: only where ``CodaWorker`` runs the plans (a plan nobody runs
-        would only mislead the trace)."""
+        would only mislead the trace), and, for a policy that plans from the profile, only from gain
+        bounds measured on this engine's device (``coda.integrations.vllm.cohort_gate``)."""
         if execution == "full":
             return False, "cohorts off"
         worker_cls = self.vllm_config.parallel_config.worker_cls
@@ -291,7 +297,9 @@ class CodaScheduler(Scheduler):
             ours = False
         if not ours:
             return False, f"cohorts off: the worker is {worker_cls}; pass --worker-cls {WORKER}"
-        return True, "cohorts on"
+        from vllm.platforms import current_platform
+
+        return cohort_switch(execution, profile, engine_device(current_platform))
 
     def _retention(self, settings: SchedulerSettings, eviction: EvictionPolicy) -> tuple[Retention | None, str]:
         """The holds of an eviction policy that reads sessions (``tool_aware``; none with ``lru``), wired

