@@ -1,5 +1,5 @@
-"""The vLLM plugin plans cohorts only from gain bounds measured on the engine's own device, and says
-once why not otherwise."""
+"""The vLLM plugin plans cohorts only from gain bounds measured on the engine's own device, says once
+why not otherwise, and never wraps an attention backend whose split is not shown correct (FlashInfer)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from coda.cost.profile import load_profile
-from coda.integrations.vllm import cohort_gate
+from coda.integrations.vllm import cohort_backend, cohort_gate
 from coda.integrations.vllm.cohort_gate import FIX, Device, cohort_switch, engine_device, profile_device, why_off
 
 CPU = Device("CPU", "AMD EPYC", 2)  # what vllm-cpu-tiny's machine records
@@ -86,3 +86,16 @@ def test_the_engines_device_is_its_gpu_or_the_hosts_cpus_as_profiles_record_them
     assert engine_device(SimpleNamespace(is_cpu=lambda: True)) == CPU
     gpu = SimpleNamespace(is_cpu=lambda: False, get_device_name=lambda: "NVIDIA GeForce RTX 4090")
     assert engine_device(gpu) == RTX4090
+
+
+def backend(name: str) -> type:
+    return type(name, (), {"get_name": staticmethod(lambda: name)})
+
+
+def test_flashinfer_is_never_wrapped_and_its_steps_run_whole():
+    assert "FLASHINFER" not in cohort_backend.WRAPPED and "FLASHINFER" in cohort_backend.REFUSED
+    with pytest.raises(ValueError, match="FLASHINFER is not wrapped for cohorts: its metadata builder plans one decode wrapper"):
+        cohort_backend.cohort_backend(backend("FLASHINFER"))
+    note = cohort_backend.refusal([backend("FLASHINFER"), backend("FLASHINFER"), backend("FLASH_ATTN")])
+    assert note is not None and "\n" not in note and note.count("FLASHINFER") == 1 and note.endswith("its steps run whole, unsplit")
+    assert cohort_backend.refusal([backend("CPU_ATTN"), backend("FLASH_ATTN")]) is None

@@ -17,12 +17,17 @@ decoder backends (``WRAPPED``) at classes of this module (``Cohort_CPU_ATTN`` an
 first use around the enum's default class). CUDA graphs cannot hold a split that changes per step,
 so the wrapped builder declares none: with cohorts on, attention runs outside CUDA graphs
 (vLLM's piecewise mode), which its decode steps would otherwise capture.
+
+A backend whose builder keeps state across ``build()`` calls cannot be split this way unless that
+state is shown to survive three builds in one step; ``REFUSED`` names those never wrapped, whose
+steps run whole (``CodaWorker`` says so when the model uses one).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -30,7 +35,12 @@ import torch
 from coda.integrations.vllm.cohort_plan import STEP
 
 #: decoder attention backends of the CPU and CUDA platforms that ``install`` wraps
-WRAPPED = ("CPU_ATTN", "FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
+WRAPPED = ("CPU_ATTN", "FLASH_ATTN", "TRITON_ATTN")
+#: backends never wrapped, and why: a split step there is not shown to be correct (no test runs them)
+REFUSED = {
+    "FLASHINFER": "its metadata builder plans one decode wrapper that every build() shares, so in a split step, which builds "
+                  "three times, each cohort would run with the last build's plan",
+}
 PREFIX = "Cohort_"
 #: ``CommonAttentionMetadata`` fields a cohort's metadata carries, sliced to its requests
 _SLICED = frozenset({"query_start_loc", "query_start_loc_cpu", "seq_lens", "num_reqs", "num_actual_tokens", "max_query_len",
@@ -74,7 +84,10 @@ def _cohort_metadata(cm: Any, rows: torch.Tensor) -> Any:
 
 @functools.cache
 def cohort_backend(base: type) -> type:
-    """``base`` (an ``AttentionBackend`` class) whose builder and implementation split planned steps."""
+    """``base`` (an ``AttentionBackend`` class) whose builder and implementation split planned steps;
+    a ``REFUSED`` backend raises."""
+    if base.get_name() in REFUSED:
+        raise ValueError(f"{base.get_name()} is not wrapped for cohorts: {REFUSED[base.get_name()]}")
     from vllm.v1.attention.backend import AttentionCGSupport
 
     base_builder, base_impl = base.get_builder_cls(), base.get_impl_cls()
@@ -153,6 +166,15 @@ def __getattr__(name: str) -> type:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     return cohort_backend(resolve_obj_by_qualname(AttentionBackendEnum[name.removeprefix(PREFIX)].value))
+
+
+def refusal(backends: Iterable[type]) -> str | None:
+    """One line for the ``REFUSED`` backends among ``backends`` (the model's layers'), whose steps
+    run whole; None when there are none."""
+    names = sorted({b.get_name() for b in backends} & REFUSED.keys())
+    if not names:
+        return None
+    return "; ".join(f"Coda: cohort attention refuses {n} ({REFUSED[n]}): its steps run whole, unsplit" for n in names)
 
 
 def install() -> list[str]:

@@ -10,14 +10,17 @@ the GPU ``Worker``) that, when ``CODA_SCHEDULER_CONFIG`` turns cohorts on and it
 them on this device (``coda.integrations.vllm.cohort_gate``, the scheduler's rule), wraps the
 platform's attention backends before the model is built (``cohort_backend.install``) and exposes
 each step's plan to them while the step executes. With cohorts off it is the platform's worker
-unchanged, so attention keeps its CUDA graphs.
+unchanged, so attention keeps its CUDA graphs. A model whose attention backend the wrapper refuses
+(``cohort_backend.REFUSED``) runs every step whole, and the worker says so once the model is loaded.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm.config import get_layers_from_vllm_config
 from vllm.logger import init_logger
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms import current_platform
 
 from coda.cost.profile import load_profile
@@ -43,6 +46,14 @@ class CodaWorker(PlatformWorker):  # type: ignore[misc,valid-type]
         self.coda_wrapped = [] if off else cohort_backend.install()
         logger.info("Coda worker: execution policy %s; cohort attention wraps %s%s", execution, ", ".join(self.coda_wrapped) or "nothing",
                     " (cohorts off)" if off else "")
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if self.coda_wrapped:
+            layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase).values()
+            note = cohort_backend.refusal(layer.get_attn_backend() for layer in layers)
+            if note is not None:
+                logger.warning(note)
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         STEP.begin(getattr(scheduler_output, PLAN_ATTR, None))
