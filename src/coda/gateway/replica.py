@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from coda.gateway.config import StoreConfig
+from coda.gateway.host_store import HOST_STORE_SCHEME, HostStore
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.store import LocalStore, RedisStore, Store, StoreUnavailable, Synced
 from coda.gateway.view import GatewayState
@@ -31,18 +33,27 @@ log = logging.getLogger("coda.gateway")
 TTL_INTERVALS = 4
 
 
+def local_store(cfg: StoreConfig, ledger: SessionLedger, clock: Callable[[], float]) -> LocalStore:
+    """A store in this process whose session slots live as long as ``ledger``'s (the gateway's own
+    ledger records admissions, the store's the claims, so each gets its own)."""
+    return LocalStore(SessionLedger(ledger.ttl_s, ledger.limit), clock, TTL_INTERVALS * cfg.publish_interval_s)
+
+
 def open_store(state: GatewayState) -> Store:
     cfg = state.config.store
-    ttl = TTL_INTERVALS * cfg.publish_interval_s
-    if cfg.url is None:  # its own ledger: the state's records admissions (begin), the store's the claims
-        return LocalStore(SessionLedger(state.ledger.ttl_s, state.ledger.limit), state.clock, ttl)
-    return RedisStore(cfg.url, cfg.key_prefix, ttl, state.ledger.ttl_s)
+    if cfg.url is None:
+        return local_store(cfg, state.ledger, state.clock)
+    if cfg.url.startswith(HOST_STORE_SCHEME):
+        return HostStore(cfg.url.removeprefix(HOST_STORE_SCHEME))
+    return RedisStore(cfg.url, cfg.key_prefix, TTL_INTERVALS * cfg.publish_interval_s, state.ledger.ttl_s)
 
 
 def _shown(url: str | None) -> str:
     """The store's address without its password, for logs."""
     if url is None:
         return "in-process"
+    if url.startswith(HOST_STORE_SCHEME):
+        return url
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
 
