@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -55,6 +56,11 @@ def serve(
         str | None,
         typer.Option("--store", help="redis://host:port/db that every replica of the gateway shares (default: in-process, one replica)"),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option("--workers", "-w", help="gateway processes accepting on one socket, each a replica; they share --store, or "
+                     "else a store the parent process serves them (default 1: one process)"),
+    ] = 1,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages in front of the
     engines, with ingress admission and KV-aware routing; also /v1/models, /health, /ready,
@@ -63,6 +69,11 @@ def serve(
     from coda.gateway.app import serve as run
     from coda.gateway.config import build_config
 
+    if workers < 1:
+        raise CodaError(f"--workers {workers}: the gateway runs at least one process; pass --workers 1 or more")
+    if workers > 1 and not hasattr(os, "fork"):
+        raise CodaError(f"--workers {workers}: needs os.fork, which this platform lacks; run --workers 1 per port behind a "
+                        "load balancer, sharing --store")
     cli: dict[str, Any] = {
         k: v
         for k, v in dict(port=port, host=host, drain_timeout_s=drain_timeout_s, system=system, decision_log=decision_log).items()
@@ -93,9 +104,11 @@ def serve(
             out_file(path, option)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    def ready(url: str, gw: Any) -> None:
-        s = gw.state
+    def listening(url: str) -> None:
         out_console.print(f"coda serve listening on {url}", highlight=False, soft_wrap=True)
+
+    def described(gw: Any) -> None:
+        s = gw.state
         err_console.print(
             f"ingress {s.ingress.name}, router {s.router.name}, store {gw.replica.detail} (replica {gw.replica.id}), "
             f"{len(s.workers)} backend(s): " + ", ".join(f"{w.label} ({', '.join(sorted(w.models))})" for w in s.workers),
@@ -103,7 +116,18 @@ def serve(
             soft_wrap=True,
         )
 
+    def ready(url: str, gw: Any) -> None:
+        listening(url)
+        described(gw)
+
     try:
+        if workers > 1:
+            from coda.gateway.workers import serve_workers
+
+            code = serve_workers(cfg, workers, described, listening)
+            if code:
+                raise typer.Exit(code)
+            return
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(run(cfg, ready))
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ import logging
 import math
 import resource
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -564,11 +565,12 @@ def door_limits(config: GatewayConfig) -> DoorLimits:
     )
 
 
-async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None]) -> None:
+async def serve(config: GatewayConfig, on_ready: Callable[[str, Gateway], None], sock: socket.socket | None = None) -> None:
     """Take the address (a bad host or a port in use fails at once), check the engines, serve
-    until SIGTERM/SIGINT, drain, clean up."""
+    until SIGTERM/SIGINT, drain, clean up. ``sock``: a listening socket bound already (a worker of
+    ``coda serve --workers`` inherits its parent's) instead of the address."""
     gw = Gateway(config)
-    sock = listen(config.host, config.port)
+    sock = sock if sock is not None else listen(config.host, config.port)
     try:
         await gw.start()
         server = _DrainingServer(
