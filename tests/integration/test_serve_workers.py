@@ -186,7 +186,7 @@ def test_a_worker_that_dies_stops_the_server(tmp_path, engines):
         os.kill(dead, signal.SIGKILL)
         assert gw.popen.wait(60) == 1
         lines = [line for line in gw.stderr().splitlines() if "ERROR" in line]
-        assert len(lines) == 1 and f"pid {dead}) was killed by SIGKILL; stopping the other workers" in lines[0], gw.stderr()
+        assert len(lines) == 1 and f"pid {dead}) was killed by SIGKILL; stopping the other gateway processes" in lines[0], gw.stderr()
         assert not alive(other)  # stopped (it drained) before the parent exited
 
 

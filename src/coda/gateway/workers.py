@@ -1,5 +1,5 @@
-"""``coda serve --workers N``: N gateway processes that accept on one listening socket and decide
-as one.
+"""``coda serve --workers N``: N gateway processes (workers, here; not the engines) that accept on
+one listening socket and decide as one.
 
 **One socket, bound once.** The parent binds the address (a port in use or a bad host fails at
 once, in one line, before any worker starts) and the workers inherit the listening socket through
@@ -78,7 +78,7 @@ class Child:
     exited: bool = False
 
     def __str__(self) -> str:
-        return f"worker {self.index} (replica {self.replica}, pid {self.pid})"
+        return f"gateway process {self.index} (replica {self.replica}, pid {self.pid})"
 
 
 def per_worker(path: str | None, index: int) -> str | None:
@@ -183,7 +183,7 @@ async def _supervise(children: list[Child], host: tuple[LocalStore, socket.socke
         failed = c
         if c.ready or not c.error:  # else its startup error is the server's, raised once every worker has stopped
             detail = f": {c.error}" if c.error else "" if c.ready else " before it served"
-            log.error("%s %s%s; stopping the other workers", c, _ended(status), detail)
+            log.error("%s %s%s; stopping the other gateway processes", c, _ended(status), detail)
         stop()
 
     await asyncio.gather(*(watch(c) for c in children))
