@@ -207,8 +207,8 @@ def _ended(status: int) -> str:
 def _worker(cfg: GatewayConfig, sock: socket.socket, ctl: socket.socket, parents: list[socket.socket],
             on_ready: Callable[[Gateway], None]) -> NoReturn:
     """A worker's whole life in the forked child: it never returns into the parent's code.
-    ``parents``: the parent's sockets, closed here (the others' control sockets must reach end of
-    file when the parent exits, whatever this worker does)."""
+    ``parents``: the parent's own sockets (its ends of the control sockets, the store's listener),
+    closed here, so that each control socket reaches end of file when the parent exits."""
     code = 1
     try:
         for s in parents:
@@ -226,6 +226,7 @@ def _worker(cfg: GatewayConfig, sock: socket.socket, ctl: socket.socket, parents
 
 def _serve_worker(cfg: GatewayConfig, sock: socket.socket, ctl: socket.socket, on_ready: Callable[[Gateway], None]) -> int:
     def ready(url: str, gw: Gateway) -> None:
+        """Tell the parent; from now on the control socket closing means the parent is gone."""
         on_ready(gw)
         ctl.sendall(f"ready {url}\n".encode())
         asyncio.get_running_loop().add_reader(ctl.fileno(), _orphaned, ctl)
@@ -236,7 +237,8 @@ def _serve_worker(cfg: GatewayConfig, sock: socket.socket, ctl: socket.socket, o
     except KeyboardInterrupt:
         pass
     except (CodaError, OSError) as err:
-        ctl.sendall(f"error {' '.join(str(err).split())}\n".encode())
+        with contextlib.suppress(OSError):  # the parent may be gone
+            ctl.sendall(f"error {' '.join(str(err).split())}\n".encode())
         return 2
     return 0
 
