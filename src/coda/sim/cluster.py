@@ -264,22 +264,26 @@ class Simulation:
         """What the ingress policy sees of an arriving (or held) request and the workers."""
         ing = self.ingress
         assert ing is not None
-        matches = self.views.matches(req.chain, req.owners)
+        signals = ing.policy.signals
         hit = 0.0
-        if "prefix_hit" in ing.policy.signals:
-            best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in matches.values()), default=0)
-            hit = best / max(len(req.chain), 1)
+        match: Callable[[int], PrefixMatch | None]
+        if "prefix_hit" in signals or "queue_age" in signals:
+            matches = self.views.matches(req.chain, req.owners)
+            if "prefix_hit" in signals:
+                best = max((m.hbm_blocks + m.dram_blocks + m.ssd_blocks for m in matches.values()), default=0)
+                hit = best / max(len(req.chain), 1)
+            match = matches.get
+        else:  # a worker's match probed only if the policy reads its load (most read none, or the chosen one's)
+            match = self.views.match_reader(req.chain, req.owners)
         now = self.loop.now
         loads: Sequence[WorkerLoad]
-        if "queue_age" in ing.policy.signals:
+        if "queue_age" in signals:
             loads = tuple(
-                dataclasses.replace(
-                    w, new_tokens=self._new_tokens(req, matches.get(w.worker_id)), queue_age_s=ing.queue_age_s(w.worker_id, now)
-                )
+                dataclasses.replace(w, new_tokens=self._new_tokens(req, match(w.worker_id)), queue_age_s=ing.queue_age_s(w.worker_id, now))
                 for w in self.views.loads()
             )
-        else:  # each worker's load built as the policy reads it (most read none, or the chosen one's)
-            loads = self.views.arrival_loads(matches, req.orig_prompt_tokens)
+        else:  # each worker's load built as the policy reads it
+            loads = self.views.arrival_loads(match, req.orig_prompt_tokens)
         return ing.snapshot(now, req, self._tenant(req), loads, hit, self.ttft_estimates)
 
     def _new_tokens(self, req: SimRequest, match: PrefixMatch | None) -> int:

@@ -6,42 +6,38 @@ prefix on each worker, from the pools themselves or through a KV indexer fed by 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import overload
 
 from coda.policy.snapshots import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.ingress import SimIngress
-from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, Residency
+from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, Residency, leading_run
 from coda.sim.worker import Worker
-
-
-def store_match(w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
-    """A worker's match given its ``h`` leading HBM chunks: the DRAM run after them, then the SSD
-    run after that; ``None`` when it holds none of the prompt."""
-    d = w.dram.leading(chain, h) if w.dram is not None else 0
-    s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
-    return PrefixMatch(h, d, s) if h or d or s else None
 
 
 class ArrivalLoads(Sequence[WorkerLoad]):
     """The workers' ingress loads as an arriving request sees them (``IngressSnapshot.workers``):
-    each worker's cached load with what the request would newly occupy there (``new_tokens``), built
-    when first read. Everything it is built from is fixed when the snapshot is taken (the cached
-    loads are immutable, and so is the match map), so it reads as the tuple a fresh build gives, and
-    a policy that reads no worker, or one, costs that much rather than one object per worker."""
+    each worker's load (``load``) with what the request would newly occupy there (``new_tokens``),
+    built when first read. ``load`` and ``match`` give each worker's load and match as they were when
+    the snapshot was taken (nothing changes within the decision that reads it), so it reads as the
+    tuple a fresh build gives, and a policy that reads no worker, or one, costs that much rather than
+    one object (and one probe) per worker."""
 
-    __slots__ = ("_loads", "_matches", "_prompt_tokens", "_C", "_built")
+    __slots__ = ("_n", "_load", "_match", "_prompt_tokens", "_C", "_built")
 
-    def __init__(self, loads: tuple[WorkerLoad, ...], matches: Mapping[int, PrefixMatch], prompt_tokens: int, chunk_tokens: int) -> None:
-        self._loads = loads
-        self._matches = matches
+    def __init__(
+        self, n: int, load: Callable[[int], WorkerLoad], match: Callable[[int], PrefixMatch | None], prompt_tokens: int, chunk_tokens: int
+    ) -> None:
+        self._n = n
+        self._load = load
+        self._match = match
         self._prompt_tokens = prompt_tokens
         self._C = chunk_tokens
         self._built: dict[int, WorkerLoad] = {}
 
     def __len__(self) -> int:
-        return len(self._loads)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> WorkerLoad: ...
@@ -52,20 +48,20 @@ class ArrivalLoads(Sequence[WorkerLoad]):
     def __getitem__(self, i: int | slice) -> WorkerLoad | tuple[WorkerLoad, ...]:
         if isinstance(i, slice):
             return tuple(self)[i]
-        n = len(self._loads)
+        n = self._n
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("worker index out of range")
         w = self._built.get(i)
         if w is None:
-            m = self._matches.get(i)
+            m = self._match(i)
             new_tokens = self._prompt_tokens - (m.hbm_blocks * self._C if m is not None else 0)
-            w = self._built[i] = dataclasses.replace(self._loads[i], new_tokens=new_tokens)
+            w = self._built[i] = dataclasses.replace(self._load(i), new_tokens=new_tokens)
         return w
 
     def __iter__(self) -> Iterator[WorkerLoad]:
-        return (self[i] for i in range(len(self._loads)))
+        return (self[i] for i in range(self._n))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -116,7 +112,7 @@ class ClusterViews:
         self.workers: list[Worker] = []
         self._tiers: list[WorkerTiers] = []
         self._views: list[WorkerView] = []
-        self._loads: list[WorkerLoad] = []
+        self._loads: list[WorkerLoad | None] = []  # None: its worker was touched since it was built
         # workers grouped by the stores they share: (a worker of the node, [(worker id, its HBM pool), ...])
         self._nodes: list[tuple[Worker, list[tuple[int, HbmPool]]]] = []
         # per worker: the view last placed with a match, the view it was placed from and the match
@@ -124,8 +120,8 @@ class ClusterViews:
         self._match_of: dict[tuple[int, int, int], PrefixMatch] = {}  # one object per match, so a repeat is an identity test
         # with a residency: which workers each tier (a pool or a node's store) serves, by the tier's id
         self.residency = residency
-        self._tier_workers: dict[int, tuple[int, ...]] = {}
-        self._node_of: list[int] = []  # worker id -> its node's index in ``_nodes``
+        # by the tier's id: (its node's index in ``_nodes``, the worker id of a pool or -1 for a node's store)
+        self._tier_at: dict[int, tuple[int, int]] = {}
         # first chunk of a chain -> what is kept of its leading run
         self._leading: dict[int, _Lead] = {}
         # the ids of the workers whose views were rebuilt, in order (``_log[i]`` is entry ``_log_start + i``),
@@ -141,6 +137,7 @@ class ClusterViews:
         self.workers = workers
         self._tiers = tiers
         self._views = [self.view(w) for w in workers]
+        # built once each here, which also records every worker's KV capacity with the ingress (its session cap reads it)
         self._loads = [self.ingress.load(w) for w in workers] if self.ingress is not None else []
         nodes: dict[tuple[int, int], tuple[Worker, list[tuple[int, HbmPool]]]] = {}
         for w in workers:
@@ -148,16 +145,12 @@ class ClusterViews:
         self._nodes = list(nodes.values())
         self._placed = [None] * len(workers)
         self.log_max = 8 * len(workers) + 4096
-        self._node_of = [0] * len(workers)
         for n, (node, pools) in enumerate(self._nodes):
-            wids = tuple(wid for wid, _ in pools)
-            for wid in wids:
-                self._node_of[wid] = n
             for wid, pool in pools:
-                self._tier_workers[id(pool)] = (wid,)
+                self._tier_at[id(pool)] = (n, wid)
             for store in (node.dram, node.ssd):
                 if store is not None:
-                    self._tier_workers[id(store)] = wids
+                    self._tier_at[id(store)] = (n, -1)
 
     def indexing(self, downstream: KVListener | None) -> KVListener:
         """A block-event listener that feeds the indexer, then ``downstream``."""
@@ -179,8 +172,8 @@ class ClusterViews:
         for wid in touched:
             w = self.workers[wid]
             self._views[wid] = self.view(w)
-            if self.ingress is not None:
-                self._loads[wid] = self.ingress.load(w)
+            if self.ingress is not None:  # built when read: most policies read none, or the chosen worker's
+                self._loads[wid] = None
         log = self._log
         if len(log) > self.log_max:  # kept placements older than this are placed again in full
             self._log_start += len(log)
@@ -188,13 +181,22 @@ class ClusterViews:
         log.extend(touched)
         touched.clear()
 
+    def load(self, wid: int) -> WorkerLoad:
+        """Worker ``wid``'s ingress load as of the last refresh (nothing it reads moves without touching the worker)."""
+        load = self._loads[wid]
+        if load is None:
+            assert self.ingress is not None
+            load = self._loads[wid] = self.ingress.load(self.workers[wid])
+        return load
+
     def loads(self) -> tuple[WorkerLoad, ...]:
         self.refresh()
-        return tuple(self._loads)
+        return tuple(map(self.load, range(len(self.workers))))
 
-    def arrival_loads(self, matches: Mapping[int, PrefixMatch], prompt_tokens: int) -> ArrivalLoads:
-        """The loads an arriving request of ``prompt_tokens`` with these ``matches`` sees."""
-        return ArrivalLoads(self.loads(), matches, prompt_tokens, self.C)
+    def arrival_loads(self, match: Callable[[int], PrefixMatch | None], prompt_tokens: int) -> ArrivalLoads:
+        """The loads an arriving request of ``prompt_tokens`` sees, ``match`` giving each worker's match."""
+        self.refresh()
+        return ArrivalLoads(len(self.workers), self.load, match, prompt_tokens, self.C)
 
     def view(self, w: Worker) -> WorkerView:
         """A worker's routing view with no prefix match."""
@@ -286,6 +288,29 @@ class ClusterViews:
                 out[wid] = m
         return out
 
+    def match_reader(self, chain: Sequence[int], owners: Iterable[int] | None = None) -> Callable[[int], PrefixMatch | None]:
+        """Each worker's entry in ``matches(chain, owners)``, as it is now. With a residency (and no
+        indexer) a worker is probed only when read, alone: its pool's run, then its node's stores
+        after it; a worker that holds none of the prompt reads as ``None`` there too, because a
+        match past the chain's first owner's run needs a later owner's chunk in one of the worker's
+        tiers. A read after any tier's residency moved is refused: the simulator reads it within the
+        decision that took it."""
+        if self.indexer is not None or self.residency is None or not chain:
+            return self.matches(chain, owners).get
+        res = self.residency
+        at = res.changes
+
+        def match(wid: int) -> PrefixMatch | None:
+            if res.changes != at:
+                raise AssertionError("a worker's prefix match read after the residency it was taken at changed")
+            last = self._last_parts
+            if last is not None and last[0] is chain and last[1] == at:  # the routing snapshot found them all already
+                return last[3][wid] if wid in last[3] else last[2].base.get(wid)
+            w = self.workers[wid]
+            return self._match(w, chain, w.hbm.leading(chain) if chain[0] in w.hbm.resident else 0)
+
+        return match
+
     def _parts(self, chain: Sequence[int], owners: Iterable[int] | None) -> tuple[_Lead, dict[int, PrefixMatch | None]]:
         """What is kept of the chain's leading run (scanned again when its owner's residency moved),
         and the match of each worker that may match past it (``None``: it holds none of the prompt)."""
@@ -316,35 +341,39 @@ class ClusterViews:
         over: dict[int, PrefixMatch | None] = {}
         if k < n:
             later = {c >> OWNER_SHIFT for c in chain[k:]} if owners is None else {o for o in owners if o != owner}
+            base = lead.base
             for node, pools in self._holding(res, later):
                 after: dict[int, PrefixMatch | None] = {}  # HBM run -> the match, the node's stores after it
                 for wid, pool in pools:
-                    h = pool.leading(chain) if first in pool.resident else 0
+                    m = base.get(wid)
+                    h = m.hbm_blocks if m is not None else 0
+                    if h == k:  # the pool holds the whole leading run: its run may go on past it
+                        h += leading_run(pool.resident, chain, k)
                     over[wid] = after[h] if h in after else after.setdefault(h, self._match(node, chain, h))
         self._last_parts = (chain, res.changes, lead, over)
         return lead, over
 
     def _holding(self, res: Residency, owners: Iterable[int]) -> list[tuple[Worker, list[tuple[int, HbmPool]]]]:
         """The workers whose pools or node stores hold a chunk of one of ``owners``, by node (in node
-        and worker order)."""
-        wids: set[int] = set()
-        tier_workers = self._tier_workers
+        and worker order): every worker of a node whose store holds one, and the holders among the
+        pools of the others."""
+        whole: set[int] = set()  # nodes whose stores hold one
+        pools: dict[int, set[int]] = {}  # node -> the workers whose pools hold one
+        tier_at = self._tier_at
         for o in owners:
             for tier in res.holders.get(o, ()):
-                wids.update(tier_workers[id(tier)])
-        if not wids:
-            return []
-        if len(wids) == len(self.workers):
-            return self._nodes
-        out: list[tuple[Worker, list[tuple[int, HbmPool]]]] = []
-        last = -1
-        for wid in sorted(wids):
-            n = self._node_of[wid]
-            if n != last:
-                out.append((self._nodes[n][0], []))
-                last = n
-            out[-1][1].append((wid, self.workers[wid].hbm))
-        return out
+                n, wid = tier_at[id(tier)]
+                if wid < 0:
+                    whole.add(n)
+                else:
+                    pools.setdefault(n, set()).add(wid)
+        nodes = self._nodes
+        if len(whole) == len(nodes):
+            return nodes
+        return [
+            nodes[n] if n in whole else (nodes[n][0], [(wid, self.workers[wid].hbm) for wid in sorted(pools[n])])
+            for n in sorted(whole.union(pools))
+        ]
 
     def _scan(self, chain: Sequence[int], nodes: list[tuple[Worker, list[tuple[int, HbmPool]]]]) -> dict[int, PrefixMatch]:
         """Every listed worker's match: most miss on the chain's first chunk; a worker's run over a
@@ -362,6 +391,14 @@ class ClusterViews:
         return out
 
     def _match(self, w: Worker, chain: Sequence[int], h: int) -> PrefixMatch | None:
-        """``store_match``, the same object for the same match."""
-        m = store_match(w, chain, h)
-        return None if m is None else self._match_of.setdefault((m.hbm_blocks, m.dram_blocks, m.ssd_blocks), m)
+        """A worker's match given its ``h`` leading HBM chunks: the DRAM run after them, then the SSD
+        run after that; ``None`` when it holds none of the prompt. The same object for the same match
+        (made only the first time: a decision probes several workers)."""
+        d = w.dram.leading(chain, h) if w.dram is not None else 0
+        s = w.ssd.leading(chain, h + d) if w.ssd is not None else 0
+        if not (h or d or s):
+            return None
+        m = self._match_of.get((h, d, s))
+        if m is None:
+            m = self._match_of[(h, d, s)] = PrefixMatch(h, d, s)
+        return m
