@@ -12,6 +12,8 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -19,11 +21,18 @@ import numpy as np
 from coda.policy.contracts import RouteChoice, Router
 from coda.policy.snapshots import RoutingSnapshot, WorkerView
 
+_healthy = attrgetter("healthy")
+_load = attrgetter("active_requests")
+_least_load = attrgetter("active_requests", "active_kv_blocks", "worker_id")
+_load_then_id = attrgetter("active_requests", "worker_id")
+_hbm = attrgetter("match.hbm_blocks")
+
 
 def candidates(snap: RoutingSnapshot) -> list[WorkerView]:
     """Healthy workers, or all of them when none is healthy (the request must go somewhere)."""
-    healthy = [w for w in snap.workers if w.healthy]
-    return healthy or list(snap.workers)
+    ws = snap.workers
+    healthy = list(compress(ws, map(_healthy, ws)))  # a step per worker in C: a router reads every worker on each decision
+    return healthy or list(ws)
 
 
 def rendezvous(key: str, names: Sequence[str]) -> int:
@@ -37,7 +46,7 @@ def rendezvous(key: str, names: Sequence[str]) -> int:
 
 def least_loaded_of(workers: Sequence[WorkerView]) -> WorkerView:
     """Fewest active requests, then fewest active KV blocks, then lowest id."""
-    return min(workers, key=lambda w: (w.active_requests, w.active_kv_blocks, w.worker_id))
+    return min(workers, key=_least_load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +93,19 @@ class SMetric(Router):
         """The worker KV affinity chooses, or ``None`` when affinity does not decide."""
         ws = candidates(snap)
         if snap.request.is_continuation:
-            best = max(ws, key=lambda w: (w.match.hbm_blocks, -w.active_requests, -w.worker_id))
-            if best.match.hbm_blocks > 0:
+            hits = list(map(_hbm, ws))
+            top = max(hits)
+            if top > 0:  # the largest hit, then the fewest active requests, then the lowest id
+                best = min(compress(ws, map(top.__eq__, hits)), key=_load_then_id)
                 return best if best.active_requests <= self.load_bound(ws) else None
+        if snap.request.home_worker is None:
+            return None
         home = next((w for w in ws if w.worker_id == snap.request.home_worker), None)
         return home if home is not None and home.active_requests <= self.load_bound(ws) else None
 
     def load_bound(self, workers: Sequence[WorkerView]) -> float:
         """The most active requests a worker may have and still be chosen for affinity."""
-        lo = min(w.active_requests for w in workers)
+        lo = min(map(_load, workers))
         return lo + max(self.slack, self.ratio * lo)
 
     def route(self, snap: RoutingSnapshot) -> int:
@@ -176,17 +189,19 @@ class ContextCompatible(Router):
     def near(self, snap: RoutingSnapshot) -> list[WorkerView]:
         """The workers within ``load_slack`` of the least load, among which compatibility decides."""
         ws = candidates(snap)
-        lo = min(w.active_requests for w in ws)
-        return [w for w in ws if w.active_requests <= lo + self.load_slack]
+        bound = min(map(_load, ws)) + self.load_slack
+        return [w for w in ws if w.active_requests <= bound]
 
     def distances(self, snap: RoutingSnapshot) -> dict[int, float] | None:
         """Context distance to the arrival of each near worker with decoders; ``None`` when
         compatibility cannot decide, so the parent's choice stands."""
-        near = self.near(snap)
+        return self._distances(self.near(snap), snap.request.prompt_tokens)
+
+    def _distances(self, near: list[WorkerView], arrival_tokens: int) -> dict[int, float] | None:
         decoding = [w for w in near if w.decode_contexts]
         if not decoding or (self.idle_near_worker == "fall_back" and len(decoding) < len(near)):
             return None
-        return {w.worker_id: context_distance(w.decode_contexts, snap.request.prompt_tokens) for w in decoding}
+        return {w.worker_id: context_distance(w.decode_contexts, arrival_tokens) for w in decoding}
 
     def route(self, snap: RoutingSnapshot) -> int:
         return self.explain(snap).worker_id
@@ -195,9 +210,10 @@ class ContextCompatible(Router):
         held = self.parent.affinity(snap)
         if held is not None:
             return RouteChoice(held.worker_id, "affinity")
-        dist = self.distances(snap)
+        near = self.near(snap)
+        dist = self._distances(near, snap.request.prompt_tokens)
         if dist is None:
             return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded (no eligible worker decoding)")
-        load = {w.worker_id: w.active_requests for w in snap.workers}
+        load = {w.worker_id: w.active_requests for w in near}  # every worker with a distance is near
         best = min(dist, key=lambda wid: (dist[wid], load[wid], wid))
         return RouteChoice(best, "context compatible", {"context_distance": dist})
