@@ -8,9 +8,10 @@ version so cached prefix matches of waiting requests are invalidated exactly whe
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from itertools import islice, takewhile
+from itertools import groupby, islice, repeat, takewhile
+from operator import rshift
 
 import numpy as np
 
@@ -29,6 +30,17 @@ def owner_of(chunk: int) -> int:
 def owners_of(chunks: np.ndarray) -> np.ndarray:
     """``owner_of`` over an array of chunk ids (what an eviction policy groups chunks by)."""
     return chunks >> OWNER_SHIFT
+
+
+def owner_runs(chunks: Iterable[int]) -> Iterator[tuple[int, Iterator[int]]]:
+    """``(owner, its ids)`` per run of one owner's chunks, in order (the ids consumed in C, not a
+    Python step per chunk: a released or stored chain is tens of chunks)."""
+    return groupby(map(rshift, chunks, repeat(OWNER_SHIFT)))
+
+
+def consume(calls: Iterable[object]) -> None:
+    """Run a lazy ``map`` of calls to the end in C (a per-chunk dictionary operation without a Python loop)."""
+    deque(calls, maxlen=0)
 
 
 def leading_run(held: Container[int], chain: Sequence[int], start: int = 0) -> int:
@@ -53,12 +65,8 @@ class Versions:
 
     def bump(self, chunks: Iterable[int]) -> None:
         v = self.v
-        last = -1
-        for c in chunks:
-            o = c >> OWNER_SHIFT
-            if o != last:
-                v[o] += 1
-                last = o
+        for o, _ in owner_runs(chunks):
+            v[o] += 1
 
 
 class Residency:
@@ -97,19 +105,10 @@ class PrefixRuns:
         """Chunks were added to (``sign`` 1) or removed from (-1) the tier: their owners' epochs move on."""
         ep = self.epochs
         res = self.residency
-        last = -1
-        n = 0
-        for c in chunks:
-            o = c >> OWNER_SHIFT
-            if o != last:
-                if n and res is not None:
-                    self._count(res, last, sign * n)
-                ep[o] = ep.get(o, 0) + 1
-                last = o
-                n = 0
-            n += 1
-        if n and res is not None:
-            self._count(res, last, sign * n)
+        for o, ids in owner_runs(chunks):
+            ep[o] = ep.get(o, 0) + 1
+            if res is not None:
+                self._count(res, o, sign * len(list(ids)))
 
     def _count(self, res: Residency, owner: int, delta: int) -> None:
         res.epochs[owner] = res.epochs.get(owner, 0) + 1
@@ -411,22 +410,17 @@ class KVStore:
         return self.prefix_runs.leading(self.chunks, chain) if start == 0 else leading_run(self.chunks, chain, start)
 
     def touch(self, chain: Sequence[int]) -> None:
-        move = self.chunks.move_to_end
-        for c in chain:
-            move(c)
+        consume(map(self.chunks.move_to_end, chain))
 
     def put(self, chain: Sequence[int]) -> None:
         """Store chunks (already-present ones are refreshed); LRU chunks spill to the lower tier."""
         if self.capacity <= 0:
             return
         chunks = self.chunks
-        new = []
-        for c in chain:
-            if c in chunks:
-                chunks.move_to_end(c)
-            else:
-                chunks[c] = None
-                new.append(c)
+        new = [c for c in dict.fromkeys(chain) if c not in chunks]
+        chunks.update(dict.fromkeys(new))
+        if len(new) < len(chain):  # some were held already: the chain's chunks go last, in its order
+            consume(map(chunks.move_to_end, chain))
         if not new:
             return
         self.versions.bump(new)
@@ -435,7 +429,8 @@ class KVStore:
             self.listener("stored", self.node, self.name, new)
         over = len(chunks) - self.capacity
         if over > 0:
-            evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
+            evicted = list(islice(chunks, over))
+            consume(map(chunks.pop, evicted))
             self.versions.bump(evicted)
             self.prefix_runs.moved(evicted, -1)
             if self.listener:

@@ -15,6 +15,9 @@ from coda.sim.ingress import SimIngress
 from coda.sim.kvcache import OWNER_SHIFT, HbmPool, KVListener, Residency, leading_run
 from coda.sim.worker import Worker
 
+#: the match of a view placed with none (immutable, so one object serves every view)
+NO_MATCH = PrefixMatch()
+
 
 class ArrivalLoads(Sequence[WorkerLoad]):
     """The workers' ingress loads as an arriving request sees them (``IngressSnapshot.workers``):
@@ -206,6 +209,7 @@ class ClusterViews:
             active_kv_blocks=w.active_tokens // self.C,
             waiting_requests=len(w.waiting),
             decode_contexts=w.decode_contexts() if "decode_contexts" in self.worker_fields else (),
+            match=NO_MATCH,
         )
 
     def routing_snapshot(
