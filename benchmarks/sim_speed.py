@@ -16,6 +16,7 @@ Run: make bench   (or: python benchmarks/sim_speed.py [--systems vllm,...] [--re
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from typing import Any
@@ -71,6 +72,7 @@ def per_request_ms(system: str, workers: int, duration_s: float, seed: int) -> t
     CPU time is reported beside wall time: on a shared machine it moves less with other jobs."""
     wl = load_workload(f"synth:rate={RATE_PER_WORKER * workers:g},duration={duration_s:g},seed={seed}")
     sim = Simulation(wl, SimConfig(system=system, workers=workers, seed=seed))
+    gc.collect()  # the previous run's garbage is collected here, not during this run
     cpu = time.process_time()
     sim.run()
     cpu = time.process_time() - cpu
