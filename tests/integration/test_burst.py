@@ -189,3 +189,18 @@ def test_the_simulated_burst_runs_every_configuration_it_models_at_both_loads(tm
     # every row says what its mechanisms did: plain has none, Tiered-Aging's W_max is counted (acted or inert)
     assert res["rows"][0]["liveness"]["mechanisms"] == [] and coda["liveness"]["mechanisms"] == ["w_max"]
     assert coda["liveness"]["w_max_admissions"] is not None and coda["liveness"]["uncounted"] == []
+
+
+def test_a_given_knee_replaces_the_simulated_sweep(tmp_path):
+    """``--knee-sessions-per-s`` on the simulator's rung runs the loads at that rate, as on engines,
+    so a real run's knee can be replayed in the simulator at the real rates."""
+    cmd = [str(CODA), "burst", "--simulate", "vllm-cpu-tiny", "--configs", "plain", "--repeats", "1", "--loads", "0.5,2",
+           "--knee-sessions-per-s", "0.75", "--window-s", "5", "--out", str(tmp_path), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert res["knee"]["knee_sessions_per_s"] == 0.75 and res["knee"]["levels"] == []
+    # sessions arrive at the loads times the given knee: at 0.375 sessions/s, of at most 8 rounds each
+    # (and a few cold prompts), well under 4 requests/s; the simulated knee of this profile is tens of sessions/s
+    low, high = (res["runs"][f"plain@{load}"][0]["offered_rps"] for load in ("0.5", "2"))
+    assert 0 < low < 4 and low < high < 16

@@ -507,10 +507,12 @@ def simulated_knee(b: Bench, profile: str) -> dict[str, Any]:
 
 
 def run_simulated(b: Bench) -> dict[str, Any]:
-    """The burst in the simulator alone: the knee, then every configuration it models at every load."""
-    profile = b.rung.profile
+    """The burst in the simulator alone: the knee (or the one given), then every configuration it
+    models at every load."""
+    profile, given = b.rung.profile, b.scenario.knee_sessions_per_s
     assert profile is not None
-    knee_result = simulated_knee(b, profile)
+    knee_result = (simulated_knee(b, profile) if given is None else
+                   {"knee_sessions_per_s": given, "rule": "given (--knee-sessions-per-s)", "levels": []})
     runs = simulate_runs(b, profile, knee_result["knee_sessions_per_s"])
     return {"knee": knee_result, "runs": {f"{c}@{lo:g}": v for (c, lo), v in runs.items()}, "rows": rows_of(runs, b.scenario.seed)}
 
