@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,33 @@ _load = attrgetter("active_requests")
 _least_load = attrgetter("active_requests", "active_kv_blocks", "worker_id")
 _load_then_id = attrgetter("active_requests", "worker_id")
 _hbm = attrgetter("match.hbm_blocks")
+
+
+class WorkerColumns(NamedTuple):
+    """What routers read of every worker, as arrays by position, where a shell keeps them so (the
+    simulator does: a decision then reads three arrays, not each of its workers' views). A snapshot
+    carries them (``columns(snap)``) only when every worker is healthy and worker ``i`` is
+    ``snap.workers[i]``."""
+
+    active_requests: np.ndarray
+    active_kv_blocks: np.ndarray
+    #: the request's HBM hit on each worker (zeros where the router reads no match)
+    hbm_blocks: np.ndarray
+
+
+def columns(snap: RoutingSnapshot) -> WorkerColumns | None:
+    """The snapshot's worker columns, where its shell gives them."""
+    return getattr(snap.workers, "columns", None)
+
+
+def least_loaded(snap: RoutingSnapshot) -> int:
+    """``least_loaded_of`` the candidates, read from the columns where the snapshot has them."""
+    cols = columns(snap)
+    if cols is None:
+        return least_loaded_of(candidates(snap)).worker_id
+    active = cols.active_requests
+    tied = np.flatnonzero(active == active.min())
+    return int(tied[cols.active_kv_blocks[tied].argmin()])  # the first of the fewest blocks: the lowest id
 
 
 def candidates(snap: RoutingSnapshot) -> list[WorkerView]:
@@ -57,6 +84,8 @@ class RoundRobin(Router):
     worker_fields: frozenset[str] = frozenset()
 
     def route(self, snap: RoutingSnapshot) -> int:
+        if columns(snap) is not None:  # every worker healthy, each at its id
+            return snap.request.seq % len(snap.workers)
         ws = candidates(snap)
         return ws[snap.request.seq % len(ws)].worker_id
 
@@ -69,7 +98,7 @@ class LeastLoaded(Router):
     worker_fields: frozenset[str] = frozenset()
 
     def route(self, snap: RoutingSnapshot) -> int:
-        return least_loaded_of(candidates(snap)).worker_id
+        return least_loaded(snap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +120,9 @@ class SMetric(Router):
 
     def affinity(self, snap: RoutingSnapshot) -> WorkerView | None:
         """The worker KV affinity chooses, or ``None`` when affinity does not decide."""
+        cols = columns(snap)
+        if cols is not None:
+            return self._affinity_by_columns(snap, cols)
         ws = candidates(snap)
         if snap.request.is_continuation:
             hits = list(map(_hbm, ws))
@@ -103,14 +135,29 @@ class SMetric(Router):
         home = next((w for w in ws if w.worker_id == snap.request.home_worker), None)
         return home if home is not None and home.active_requests <= self.load_bound(ws) else None
 
+    def _affinity_by_columns(self, snap: RoutingSnapshot, cols: WorkerColumns) -> WorkerView | None:
+        """``affinity`` read from the columns: the same choice, the same order of ties."""
+        active, hbm = cols.active_requests, cols.hbm_blocks
+        chosen = snap.request.home_worker
+        if snap.request.is_continuation:
+            top = int(hbm.max())
+            if top > 0:
+                tied = np.flatnonzero(hbm == top)
+                chosen = int(tied[active[tied].argmin()])
+        if chosen is None or not 0 <= chosen < len(active):
+            return None
+        return snap.workers[chosen] if active[chosen] <= self._bound(int(active.min())) else None
+
     def load_bound(self, workers: Sequence[WorkerView]) -> float:
         """The most active requests a worker may have and still be chosen for affinity."""
-        lo = min(map(_load, workers))
+        return self._bound(min(map(_load, workers)))
+
+    def _bound(self, lo: int) -> float:
         return lo + max(self.slack, self.ratio * lo)
 
     def route(self, snap: RoutingSnapshot) -> int:
         chosen = self.affinity(snap)
-        return (chosen or least_loaded_of(candidates(snap))).worker_id
+        return chosen.worker_id if chosen is not None else least_loaded(snap)
 
     def explain(self, snap: RoutingSnapshot) -> RouteChoice:
         chosen = self.affinity(snap)
@@ -188,6 +235,10 @@ class ContextCompatible(Router):
 
     def near(self, snap: RoutingSnapshot) -> list[WorkerView]:
         """The workers within ``load_slack`` of the least load, among which compatibility decides."""
+        cols = columns(snap)
+        if cols is not None:
+            active = cols.active_requests
+            return [snap.workers[i] for i in np.flatnonzero(active <= int(active.min()) + self.load_slack).tolist()]
         ws = candidates(snap)
         bound = min(map(_load, ws)) + self.load_slack
         return [w for w in ws if w.active_requests <= bound]
@@ -213,7 +264,7 @@ class ContextCompatible(Router):
         near = self.near(snap)
         dist = self._distances(near, snap.request.prompt_tokens)
         if dist is None:
-            return RouteChoice(least_loaded_of(candidates(snap)).worker_id, "least loaded (no eligible worker decoding)")
+            return RouteChoice(least_loaded(snap), "least loaded (no eligible worker decoding)")
         load = {w.worker_id: w.active_requests for w in near}  # every worker with a distance is near
         best = min(dist, key=lambda wid: (dist[wid], load[wid], wid))
         return RouteChoice(best, "context compatible", {"context_distance": dist})

@@ -9,6 +9,9 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import overload
 
+import numpy as np
+
+from coda.policy.routing import WorkerColumns
 from coda.policy.snapshots import PrefixMatch, RouteRequest, RoutingSnapshot, WorkerLoad, WorkerView
 from coda.shell.kvindex import KVIndexer, WorkerTiers
 from coda.sim.ingress import SimIngress
@@ -78,12 +81,79 @@ class ArrivalLoads(Sequence[WorkerLoad]):
         return repr(tuple(self))
 
 
+class RoutingViews(Sequence[WorkerView]):
+    """The workers as a routing decision sees them (``RoutingSnapshot.workers``): each worker's view
+    with its match, placed when read, and the columns routers read of all of them
+    (``coda.policy.routing.WorkerColumns``), so a router that reads the columns and a few views
+    costs that much rather than a step per worker. The views, matches and columns are the decision's
+    own (``views`` is a copy, ``match`` fixed), so it reads as the tuple a fresh build gives whenever
+    it is read; ``full`` gives every view at once from the kept placements while they are current
+    (``None`` once they moved on)."""
+
+    __slots__ = ("_views", "_match", "_place", "_full", "_all", "columns")
+
+    def __init__(
+        self,
+        views: list[WorkerView],
+        match: Callable[[int], PrefixMatch | None],
+        place: Callable[[int, WorkerView, PrefixMatch | None], WorkerView],
+        full: Callable[[], list[WorkerView] | None],
+        columns: WorkerColumns,
+    ) -> None:
+        self._views = views
+        self._match = match
+        self._place = place
+        self._full = full
+        self._all: tuple[WorkerView, ...] | None = None
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    @overload
+    def __getitem__(self, i: int) -> WorkerView: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[WorkerView, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> WorkerView | tuple[WorkerView, ...]:
+        if isinstance(i, slice):
+            return self.every()[i]
+        if self._all is not None:
+            return self._all[i]
+        if i < 0:
+            i += len(self._views)
+        return self._place(i, self._views[i], self._match(i))
+
+    def every(self) -> tuple[WorkerView, ...]:
+        """All the views, in worker order."""
+        if self._all is None:
+            full = self._full()
+            self._all = tuple(full) if full is not None else tuple(self._place(i, v, self._match(i)) for i, v in enumerate(self._views))
+        return self._all
+
+    def __iter__(self) -> Iterator[WorkerView]:
+        return iter(self.every())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return self.every() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self.every())
+
+    def __repr__(self) -> str:
+        return repr(self.every())
+
+
 class _Lead:
     """What is kept of a chain's leading run (its first owner's chunks): the owner's residency epoch
     it was scanned at, the run (its length and last chunk), every worker's match over it, and the
-    routing views placed with those matches, current up to ``pos`` in the refresh log."""
+    routing views placed with those matches, current up to ``pos`` in the refresh log, and their
+    HBM runs as a column."""
 
-    __slots__ = ("epoch", "k", "last", "base", "placed", "pos")
+    __slots__ = ("epoch", "k", "last", "base", "placed", "pos", "hbm")
 
     def __init__(self, epoch: int, k: int, last: int, base: dict[int, PrefixMatch]) -> None:
         self.epoch = epoch
@@ -92,6 +162,15 @@ class _Lead:
         self.base = base
         self.placed: list[WorkerView] | None = None
         self.pos = 0
+        self.hbm: np.ndarray | None = None  # every worker's HBM run over it, as routers read it (built when first read)
+
+
+def _no_match(wid: int) -> None:
+    """No worker's match: the router reads none."""
+
+
+def _none() -> None:
+    """No kept placements: each view is placed as it is read."""
 
 
 class ClusterViews:
@@ -115,6 +194,10 @@ class ClusterViews:
         self.workers: list[Worker] = []
         self._tiers: list[WorkerTiers] = []
         self._views: list[WorkerView] = []
+        # what routers read of every view, as columns (``WorkerColumns``), kept with the views
+        self._active = np.zeros(0, dtype=np.int64)
+        self._kv_blocks = np.zeros(0, dtype=np.int64)
+        self._no_hits = np.zeros(0, dtype=np.int64)
         self._loads: list[WorkerLoad | None] = []  # None: its worker was touched since it was built
         # workers grouped by the stores they share: (a worker of the node, [(worker id, its HBM pool), ...])
         self._nodes: list[tuple[Worker, list[tuple[int, HbmPool]]]] = []
@@ -140,6 +223,10 @@ class ClusterViews:
         self.workers = workers
         self._tiers = tiers
         self._views = [self.view(w) for w in workers]
+        self._active = np.array([v.active_requests for v in self._views], dtype=np.int64)
+        self._kv_blocks = np.array([v.active_kv_blocks for v in self._views], dtype=np.int64)
+        self._no_hits = np.zeros(len(workers), dtype=np.int64)
+        self._no_hits.flags.writeable = False
         # built once each here, which also records every worker's KV capacity with the ingress (its session cap reads it)
         self._loads = [self.ingress.load(w) for w in workers] if self.ingress is not None else []
         nodes: dict[tuple[int, int], tuple[Worker, list[tuple[int, HbmPool]]]] = {}
@@ -174,7 +261,9 @@ class ClusterViews:
             return
         for wid in touched:
             w = self.workers[wid]
-            self._views[wid] = self.view(w)
+            v = self._views[wid] = self.view(w)
+            self._active[wid] = v.active_requests
+            self._kv_blocks[wid] = v.active_kv_blocks
             if self.ingress is not None:  # built when read: most policies read none, or the chosen worker's
                 self._loads[wid] = None
         log = self._log
@@ -216,30 +305,68 @@ class ClusterViews:
         self, now_s: float, request: RouteRequest, chain: Sequence[int], owners: Iterable[int] | None = None
     ) -> RoutingSnapshot:
         """Only the views of workers touched since the last decision are rebuilt, and only workers
-        holding some of the prompt get a match. With a residency, the views placed with the matches
-        over a chain's leading run are kept with it and catch up with the workers rebuilt since
-        they were last used; only the workers matching past the run are placed anew, so a decision
-        costs what changed, not one step per worker (``tests/property`` checks every snapshot
-        against a fresh build)."""
+        holding some of the prompt get a match; the views are placed with their matches as they
+        are read (``RoutingViews``), beside the columns routers read. With a residency, the views
+        placed with the matches over a chain's leading run are kept with it and catch up with the
+        workers rebuilt since they were last used; only the workers matching past the run are
+        placed anew, so a decision that reads every view costs what changed, and one that reads the
+        columns a few array operations, not one step per worker (``tests/property`` checks every
+        snapshot against a fresh build)."""
         self.refresh()
+        views = self._views.copy()
+        match: Callable[[int], PrefixMatch | None]
         if "match" not in self.worker_fields:
-            return RoutingSnapshot(now_s, request, tuple(self._views))
-        if self.indexer is not None or self.residency is None or not chain:
-            placed = list(self._views)
-            for wid, m in self.matches(chain, owners).items():
-                placed[wid] = self._place(wid, m)
-            return RoutingSnapshot(now_s, request, tuple(placed))
-        lead, over = self._parts(chain, owners)
-        placed = self._placement(lead)
-        if over:
-            placed = placed.copy()
-            for wid, m in over.items():
-                placed[wid] = self._place(wid, m)
-        return RoutingSnapshot(now_s, request, tuple(placed))
+            hbm, match, full = self._no_hits, _no_match, views.copy
+        elif self.indexer is not None or self.residency is None or not chain:
+            matches = self.matches(chain, owners)
+            hbm = np.zeros(len(views), dtype=np.int64)
+            for wid, m in matches.items():
+                hbm[wid] = m.hbm_blocks
+            match, full = matches.get, _none
+        else:
+            lead, over = self._parts(chain, owners)
+            hbm = self._hbm(lead, over)
+            base = lead.base
 
-    def _place(self, wid: int, m: PrefixMatch | None) -> WorkerView:
-        """Worker ``wid``'s view with match ``m`` (the same object as last time when neither changed)."""
-        v = self._views[wid]
+            def match(wid: int) -> PrefixMatch | None:
+                return over[wid] if wid in over else base.get(wid)
+
+            full = self._full(lead, over)
+        cols = WorkerColumns(self._active.copy(), self._kv_blocks.copy(), hbm)
+        return RoutingSnapshot(now_s, request, RoutingViews(views, match, self._place, full, cols))  # type: ignore[arg-type]
+
+    def _hbm(self, lead: _Lead, over: Mapping[int, PrefixMatch | None]) -> np.ndarray:
+        """Every worker's HBM run: the lead's column, with the workers matching past it."""
+        if lead.hbm is None:
+            lead.hbm = np.zeros(len(self.workers), dtype=np.int64)
+            for wid, m in lead.base.items():
+                lead.hbm[wid] = m.hbm_blocks
+            lead.hbm.flags.writeable = False
+        if not over:
+            return lead.hbm
+        hbm = lead.hbm.copy()
+        for wid, m in over.items():
+            hbm[wid] = m.hbm_blocks if m is not None else 0
+        return hbm
+
+    def _full(self, lead: _Lead, over: Mapping[int, PrefixMatch | None]) -> Callable[[], list[WorkerView] | None]:
+        """Every view of a decision from the kept placements, while no view was rebuilt since it."""
+        at = self._log_start + len(self._log)
+
+        def full() -> list[WorkerView] | None:
+            if self._log_start + len(self._log) != at:
+                return None
+            placed = self._placement(lead)
+            if over:
+                placed = placed.copy()
+                for wid, m in over.items():
+                    placed[wid] = self._place(wid, self._views[wid], m)
+            return placed
+
+        return full
+
+    def _place(self, wid: int, v: WorkerView, m: PrefixMatch | None) -> WorkerView:
+        """Worker ``wid``'s view ``v`` with match ``m`` (the same object as last time when neither changed)."""
         if m is None:
             return v
         last = self._placed[wid]
@@ -252,13 +379,13 @@ class ClusterViews:
     def _placement(self, lead: _Lead) -> list[WorkerView]:
         """Every worker's view placed with its match over ``lead``'s run, brought up to date."""
         end = self._log_start + len(self._log)
-        base, place = lead.base, self._place
+        base, place, views = lead.base, self._place, self._views
         if lead.placed is None or lead.pos < self._log_start:
-            lead.placed = [place(wid, base.get(wid)) for wid in range(len(self.workers))]
+            lead.placed = [place(wid, views[wid], base.get(wid)) for wid in range(len(self.workers))]
         elif lead.pos < end:
             placed = lead.placed
             for wid in self._log[lead.pos - self._log_start :]:
-                placed[wid] = place(wid, base.get(wid))
+                placed[wid] = place(wid, views[wid], base.get(wid))
         lead.pos = end
         return lead.placed
 
