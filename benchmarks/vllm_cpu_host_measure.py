@@ -1,10 +1,13 @@
-"""The step and host costs of one vLLM-CPU engine started with the agent burst's settings and
-placement (its OMP thread bound to core 0, its API server and EngineCore where the OS puts them),
-on a reduced grid of ``coda profile measure --endpoint --host-probes`` (the same prober and fit:
+"""The step and host costs of one vLLM-CPU engine started with the agent burst's settings, placed
+one of two ways: ``burst`` (the default) as the burst places an engine, its forward pass's OpenMP
+thread on core 0 and its API server and EngineCore where the OS puts them; ``one-core`` with the
+whole engine on core 0, so that its host work and its forward pass wait for each other, as they do
+once every core of the machine is taken (``benchmarks/vllm_cpu_contention.py`` pairs the two).
+Measured on a reduced grid of ``coda profile measure --endpoint --host-probes`` (the same prober and fit:
 9 prefill, 8 decode and 3 text shapes, host probes over batches of 1 and 3, one repeat), written
 as a measured profile with its samples beside it. The engine is stopped on exit.
 
-    CODA_VLLM_PYTHON=.venv-vllm/bin/python python benchmarks/vllm_cpu_host_measure.py runs/host-measure/vllm-cpu-burst-host.json
+    CODA_VLLM_PYTHON=.venv-vllm/bin/python python benchmarks/vllm_cpu_host_measure.py OUT.json [--placement burst|one-core]
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from coda.bench.burst import EngineSettings
 from coda.cost.profile import Profile
-from coda.engines.vllm_cpu import KV_BYTES_PER_TOKEN, build_tiny_model, vllm_servers, word_tokenizer
+from coda.engines.vllm_cpu import KV_BYTES_PER_TOKEN, build_tiny_model, pin, vllm_servers, word_tokenizer
 from coda.profiling.api_measure import PROBE_WORDS, Plan, Prober
 from coda.profiling.empirical_fit import fit_step_model, measured_profile, write_host_samples, write_samples
 from coda.profiling.machine import machine
@@ -34,13 +37,18 @@ PLAN = Plan(
 )
 
 
-def main(out: Path) -> None:
+PLACEMENTS = ("burst", "one-core")
+
+
+def main(out: Path, placement: str) -> None:
     eng = EngineSettings()
     args = ["--block-size", str(eng.block_tokens), "--num-gpu-blocks-override", str(eng.kv_blocks), "--max-model-len",
             str(eng.max_model_len), "--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
             "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    where = ("API server and EngineCore pinned to core 0 with the forward pass" if placement == "one-core" else
+             "API server and EngineCore unpinned, as the burst runs them")
     note = (f"vLLM-CPU flags: {' '.join(args)}; env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 (the agent burst's engine 0); "
-            "API server and EngineCore unpinned, as the burst runs them; a reduced grid (benchmarks/vllm_cpu_host_measure.py)")
+            f"{where}; a reduced grid (benchmarks/vllm_cpu_host_measure.py --placement {placement})")
 
     async def measure(url: str) -> tuple:
         prober = Prober(url, seed=0, log=lambda m: print(m, flush=True))
@@ -52,6 +60,8 @@ def main(out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="host-measure-") as d:
         model = word_tokenizer(build_tiny_model(Path(d) / "model"))
         with vllm_servers(model, [args], envs=[{"VLLM_CPU_OMP_THREADS_BIND": "0"}], logs=[out.with_suffix(".engine.log")]) as urls:
+            if placement == "one-core":
+                pin(urls[0], api_cpus={0})
             info, prefill, decode, api, host = asyncio.run(measure(urls[0]))
     fit = fit_step_model(prefill, decode)
     samples = out.with_name(out.stem + ".samples.csv")
@@ -66,4 +76,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    given = sys.argv[1:]
+    chosen = given[given.index("--placement") + 1] if "--placement" in given[:-1] else "burst"
+    if len(given) not in (1, 3) or chosen not in PLACEMENTS:
+        raise SystemExit(f"usage: python benchmarks/vllm_cpu_host_measure.py OUT.json [--placement {'|'.join(PLACEMENTS)}]")
+    main(Path(given[0]), chosen)

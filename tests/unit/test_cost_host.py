@@ -41,20 +41,36 @@ def test_separate_cores_overlap_host_time_up_to_the_forward_pass() -> None:
     assert host.steps_s(forward, 4, 0.012)[0] == pytest.approx(0.0137)
 
 
+CONTENDED = {"base_s": 0.08, "scale": 9.0, "engine_cores": 1.9, "cores": 2, "fit_median_err": 0.1}
+
+
+def test_a_contended_step_is_its_fitted_form_only_when_the_serving_engines_oversubscribe_the_cores() -> None:
+    from coda.cost.profile import ContendedSteps
+
+    host = HostModel(**HOST, shares_cores=True, contended=ContendedSteps(**CONTENDED))
+    forward = np.array([0.002, 0.004])
+    alone = host.steps_s(forward, 2, 0.0, serving=1)
+    # one engine wants 1.9 of 2 cores: as before; two want 3.8: each step 80 ms + 9 x its forward pass, then the host's time
+    assert alone == pytest.approx(HostModel(**HOST, shares_cores=True).steps_s(forward, 2, 0.0))
+    assert host.steps_s(forward, 2, 0.0, serving=2) == pytest.approx(0.08 + 9.0 * forward + 5e-4 + 2 * 3e-4)
+    assert not ContendedSteps(**CONTENDED | {"cores": 4}).contended(2) and ContendedSteps(**CONTENDED | {"cores": 4}).contended(3)
+
+
 def _profile(tmp_path: Path, host: dict[str, Any] | None) -> Path:
     data = json.loads(TINY.read_text())
     if host is not None:
         data["step_model"]["host"] = host
-        data["provenance"] |= {f"step_model.host.{k}": "assumed: a test's" for k in host if k != "shares_cores"}
+        data["provenance"] |= {f"step_model.host.{k}": "assumed: a test's" for k in host if k not in ("shares_cores", "contended")}
+        data["provenance"] |= {f"step_model.host.contended.{k}": "assumed: a test's" for k in host.get("contended") or {}}
     path = tmp_path / f"tiny-{'host' if host else 'none'}-{len(list(tmp_path.iterdir()))}.json"
     path.write_text(json.dumps(data))
     return path
 
 
-def _simulate(profile: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    config = SimConfig(workers=1, profile=str(profile), system="vllm", chunk_tokens=32, max_num_seqs=8, max_num_batched_tokens=4096,
+def _simulate(profile: Path, workers: int = 1, rate: int = 8) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    config = SimConfig(workers=workers, profile=str(profile), system="vllm", chunk_tokens=32, max_num_seqs=8, max_num_batched_tokens=4096,
                        dram=False, ssd=False, warmup_s=0, drain_s=60)
-    result = run_one(seeded_workload("synth:rate=8,duration=60,seed=1,tokens=0.03", 1), config)
+    result = run_one(seeded_workload(f"synth:rate={rate},duration=60,seed=1,tokens=0.03", 1), config)
     return {k: v for k, v in result.summary().items() if k not in WALL_CLOCK}, list(result.records)
 
 
@@ -69,6 +85,18 @@ def test_a_profile_without_host_costs_simulates_as_before(tmp_path: Path) -> Non
     slow = _simulate(_profile(tmp_path, HOST | {"shares_cores": True}))
     assert slow[0]["completed"] == base[0]["completed"]
     assert sum(r["ttft_s"] for r in slow[1]) > sum(r["ttft_s"] for r in base[1])
+
+
+def test_contention_slows_only_engines_that_serve_at_once(tmp_path: Path) -> None:
+    """One worker never oversubscribes two cores: the contended section changes nothing, to the bit.
+    Two workers serving at once do, and their requests wait longer."""
+    plain = _profile(tmp_path, HOST | {"shares_cores": True})
+    contended = _profile(tmp_path, HOST | {"shares_cores": True, "contended": CONTENDED})
+    assert _simulate(contended) == _simulate(plain)
+    two_plain, two_contended = _simulate(plain, workers=2, rate=64), _simulate(contended, workers=2, rate=64)
+    assert two_contended[0]["completed"] == two_plain[0]["completed"] > 0
+    served = [[r["ttft_s"] for r in run[1] if r["ttft_s"] is not None] for run in (two_plain, two_contended)]
+    assert np.mean(served[1]) > 2 * np.mean(served[0])
 
 
 def _samples(true: dict[str, float], noise: float, rng: np.random.Generator) -> list[HostSample]:

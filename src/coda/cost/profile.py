@@ -193,6 +193,25 @@ class StepFit(StrictModel):
     loo_err: float = Field(ge=0, description="leave-one-out median error, the worse of prefill's and decode's")
 
 
+class ContendedSteps(StrictModel):
+    """Steps of an engine whose cores are oversubscribed: on vLLM-CPU every engine process (API
+    server, EngineCore, the forward pass's OpenMP thread) wants a core while it serves, so once the
+    engines that serve at once want more cores than the machine has, each step waits its turn for
+    a core. Measured as the same shapes as the step model, timed with the whole engine squeezed onto
+    one core; a contended step lasts ``base_s + scale x`` the uncontended one (least squares over
+    the paired shapes)."""
+
+    base_s: float = Field(ge=0, description="contended step = base_s + scale x uncontended step (fitted on paired shapes)")
+    scale: float = Field(ge=1, description="see base_s")
+    engine_cores: float = Field(gt=0, description="cores an engine keeps busy while it serves alone (its CPU over wall time, measured)")
+    cores: PositiveInt = Field(description="cores the simulated engines share (the measured machine's)")
+    fit_median_err: float = Field(ge=0, description="median relative error of the fit over the paired shapes")
+
+    def contended(self, serving: int) -> bool:
+        """Whether ``serving`` engines at once want more cores than there are."""
+        return serving * self.engine_cores > self.cores
+
+
 class HostCosts(StrictModel):
     """The engine's host CPU beside its forward pass (API server, tokenizer, detokenizer, SSE
     framing, the scheduler's Python), measured through the API (``coda profile measure --endpoint``):
@@ -206,6 +225,7 @@ class HostCosts(StrictModel):
     output_token_s: float = Field(ge=0, description="CPU per streamed output token beyond the step model's unstreamed decodes (SSE)")
     step_s: float = Field(ge=0, description="CPU per step of a streaming batch beyond the step model's unstreamed decodes")
     shares_cores: bool = Field(description="host work serializes with the forward pass (True) or overlaps it (False)")
+    contended: ContendedSteps | None = Field(None, description="steps when the engines serving at once oversubscribe the cores")
 
 
 class StepModel(StrictModel):

@@ -159,10 +159,12 @@ def vllm_server(model: Path, *args: str, python: str | None = None, env: dict[st
         yield urls[0]
 
 
-def pin(url: str) -> None:
-    """A server's EngineCore onto the worker's core (0) and its API server onto the others: on a
-    machine with few cores the engine core, which spins while it waits for its worker, would
-    otherwise starve the API server, and tokens would reach clients late and in bursts."""
+def pin(url: str, api_cpus: set[int] | None = None) -> None:
+    """A server's EngineCore onto the worker's core (0) and its API server onto ``api_cpus`` (by
+    default the other cores): on a machine with few cores the engine core, which spins while it
+    waits for its worker, would otherwise starve the API server, and tokens would reach clients
+    late and in bursts. ``api_cpus={0}`` puts the whole engine on one core, where its API work
+    waits for its forward pass and the reverse, as on a machine whose every core runs a worker."""
     port = url.rsplit(":", 1)[1]
     procs = {int(p.name): p for p in Path("/proc").iterdir() if p.name.isdigit()}
 
@@ -173,7 +175,7 @@ def pin(url: str) -> None:
             return []
 
     api = next(pid for pid, p in procs.items() if "--port" in cmd(p) and port in cmd(p) and "--served-model-name" in cmd(p))
-    others = set(range(1, os.cpu_count() or 2)) or {0}
+    others = api_cpus or set(range(1, os.cpu_count() or 2)) or {0}
     for pid, p in procs.items():
         try:
             comm, ppid = (p / "comm").read_text().strip(), int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -18,12 +18,12 @@ arrival or finished transfer interrupts the run at the next step boundary.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coda.cost.host import HostModel
+from coda.cost.host import HostModel, Serving
 from coda.cost.model import CohortPlan, CostModel
 from coda.policy.contracts import ExecutionPolicy, StatePolicy
 from coda.policy.snapshots import AdmissionSnapshot
@@ -67,6 +67,7 @@ class WorkerSettings:
     observers: tuple[SimObserver, ...] = ()
     on_first_token: Callable[[SimRequest], None] | None = None
     on_admit: Callable[[SimRequest], None] | None = None
+    serving: Serving = field(default_factory=Serving)  # the workers taking steps now: they share the machine's cores
 
 
 class Worker:
@@ -443,10 +444,10 @@ class Worker:
             else:
                 admissible_later = bool(self.waiting) and len(self.running) + self.n_restoring < self.max_num_seqs
         if not prefills and not decoders:
-            self.busy = False
+            self._serve(False)
             self._k = 0
             return
-        self.busy = True
+        self._serve(True)
         k = 1
         ctx = np.fromiter((r.computed + 1 for r in decoders), dtype=np.int64, count=len(decoders))
         chunks = [(n, r.computed) for r, n in prefills]
@@ -463,7 +464,7 @@ class Worker:
             durs = np.array([self.cost.step_s(chunks, ctx, None)])
         if self.host is not None:
             outputs = len(decoders) + sum(r.computed + n >= r.prompt_tokens for r, n in prefills)
-            durs = self.host.steps_s(durs, outputs, self.host_backlog_s)
+            durs = self.host.steps_s(durs, outputs, self.host_backlog_s, self.settings.serving.count)
             self.host_backlog_s = 0.0
         ends = self.loop.now + np.cumsum(durs)
         if len(ends) > 1 and self.w_max_preempt and self.waiting:
@@ -475,6 +476,12 @@ class Worker:
 
     def _wake(self, _: object) -> None:
         self.kick()
+
+    def _serve(self, busy: bool) -> None:
+        """Mark this worker taking steps or idle, and count it among the machine's serving workers."""
+        if busy != self.busy:
+            self.settings.serving.count += 1 if busy else -1
+        self.busy = busy
 
     def launch(self, ends: np.ndarray) -> None:
         """Run the batch fixed by ``_schedule`` now as ``len(ends)`` steps ending at ``ends``."""
