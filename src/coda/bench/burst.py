@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from coda.bench.doors import PEER
+from coda.cost.profile import Profile
 from coda.errors import CodaError
 from coda.sim.config import SloConfig
 from coda.workload.schema import Round, Session, Workload
@@ -146,6 +147,29 @@ SIM_PROFILE = "vllm-cpu-tiny-contended"
 SIM_SWEEP: tuple[float, ...] = (0.25, 0.5, 0.75, 1, 1.5, 2)
 #: the configurations the simulator replays
 SIM_CONFIGS = tuple(c for c, s in CONFIGS.items() if s.sim is not None)
+
+
+def inert_on(profile: Profile) -> dict[str, str]:
+    """The engine mechanisms a cost profile leaves no room to act, each with why: a profile without
+    a DRAM store has no tier to load from, and a measured step model never bounds a cohort split's
+    gain (its decode attention is linear in the contexts) unless a paired ``cohort_gain`` section does."""
+    out = {}
+    if profile.tiers.dram_kv_bytes == 0:
+        out["tiers"] = f"profile {profile.name} has no DRAM store, so no token can load from one"
+    if profile.step_model is not None and profile.cohort_gain is None:
+        out["cohorts"] = f"profile {profile.name} measured no cohort gains, so no split has a bounded gain"
+    return out
+
+
+def left_out(configs: tuple[str, ...], inert: dict[str, str]) -> dict[str, str]:
+    """Configurations that exist for mechanisms that cannot act (W_max, which every Tiered-Aging
+    configuration has, aside), each with the first reason."""
+    out = {}
+    for name in configs:
+        own = [m for m in CONFIGS[name].mechanisms if m != "w_max"] if name in CONFIGS else []
+        if own and all(m in inert for m in own):
+            out[name] = inert[own[0]]
+    return out
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,12 @@ def burst(
         EngineSettings,
         Scenario,
         Sessions,
+        inert_on,
+        left_out,
     )
     from coda.bench.burst_report import finish
     from coda.bench.ladder import Bench, Rung, run
+    from coda.console import err_console
     from coda.cost.profile import load_profile
     from coda.sim.config import SloConfig
 
@@ -97,7 +100,7 @@ def burst(
     profile = simulate or SIM_PROFILE
     if kind == "simulate":
         try:
-            load_profile(profile)  # a bad name fails now, in one line
+            sim_profile = load_profile(profile)  # a bad name fails now, in one line
         except CodaError as err:
             raise CodaError(f"--simulate {profile}: {err}") from None
     elif jobs not in (None, 1) or ray is not None:
@@ -107,6 +110,11 @@ def burst(
     names = tuple(configs.split(",")) if configs else QUICK_CONFIGS if quick else DEFAULT_CONFIGS
     if kind == "simulate":  # the simulator has no model of some (an unknown name stays, for Scenario to refuse)
         names = tuple(c for c in names if c in SIM_CONFIGS or c not in CONFIGS)
+        if not configs:  # the default set runs only configurations whose mechanisms can act on this profile
+            dropped = left_out(names, inert_on(sim_profile))
+            for name, why in dropped.items():
+                err_console.print(f"{name} left out: {why} (name it in --configs to run it anyway)", highlight=False, soft_wrap=True)
+            names = tuple(c for c in names if c not in dropped)
     if kind in ("fake", "endpoints") and any(CONFIGS[c].in_engine for c in names if c in CONFIGS):
         raise CodaError("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and the coda-gateway "
                         "configurations run; pass --configs")
