@@ -185,6 +185,36 @@ def test_a_prefix_held_only_in_dram_is_costed_as_a_load_and_ordered_between_an_h
     assert got["delta"]["vllm:kv_offload_lookup_sync_delay_seconds_count"] == 3
 
 
+async def restored_and_recomputed(eng: Engine) -> tuple[Any, Any, float]:
+    """One prefix answered from the host store after the GPU cache evicted it, and the same prompt
+    recomputed (a cache salt hashes its blocks apart, so neither cache holds them); the external
+    hits the first counted."""
+    c = client(eng.url)
+    prefix, tail = ids(320, 71), ids(40, 72)
+    await complete(c, prefix, 1)  # prefilled, and written to the host store
+    for i in range(4):  # the GPU cache's LRU order evicts it
+        await complete(c, ids(1400, 80 + i), 1)
+    hits = "vllm:external_prefix_cache_hits_total"
+    before = await ametric(eng.url, hits)
+    restored = await c.completions.create(model="tiny", prompt=prefix + tail, max_tokens=16, temperature=0, logprobs=5,
+                                          extra_body={"ignore_eos": True})
+    loaded = await ametric(eng.url, hits) - before
+    recomputed = await c.completions.create(model="tiny", prompt=prefix + tail, max_tokens=16, temperature=0, logprobs=5,
+                                            extra_body={"ignore_eos": True, "cache_salt": "recompute"})
+    await c.close()
+    return restored, recomputed, loaded
+
+
+def test_a_prefix_restored_from_the_host_store_gives_the_tokens_and_log_probabilities_of_a_recompute(engines):
+    restored, recomputed, loaded = asyncio.run(restored_and_recomputed(engines.on))
+    assert loaded == 320 and cached(restored) == 320 and cached(recomputed) == 0
+    a, b = restored.choices[0].logprobs, recomputed.choices[0].logprobs
+    assert restored.choices[0].text == recomputed.choices[0].text and a.tokens == b.tokens
+    assert a.token_logprobs == approx_tree(b.token_logprobs, rel=0, abs=LOGPROB_ABS)
+    assert [sorted(d) for d in a.top_logprobs] == [sorted(d) for d in b.top_logprobs]
+    assert a.top_logprobs == approx_tree(b.top_logprobs, rel=0, abs=LOGPROB_ABS)
+
+
 # --- cohorts --------------------------------------------------------------------------------------
 async def mixed_batch(url: str) -> list[Any]:
     c = client(url)
