@@ -4,7 +4,8 @@ processes decide as one through the store their parent serves (a session's round
 home engine whichever process takes them; two session slots hold over both processes), the parent
 passes SIGTERM on and the workers drain, a worker that dies stops the server (exit 1), a worker
 that cannot start stops it with its one-line error (exit 2), and workers whose parent is killed
-exit. Which process served a request is read from each worker's own access log."""
+exit; a port already in use is one error line. Which process served a request is read from each
+worker's own access log."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -205,6 +207,12 @@ def test_usage_and_startup_errors_are_one_line(tmp_path):
     zero = coda("--backend", "http://127.0.0.1:9", "--workers", "0")
     assert zero.returncode == 2
     assert zero.stderr.strip() == "error: --workers 0: the gateway runs at least one process; pass --workers 1 or more"
+    with socket.socket() as held:  # a server that shares its port (SO_REUSEPORT): the gateway must not join it
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = coda("--backend", "http://127.0.0.1:9", "--port", str(held.getsockname()[1]), "--workers", "2")
+    assert taken.returncode == 2 and taken.stderr.count("\n") == 1 and "Address already in use" in taken.stderr, taken.stderr
     cfg = tmp_path / "coda.yaml"
     cfg.write_text(yaml.safe_dump({"backends": ["http://127.0.0.1:9"], "telemetry": {"startup_timeout_s": 0.2}}))
     down = coda("--config", str(cfg), "--port", "0", "--workers", "2")

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from coda.errors import CodaError
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket created with ``IPPROTO_TCP``, so that asyncio sets TCP_NODELAY on every
     accepted connection (``socket.create_server`` leaves the protocol at 0, and Nagle's algorithm
     then holds a stream's first chunk for the client's delayed ACK: up to 40 ms added to TTFT).
+    ``reuse_port``: SO_REUSEPORT, so that several sockets share the port (``coda serve --workers``).
     A port in use or a bad address is a one-line ``CodaError``."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
@@ -23,6 +24,8 @@ def listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.listen(2048)
     except OSError as err:
