@@ -2,8 +2,8 @@
 released after the policy's TTL without a request, or, under a policy that gives a pause
 (``PredictedWait.slot_pause_s``), once the session has not come back within its own longest tool
 pause plus a margin; and the adaptive cap on how many may hold one (``SessionCap``). The simulator
-and the gateway keep one each (the gateway's replicas share theirs through the store, which
-applies the TTL alone)."""
+and the gateway keep one each; the gateway's replicas share theirs through the store, which
+applies the same rules, told by each replica when a session's requests through it are over."""
 
 from __future__ import annotations
 
@@ -150,17 +150,29 @@ class SessionLedger:
         if self.limit is not None and len(self._seen) > self.limit:
             self._drop(self._seen.popitem(last=False)[0])
 
-    def ended(self, session_id: str | None, now_s: float) -> None:
+    def ended(self, session_id: str | None, now_s: float) -> bool:
         """An admitted request of ``session_id`` ended: with none left in flight, its slot lapses
-        after the session's longest pause plus the margin (``pause``) unless it comes back."""
+        after the session's longest pause plus the margin (``pause``) unless it comes back.
+        True when that left none in flight (the shell tells its store so, ``idle``)."""
         if self.pause is None or session_id is None or session_id not in self._seen:
-            return
+            return False
         left = self._inflight.get(session_id, 1) - 1
         self._inflight[session_id] = left
-        if left <= 0:
-            self._ended[session_id] = now_s
-            first, margin = self.pause
-            heapq.heappush(self._lapses, (now_s + self._pause_s.get(session_id, first) + margin, session_id, now_s))
+        if left > 0:
+            return False
+        self.idle(session_id, now_s)
+        return True
+
+    def idle(self, session_id: str, now_s: float) -> None:
+        """``session_id`` has had no request in flight since ``now_s``: its pause runs from here.
+        A store's ledger hears this from each shell that counted the session's requests, since
+        its own touches are claims, not requests."""
+        if self.pause is None or session_id not in self._seen:
+            return
+        self._inflight[session_id] = 0
+        self._ended[session_id] = now_s
+        first, margin = self.pause
+        heapq.heappush(self._lapses, (now_s + self._pause_s.get(session_id, first) + margin, session_id, now_s))
 
     def defer(self, session_id: str | None, now_s: float) -> None:
         """A request of ``session_id``, which holds no slot, was deferred at ``now_s``."""
