@@ -41,6 +41,10 @@ class _Settle(msgspec.Struct, tag="settle", array_like=True):
     admitted: bool
 
 
+class _Ended(msgspec.Struct, tag="ended", array_like=True):
+    session: str
+
+
 class _Restore(msgspec.Struct, tag="restore", array_like=True):
     ages: list[tuple[str, float]]
 
@@ -58,8 +62,9 @@ class _Reply(msgspec.Struct, array_like=True):
     stamp: float = 0.0
 
 
+_Step = _Sync | _Settle | _Ended | _Restore | _Drop
 _encode = msgspec.msgpack.Encoder().encode
-_steps = msgspec.msgpack.Decoder(_Sync | _Settle | _Restore | _Drop)
+_steps = msgspec.msgpack.Decoder(_Step)
 _replies = msgspec.msgpack.Decoder(_Reply)
 
 
@@ -74,12 +79,14 @@ def _frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-async def _apply(store: LocalStore, step: _Sync | _Settle | _Restore | _Drop) -> _Reply:
+async def _apply(store: LocalStore, step: _Step) -> _Reply:
     if isinstance(step, _Sync):
         synced = await store.sync(step.replica, step.seq, step.counts, step.session)
         return _Reply(synced.others, synced.sessions.active, synced.sessions.count, synced.sessions.stamp)
     if isinstance(step, _Settle):
         await store.settle(step.session, step.stamp, step.admitted)
+    elif isinstance(step, _Ended):
+        await store.ended(step.session)
     elif isinstance(step, _Restore):
         await store.restore_sessions(step.ages)
     else:
@@ -114,7 +121,7 @@ class HostStore:
         self._lock = asyncio.Lock()
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def _step(self, step: _Sync | _Settle | _Restore | _Drop) -> _Reply:
+    async def _step(self, step: _Step) -> _Reply:
         async with self._lock:
             try:
                 return await asyncio.wait_for(self._exchange(step), STORE_TIMEOUT_S)
@@ -122,7 +129,7 @@ class HostStore:
                 self._disconnect()
                 raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
 
-    async def _exchange(self, step: _Sync | _Settle | _Restore | _Drop) -> _Reply:
+    async def _exchange(self, step: _Step) -> _Reply:
         if self._conn is None:
             self._conn = await asyncio.open_unix_connection(self.path)
         reader, writer = self._conn
@@ -140,6 +147,9 @@ class HostStore:
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         await self._step(_Settle(session, stamp, admitted))
+
+    async def ended(self, session: str) -> None:
+        await self._step(_Ended(session))
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         await self._step(_Restore(list(ages)))

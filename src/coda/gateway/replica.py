@@ -34,9 +34,9 @@ TTL_INTERVALS = 4
 
 
 def local_store(cfg: StoreConfig, ledger: SessionLedger, clock: Callable[[], float]) -> LocalStore:
-    """A store in this process whose session slots live as long as ``ledger``'s (the gateway's own
-    ledger records admissions, the store's the claims, so each gets its own)."""
-    return LocalStore(SessionLedger(ledger.ttl_s, ledger.limit), clock, TTL_INTERVALS * cfg.publish_interval_s)
+    """A store in this process whose session slots live as long as ``ledger``'s, under its pause
+    rule (the gateway's own ledger records admissions, the store's the claims, so each gets its own)."""
+    return LocalStore(SessionLedger(ledger.ttl_s, ledger.limit, ledger.pause), clock, TTL_INTERVALS * cfg.publish_interval_s)
 
 
 def open_store(state: GatewayState) -> Store:
@@ -45,7 +45,7 @@ def open_store(state: GatewayState) -> Store:
         return local_store(cfg, state.ledger, state.clock)
     if cfg.url.startswith(HOST_STORE_SCHEME):
         return HostStore(cfg.url.removeprefix(HOST_STORE_SCHEME))
-    return RedisStore(cfg.url, cfg.key_prefix, TTL_INTERVALS * cfg.publish_interval_s, state.ledger.ttl_s)
+    return RedisStore(cfg.url, cfg.key_prefix, TTL_INTERVALS * cfg.publish_interval_s, state.ledger.ttl_s, state.ledger.pause)
 
 
 def _shown(url: str | None) -> str:
@@ -74,7 +74,9 @@ class Replica:
         self._seq = 0
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._reports: set[asyncio.Task[None]] = set()  # ``ended`` steps under way
         state.changed = self._dirty.set
+        state.session_idle = self.ended
         metrics.store_up.set(1)
 
     @property
@@ -90,6 +92,7 @@ class Replica:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def close(self) -> None:
+        await asyncio.gather(*self._reports)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -111,6 +114,19 @@ class Replica:
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self.store.settle(session, stamp, admitted)
+
+    def ended(self, session: str) -> None:
+        """None of this replica's requests of ``session`` is in flight any more: tell the store, off
+        the request's path. While the store is away its own ledger holds the pause (``_back``
+        restores the slots, which then lapse by the TTL or their session's next end)."""
+        if self.up:
+            task = asyncio.get_running_loop().create_task(self._ended(session))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _ended(self, session: str) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.ended(session)
 
     async def _publish(self, session: str | None, probe: bool = False) -> Synced | None:
         if not self.up and not probe:

@@ -16,6 +16,14 @@ a continuation of a session whose first request may yet be refused. ``settle`` e
 claim: the slot is taken when its request was admitted, dropped when not (unless a later claim of
 the same session came since: each claim's stamp is later than the one before it).
 
+Under a policy with a pause rule (``SessionLedger``'s ``pause``) the slots follow it too: a replica
+says when none of its requests of a session is in flight any more (``ended``), and the slot lapses
+once the session has not come back (claimed again) within its own longest pause plus the margin.
+The replicas count a session's requests, each its own: a session with requests in flight through
+two replicas at once pauses from the first of them to report, so a request through the other
+that runs past that pause and its margin loses the slot to the pause rule; its session's next
+request claims one as a new session would.
+
 ``LocalStore`` is the in-process default (one replica; it also serves several replica ids in one
 process, which the tests use); ``RedisStore`` runs the same steps as Lua scripts on a Redis server.
 """
@@ -73,6 +81,10 @@ class Store(Protocol):
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         """End the tentative claim made at ``stamp``: take the slot when its request was admitted."""
+        ...
+
+    async def ended(self, session: str) -> None:
+        """None of this replica's requests of ``session`` is in flight any more: its pause starts."""
         ...
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
@@ -135,6 +147,9 @@ class LocalStore:
         if admitted:
             self.ledger.touch(session, self.clock())
 
+    async def ended(self, session: str) -> None:
+        self.ledger.idle(session, self.clock())
+
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         now = self.clock()
         self.ledger.merge([(sid, now - age) for sid, age in ages])
@@ -146,11 +161,44 @@ class LocalStore:
         pass
 
 
-# KEYS: replicas (zset: replica -> expiry ms), sessions (zset: session -> last admitted ms), claims (zset: session -> tentative claim ms)
-# ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, claim ttl ms, then name, value pairs
-_SYNC = """
+# Every script begins with _SLOTS: the session slots and the pause rule's state beside them, as SessionLedger keeps
+# them. KEYS[1..4]: sessions (zset: session -> last admitted ms), lapses (zset: session -> when its slot lapses, ms), ended (hash:
+# session -> when its last request ended, ms), pauses (hash: session -> its longest pause, ms); a session is in lapses and ended only
+# while none of its requests is in flight. The four keys share one expiry, so none outlives the others.
+_SLOTS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function forget(sids)
+  for _, sid in ipairs(sids) do
+    redis.call('ZREM', KEYS[1], sid)
+    redis.call('ZREM', KEYS[2], sid)
+    redis.call('HDEL', KEYS[3], sid)
+    redis.call('HDEL', KEYS[4], sid)
+  end
+end
+local function keep(ttl)
+  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+local function expire(ttl)
+  forget(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - ttl)))
+  forget(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now))
+end
+local function touch(sid, ttl)
+  local ended = redis.call('HGET', KEYS[3], sid)
+  if ended then
+    local pause = now - tonumber(ended)
+    local longest = redis.call('HGET', KEYS[4], sid)
+    if not longest or tonumber(longest) < pause then redis.call('HSET', KEYS[4], sid, pause) end
+    redis.call('HDEL', KEYS[3], sid)
+    redis.call('ZREM', KEYS[2], sid)
+  end
+  redis.call('ZADD', KEYS[1], now, sid)
+  keep(ttl)
+end
+"""
+# KEYS[5]: replicas (zset: replica -> expiry ms), KEYS[6]: claims (zset: session -> tentative claim ms)
+# ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, claim ttl ms, then name, value pairs
+_SYNC = _SLOTS + """
 local prefix, me, seq, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local mine = prefix .. ':replica:' .. me
 local held = redis.call('HGET', mine, '_seq')
@@ -159,12 +207,12 @@ if not held or tonumber(held) < seq then
   redis.call('HSET', mine, '_seq', ARGV[3])
   for i = 8, #ARGV, 2 do redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
   redis.call('PEXPIRE', mine, ttl)
-  redis.call('ZADD', KEYS[1], now + ttl, me)
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('ZADD', KEYS[5], now + ttl, me)
+  redis.call('PEXPIRE', KEYS[5], ttl)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. now)
 local sums, names = {}, {}
-for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+for _, r in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
   if r ~= me then
     local kv = redis.call('HGETALL', prefix .. ':replica:' .. r)
     for i = 1, #kv, 2 do
@@ -177,42 +225,45 @@ for _, r in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   end
 end
 local sid, sttl, cttl = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - sttl))
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - cttl))
+expire(sttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (now - cttl))
 local active, stamp = 0, 0
-if sid ~= '' and redis.call('ZSCORE', KEYS[2], sid) then active = 1 end
-local count = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
+if sid ~= '' and redis.call('ZSCORE', KEYS[1], sid) then active = 1 end
+local count = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[6])
 if active == 1 then
-  redis.call('ZADD', KEYS[2], now, sid)
-  redis.call('PEXPIRE', KEYS[2], sttl)
+  touch(sid, sttl)
 elseif sid ~= '' then
-  local prev = redis.call('ZSCORE', KEYS[3], sid)
+  local prev = redis.call('ZSCORE', KEYS[6], sid)
   stamp = now
   if prev and tonumber(prev) >= now then stamp = tonumber(prev) + 1 end
-  redis.call('ZADD', KEYS[3], stamp, sid)
-  redis.call('PEXPIRE', KEYS[3], cttl)
+  redis.call('ZADD', KEYS[6], stamp, sid)
+  redis.call('PEXPIRE', KEYS[6], cttl)
 end
 local out = {active, count, tostring(stamp)}
 for _, k in ipairs(names) do out[#out + 1] = k; out[#out + 1] = tostring(sums[k]) end
 return out
 """
-# KEYS: sessions, claims; ARGV: session, claim stamp ms, 1 when admitted, session ttl ms
-_SETTLE = """
-local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[2], ARGV[1]) end
-if ARGV[3] == '1' then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
+# KEYS[5]: claims; ARGV: session, claim stamp ms, 1 when admitted, session ttl ms
+_SETTLE = _SLOTS + """
+local seen = redis.call('ZSCORE', KEYS[5], ARGV[1])
+if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[5], ARGV[1]) end
+if ARGV[3] == '1' then touch(ARGV[1], tonumber(ARGV[4])) end
+return 0
+"""
+# ARGV: session, session ttl ms, first pause ms, margin ms (SessionLedger.idle)
+_ENDED = _SLOTS + """
+local sid = ARGV[1]
+if redis.call('ZSCORE', KEYS[1], sid) then
+  redis.call('HSET', KEYS[3], sid, now)
+  redis.call('ZADD', KEYS[2], now + tonumber(redis.call('HGET', KEYS[4], sid) or ARGV[3]) + tonumber(ARGV[4]), sid)
+  keep(tonumber(ARGV[2]))
 end
 return 0
 """
 # ARGV: session ttl ms, then session, age ms pairs; a slot given while the store was away (GT: a newer claim stands)
-_RESTORE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_RESTORE = _SLOTS + """
 for i = 2, #ARGV, 2 do redis.call('ZADD', KEYS[1], 'GT', now - tonumber(ARGV[i + 1]), ARGV[i]) end
-if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1])) end
+if #ARGV > 1 then keep(tonumber(ARGV[1])) end
 return 0
 """
 
@@ -220,11 +271,13 @@ return 0
 class RedisStore:
     """The store on a Redis server (redis-py's asyncio client): each step is one Lua script, so it
     is atomic among every replica's steps. Times are the server's (``TIME``), so replicas' clocks
-    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``, ``PREFIX:claims``."""
+    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``, ``PREFIX:claims``, and the
+    pause rule's ``PREFIX:lapses``, ``PREFIX:ended``, ``PREFIX:pauses``. ``pause``: the session ledger's (``SessionLedger``),
+    in the same units; Redis keeps times in whole milliseconds."""
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str, replica_ttl_s: float, session_ttl_s: float) -> None:
+    def __init__(self, url: str, prefix: str, replica_ttl_s: float, session_ttl_s: float, pause: tuple[float, float] | None = None) -> None:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -233,11 +286,15 @@ class RedisStore:
         self.r = aioredis.from_url(url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S,
                                    retry=Retry(NoBackoff(), 0))
         self.prefix = prefix
-        self.replicas_key, self.sessions_key, self.claims_key = f"{prefix}:replicas", f"{prefix}:sessions", f"{prefix}:claims"
+        self.replicas_key, self.claims_key = f"{prefix}:replicas", f"{prefix}:claims"
+        #: _SLOTS's KEYS[1..4]
+        self.slot_keys = [f"{prefix}:{k}" for k in ("sessions", "lapses", "ended", "pauses")]
         self.replica_ttl_ms = max(1, round(replica_ttl_s * 1000))
         self.session_ttl_ms = max(1, round(session_ttl_s * 1000))
+        self.pause_ms = None if pause is None else (round(pause[0] * 1000), round(pause[1] * 1000))
         self._sync = self.r.register_script(_SYNC)
         self._settle = self.r.register_script(_SETTLE)
+        self._ended = self.r.register_script(_ENDED)
         self._restore = self.r.register_script(_RESTORE)
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
@@ -253,20 +310,24 @@ class RedisStore:
         for k, v in counts.items():
             if v:
                 args += [k, repr(float(v))]
-        out = await self._call(self._sync, [self.replicas_key, self.sessions_key, self.claims_key], args)
+        out = await self._call(self._sync, [*self.slot_keys, self.replicas_key, self.claims_key], args)
         others = {out[i]: float(out[i + 1]) for i in range(3, len(out), 2)}
         return Synced(others, Sessions(bool(out[0]), int(out[1]), float(out[2]) / 1000))
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         await self._call(
-            self._settle, [self.sessions_key, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms]
+            self._settle, [*self.slot_keys, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms]
         )
+
+    async def ended(self, session: str) -> None:
+        if self.pause_ms is not None:  # without a pause rule there is nothing to keep (as SessionLedger.idle)
+            await self._call(self._ended, self.slot_keys, [session, self.session_ttl_ms, *self.pause_ms])
 
     async def restore_sessions(self, ages: Sequence[tuple[str, float]]) -> None:
         args: list[Any] = [self.session_ttl_ms]
         for sid, age in ages:
             args += [sid, round(age * 1000)]
-        await self._call(self._restore, [self.sessions_key], args)
+        await self._call(self._restore, self.slot_keys, args)
 
     async def drop(self, replica: str) -> None:
         import redis

@@ -196,6 +196,8 @@ class GatewayState:
         self.pending: tuple[Ticket, Worker] | None = None
         #: called when in-flight counts change (the replica publishes them)
         self.changed: Callable[[], None] = lambda: None
+        #: called when none of this replica's requests of a session is in flight any more (the replica tells the store)
+        self.session_idle: Callable[[str], None] = lambda session: None
         self.draining = False
         self.last_active_s = -math.inf  # when a request last began or ended
         self._seq = 0
@@ -543,7 +545,8 @@ class GatewayState:
             pressure = (w.inflight_new_tokens + self.other("new", w.label)) / capacity if capacity else 0.0
             self.cap.observe(ttft_s, t.sent_s, pressure, self.last_active_s)
         w.drain.ended(t.new_tokens, self.last_active_s)
-        self.ledger.ended(t.session_id, self.last_active_s)
+        if t.session_id is not None and self.ledger.ended(t.session_id, self.last_active_s):
+            self.session_idle(t.session_id)
         w.inflight_tokens -= w.inflight.pop(t.rid, 0)
         w.unanswered.pop(t.rid, None)
         w.inflight_new_tokens -= t.new_tokens
