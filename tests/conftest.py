@@ -79,3 +79,13 @@ def pool_step(pool, held: list, op: str, chain: list[int], n: int) -> bool:
     else:
         return False
     return True
+
+
+class ManualClock:
+    """A clock a test sets by hand (``clock.t = ...``), in place of a shell's monotonic clock."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t

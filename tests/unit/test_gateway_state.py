@@ -17,20 +17,14 @@ from coda.gateway.prompt import CharTokenizer
 from coda.gateway.view import GatewayState, Ticket
 from coda.serving.errors import ApiError
 from coda.shell.sessions import SessionLedger
+from tests.conftest import ManualClock
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
 
-    def __call__(self) -> float:
-        return self.t
-
-
-def make_state(clock: Clock | None = None, **cfg) -> GatewayState:
-    s = GatewayState(build_config({"backends": URLS, **cfg}, {}, {}), CharTokenizer(), clock or Clock())
+def make_state(clock: ManualClock | None = None, **cfg) -> GatewayState:
+    s = GatewayState(build_config({"backends": URLS, **cfg}, {}, {}), CharTokenizer(), clock or ManualClock(0.0))
     for w in s.workers:
         w.models = {"m": {"id": "m"}}
         w.scraped_at = 0.0
@@ -112,7 +106,7 @@ def test_session_hash_state_stays_within_its_memory_budget_and_dropping_it_chang
 
 
 def test_idle_sessions_are_forgotten_after_the_session_ttl_and_slots_stay_bounded():
-    clock = Clock()
+    clock = ManualClock(0.0)
     s = make_state(clock, policies={"ingress": {"name": "session", "params": {"idle_ttl_s": 10.0}}})
     for i in range(5):
         s.block_hashes(f"s{i}", list(range(100)))
@@ -140,7 +134,7 @@ def test_reads_scraped_only_when_a_decision_reads_engine_metrics():
 
 
 def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_saturated():
-    clock = Clock()
+    clock = ManualClock(0.0)
     s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"eject_after": 1, "stale_after_s": 1.0, "stale": "saturated"})
     t = ticket(s, "a", "s", 640)
     w, _ = s.route(t, set())
@@ -158,7 +152,7 @@ def test_ejection_forgets_the_workers_blocks_and_stale_telemetry_counts_as_satur
 
 
 def test_with_last_value_old_telemetry_is_scraped_again_but_does_not_count_the_worker_full():
-    clock = Clock()
+    clock = ManualClock(0.0)
     s = make_state(clock, policies={"ingress": "queue_limit"}, telemetry={"stale_after_s": 1.0, "stale": "last_value"})
     t = ticket(s, "a", "s", 640)
     clock.t = 5.0
@@ -242,7 +236,7 @@ def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backend
     store = {"url": "redis://127.0.0.1:6379/0"}
     one, other = (
         make_state(store=store),
-        GatewayState(build_config({"backends": URLS[::-1], "store": store}, {}, {}), CharTokenizer(), Clock()),
+        GatewayState(build_config({"backends": URLS[::-1], "store": store}, {}, {}), CharTokenizer(), ManualClock(0.0)),
     )
     for w in other.workers:
         w.models = {"m": {"id": "m"}}
@@ -256,7 +250,7 @@ def test_replicas_agree_on_a_session_s_home_whatever_order_they_list_the_backend
     )  # one replica: its own index
 
 
-def replica_admission(rid: str, store, clock: Clock, urls: list[str], policies: dict) -> Admission:
+def replica_admission(rid: str, store, clock: ManualClock, urls: list[str], policies: dict) -> Admission:
     """One replica (its own state, one seat per worker) deciding through ``store``."""
     from coda.gateway.replica import Replica
 
@@ -280,7 +274,7 @@ def test_replicas_on_one_store_take_seats_as_one():
     from coda.shell.sessions import SessionLedger
 
     async def run() -> list[str]:
-        clock = Clock()
+        clock = ManualClock(0.0)
         store = LocalStore(SessionLedger(300.0), clock, 10.0)
         policies = {"ingress": {"name": "queue_limit", "defer": {"max_wait_s": 0}}}
         admissions = [replica_admission(rid, store, clock, URLS, policies) for rid in ("a", "b")]
@@ -325,7 +319,7 @@ def test_a_malformed_store_url_is_one_line_naming_the_field(url, why):
 def test_with_a_shared_store_a_worker_s_load_is_at_least_what_its_engine_runs_and_queues():
     """The other replicas' requests count even when no table says so (the store away): through the
     engine's fresh /metrics; a stale scrape is not trusted, and one replica alone counts its own."""
-    clock = Clock()
+    clock = ManualClock(0.0)
     shared = make_state(clock, store={"url": "redis://127.0.0.1:6379/0"}, telemetry={"stale_after_s": 1.0})
     alone = make_state(clock)
     for s in (shared, alone):
@@ -378,7 +372,7 @@ def test_replicas_deciding_at_once_never_give_more_seats_or_session_slots_than_t
     from coda.shell.sessions import SessionLedger
 
     async def run() -> None:
-        clock = Clock()
+        clock = ManualClock(0.0)
         ledger = SessionLedger(300.0)
         store = Yielding(LocalStore(ledger, clock, 10.0), itertools.cycle(pause_cycle))
         policies = {

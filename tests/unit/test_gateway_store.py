@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from coda.gateway.store import LocalStore, RedisStore, Store, StoreUnavailable
 from coda.shell.sessions import SessionLedger
+from tests.conftest import ManualClock
 from tests.integration.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 from tests.waiting import wait_until
 
@@ -21,13 +22,6 @@ TTL_S = 60.0  # a table's life without a refresh: longer than any test takes
 SHORT_TTL_S = 2.0  # the expiry test's, which waits for it to pass (long enough for two steps on a busy machine)
 SESSION_TTL_S = 300.0
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass
@@ -41,7 +35,7 @@ class Backend:
 @pytest.fixture(params=["local", "redis"])
 def backend(request) -> Iterator[Backend]:
     if request.param == "local":
-        clock = Clock()
+        clock = ManualClock(1000.0)
 
         async def later(_: Store) -> None:
             clock.t += 2 * SHORT_TTL_S
@@ -145,7 +139,7 @@ def test_local_and_redis_stores_answer_any_sequence_of_steps_alike(redis_server,
     redis_server.client().flushall()
 
     async def main() -> None:
-        local = LocalStore(SessionLedger(SESSION_TTL_S), Clock(), 1000.0)
+        local = LocalStore(SessionLedger(SESSION_TTL_S), ManualClock(1000.0), 1000.0)
         remote = RedisStore(redis_server.url, "prop", 1000.0, SESSION_TTL_S)
         seqs = {r: 10 for r in "abc"}
         claims: dict[tuple[int, str], float] = {}  # (store, session) -> its last claim's stamp, in that store's clock

@@ -14,19 +14,13 @@ from coda.gateway.view import GatewayState, Ticket
 from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.spec import load_workload
+from tests.conftest import ManualClock
 
 C = 16
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
 
-    def __call__(self) -> float:
-        return self.t
-
-
-def gateway(clock: Clock) -> GatewayState:
+def gateway(clock: ManualClock) -> GatewayState:
     cfg = build_config({"backends": [{"url": "http://127.0.0.1:1", "max_num_seqs": 2}], "indexer": {"block_tokens": C},
                         "telemetry": {"stale_after_s": 1000.0},  # the scripted telemetry stays fresh: only the gate decides
                         "policies": {"ingress": {"name": "session", "params": {"defer_budget_s": 10.0, "idle_ttl_s": 60.0}}}}, {}, {})
@@ -43,7 +37,7 @@ def ticket(s: GatewayState, session: str, k: int) -> Ticket:
 
 
 def test_a_new_session_is_deferred_then_rejected_while_admitted_ones_continue():
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = gateway(clock)
     running = []
     for sid in ("a", "b"):  # two sessions take both seats
@@ -71,7 +65,7 @@ def test_a_new_session_is_deferred_then_rejected_while_admitted_ones_continue():
 
 
 def test_an_idle_session_releases_its_slot_after_the_ttl():
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = gateway(clock)
     t = ticket(s, "a", 0)
     s.begin(t, s.workers[0])

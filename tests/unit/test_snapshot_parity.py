@@ -33,19 +33,13 @@ from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.sim.request import RUNNING, SimRequest
 from coda.workload.schema import Round, Session, Workload
+from tests.conftest import ManualClock
 
 C = 16
 NOW = 50.0
 DEADLINE_MS = 1000.0
 TTFT = [0.2, 0.3]
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = NOW
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def sim_state() -> tuple[Simulation, SimRequest]:
@@ -105,7 +99,7 @@ def gateway_state(sim: Simulation) -> tuple[GatewayState, Ticket]:
     cfg = build_config({"backends": [{"url": f"http://127.0.0.1:{i}", "max_num_seqs": seats} for i in (1, 2)], "system": "coda",
                         "policies": {"ingress": "deadline+session"},
                         "tenants": {"t": {"deadline_ms": DEADLINE_MS}}, "indexer": {"block_tokens": C}}, {}, {})
-    clock = Clock()
+    clock = ManualClock(NOW)
     s = GatewayState(cfg, make_tokenizer("words"), clock)  # one unit per token, so 16-token blocks
     for w, kv, ttft in zip(s.workers, (12 / 100, 21 / 100), TTFT):  # scraped telemetry: what vLLM's /metrics says
         w.models = {"m": {"id": "m"}}

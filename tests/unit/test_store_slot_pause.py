@@ -14,6 +14,7 @@ from pathlib import Path
 from coda.gateway.host_store import HostStore, serve_host_store
 from coda.gateway.store import LocalStore, RedisStore, Store
 from coda.shell.sessions import SessionLedger
+from tests.conftest import ManualClock
 from tests.integration.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 from tests.waiting import HANG_GUARD_S
 
@@ -22,15 +23,8 @@ SESSION_TTL_S = 300.0  # longer than any wait here: a slot that goes, goes by it
 TABLE_TTL_S = 60.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
 
-    def __call__(self) -> float:
-        return self.t
-
-
-def paused_store(clock: Clock) -> LocalStore:
+def paused_store(clock: ManualClock) -> LocalStore:
     return LocalStore(SessionLedger(SESSION_TTL_S, None, PAUSE), clock, TABLE_TTL_S)
 
 
@@ -47,7 +41,7 @@ async def held(s: Store) -> int:
     return (await s.sync("probe", 1, {}, None)).sessions.count
 
 
-async def lapses_by_its_own_pause(s: Store, clock: Clock) -> None:
+async def lapses_by_its_own_pause(s: Store, clock: ManualClock) -> None:
     await admit(s, "a", "s1")
     clock.t = 1010.0
     await s.ended("s1")
@@ -71,13 +65,13 @@ async def lapses_by_its_own_pause(s: Store, clock: Clock) -> None:
 
 
 def test_a_local_store_lapses_a_slot_once_its_session_has_not_come_back_within_its_pause():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     asyncio.run(lapses_by_its_own_pause(paused_store(clock), clock))
 
 
 def test_without_a_pause_rule_the_ttl_alone_releases_a_slot():
     async def main() -> None:
-        clock = Clock()
+        clock = ManualClock(1000.0)
         s = LocalStore(SessionLedger(SESSION_TTL_S), clock, TABLE_TTL_S)
         await admit(s, "a", "s1")
         await s.ended("s1")
@@ -102,7 +96,7 @@ def test_the_one_host_store_lapses_a_slot_by_its_pause_as_in_process(tmp_path: P
     path = tmp_path / "store.sock"
 
     async def main() -> None:
-        clock = Clock()
+        clock = ManualClock(1000.0)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(path))
         sock.listen()

@@ -330,7 +330,7 @@ class PredictedWait(IngressPolicy):
     first_pause_s: Positive = 30.0
     #: assumed: a client's round trip and the jitter of its tool's run time
     pause_margin_s: NonNegative = 5.0
-    #: assumed: twice first_pause_s; where the pause rule does not reach (a gateway's store), the TTL alone turns the cap over
+    #: assumed: twice first_pause_s; a slot whose session never ends a request (a client gone mid-stream) goes by this TTL
     idle_ttl_s: Positive = 60.0
     name: str = "predicted_wait"
     signals: frozenset[str] = frozenset({"inflight_requests", "inflight_tokens", "drain_rate"})
