@@ -51,7 +51,7 @@ class ColumnViews(tuple):
     @property
     def columns(self) -> WorkerColumns:
         return WorkerColumns(*(np.array([getattr(w, f) for w in self], dtype=np.int64) for f in ("active_requests", "active_kv_blocks")),
-                             np.array([w.match.hbm_blocks for w in self], dtype=np.int64))
+                             np.array([w.match.hbm_blocks for w in self], dtype=np.int64), [w.decode_contexts for w in self])
 
 
 @st.composite

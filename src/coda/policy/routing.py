@@ -38,6 +38,8 @@ class WorkerColumns(NamedTuple):
     active_kv_blocks: np.ndarray
     #: the request's HBM hit on each worker (zeros where the router reads no match)
     hbm_blocks: np.ndarray
+    #: each worker's ``WorkerView.decode_contexts``
+    decode_contexts: Sequence[tuple[int, ...]]
 
 
 def columns(snap: RoutingSnapshot) -> WorkerColumns | None:
@@ -233,26 +235,28 @@ class ContextCompatible(Router):
     name: str = "context_compatible"
     worker_fields: frozenset[str] = frozenset({"match", "decode_contexts"})
 
-    def near(self, snap: RoutingSnapshot) -> list[WorkerView]:
-        """The workers within ``load_slack`` of the least load, among which compatibility decides."""
+    def near(self, snap: RoutingSnapshot) -> list[tuple[int, int, tuple[int, ...]]]:
+        """The workers within ``load_slack`` of the least load, among which compatibility decides:
+        ``(worker id, active requests, decode contexts)`` each, in worker order."""
         cols = columns(snap)
         if cols is not None:
             active = cols.active_requests
-            return [snap.workers[i] for i in np.flatnonzero(active <= int(active.min()) + self.load_slack).tolist()]
+            ids = np.flatnonzero(active <= int(active.min()) + self.load_slack).tolist()
+            return [(i, int(active[i]), cols.decode_contexts[i]) for i in ids]
         ws = candidates(snap)
         bound = min(map(_load, ws)) + self.load_slack
-        return [w for w in ws if w.active_requests <= bound]
+        return [(w.worker_id, w.active_requests, w.decode_contexts) for w in ws if w.active_requests <= bound]
 
     def distances(self, snap: RoutingSnapshot) -> dict[int, float] | None:
         """Context distance to the arrival of each near worker with decoders; ``None`` when
         compatibility cannot decide, so the parent's choice stands."""
         return self._distances(self.near(snap), snap.request.prompt_tokens)
 
-    def _distances(self, near: list[WorkerView], arrival_tokens: int) -> dict[int, float] | None:
-        decoding = [w for w in near if w.decode_contexts]
+    def _distances(self, near: list[tuple[int, int, tuple[int, ...]]], arrival_tokens: int) -> dict[int, float] | None:
+        decoding = [(wid, contexts) for wid, _, contexts in near if contexts]
         if not decoding or (self.idle_near_worker == "fall_back" and len(decoding) < len(near)):
             return None
-        return {w.worker_id: context_distance(w.decode_contexts, arrival_tokens) for w in decoding}
+        return {wid: context_distance(contexts, arrival_tokens) for wid, contexts in decoding}
 
     def route(self, snap: RoutingSnapshot) -> int:
         return self.explain(snap).worker_id
@@ -265,6 +269,6 @@ class ContextCompatible(Router):
         dist = self._distances(near, snap.request.prompt_tokens)
         if dist is None:
             return RouteChoice(least_loaded(snap), "least loaded (no eligible worker decoding)")
-        load = {w.worker_id: w.active_requests for w in near}  # every worker with a distance is near
+        load = {wid: active for wid, active, _ in near}  # every worker with a distance is near
         best = min(dist, key=lambda wid: (dist[wid], load[wid], wid))
         return RouteChoice(best, "context compatible", {"context_distance": dist})

@@ -165,6 +165,51 @@ class _Lead:
         self.hbm: np.ndarray | None = None  # every worker's HBM run over it, as routers read it (built when first read)
 
 
+class _Parts:
+    """A chain's matches at one state of the residency (``changes``): what is kept of its leading
+    run, the HBM run of each worker whose pool holds a later owner's chunk (``runs``; every other
+    worker's is its run over the leading run), and the nodes whose stores hold one (``nodes``).
+    Only those workers can match past the leading run; each one's whole match (its node's stores
+    after its HBM run) is probed when first read, so a decision that reads the HBM runs alone (a
+    router's columns) probes no store."""
+
+    __slots__ = ("views", "chain", "changes", "lead", "runs", "nodes", "over", "after")
+
+    def __init__(self, views: ClusterViews, chain: Sequence[int], changes: int, lead: _Lead, runs: dict[int, int], nodes: set[int]) -> None:
+        self.views = views
+        self.chain = chain
+        self.changes = changes
+        self.lead = lead
+        self.runs = runs
+        self.nodes = nodes
+        self.over: dict[int, PrefixMatch | None] = {}  # worker -> its match, once probed
+        self.after: dict[tuple[int, int], PrefixMatch | None] = {}  # (node, HBM run) -> the match, the node's stores after it
+
+    def holders(self) -> list[int]:
+        """The workers that may match past the leading run."""
+        nodes = self.views._nodes
+        return [*self.runs, *(wid for n in self.nodes for wid, _ in nodes[n][1] if wid not in self.runs)]
+
+    def match(self, wid: int) -> PrefixMatch | None:
+        """Worker ``wid``'s match (``None``: it holds none of the prompt)."""
+        if wid in self.over:
+            return self.over[wid]
+        base = self.lead.base.get(wid)
+        n = self.views._node_of[wid]
+        h = self.runs.get(wid)
+        if h is None:
+            if n not in self.nodes:
+                return base
+            h = base.hbm_blocks if base is not None else 0
+        if self.views.residency is not None and self.views.residency.changes != self.changes:
+            raise AssertionError("a worker's prefix match read after the residency it was taken at changed")
+        key = (n, h)
+        after = self.after
+        m = after[key] if key in after else after.setdefault(key, self.views._match(self.views._nodes[n][0], self.chain, h))
+        self.over[wid] = m
+        return m
+
+
 def _no_match(wid: int) -> None:
     """No worker's match: the router reads none."""
 
@@ -197,6 +242,7 @@ class ClusterViews:
         # what routers read of every view, as columns (``WorkerColumns``), kept with the views
         self._active = np.zeros(0, dtype=np.int64)
         self._kv_blocks = np.zeros(0, dtype=np.int64)
+        self._contexts: list[tuple[int, ...]] = []
         self._no_hits = np.zeros(0, dtype=np.int64)
         self._loads: list[WorkerLoad | None] = []  # None: its worker was touched since it was built
         # workers grouped by the stores they share: (a worker of the node, [(worker id, its HBM pool), ...])
@@ -208,6 +254,7 @@ class ClusterViews:
         self.residency = residency
         # by the tier's id: (its node's index in ``_nodes``, the worker id of a pool or -1 for a node's store)
         self._tier_at: dict[int, tuple[int, int]] = {}
+        self._node_of: list[int] = []  # worker id -> its node's index in ``_nodes``
         # first chunk of a chain -> what is kept of its leading run
         self._leading: dict[int, _Lead] = {}
         # the ids of the workers whose views were rebuilt, in order (``_log[i]`` is entry ``_log_start + i``),
@@ -216,7 +263,7 @@ class ClusterViews:
         self._log_start = 0
         self.log_max = 4096
         # the last chain's parts and the residency changes they were found at
-        self._last_parts: tuple[Sequence[int], int, _Lead, dict[int, PrefixMatch | None]] | None = None
+        self._last_parts: _Parts | None = None
 
     def attach(self, workers: list[Worker], tiers: list[WorkerTiers]) -> None:
         """The cluster's workers (and each one's tier locations, for the indexer), once built."""
@@ -225,6 +272,7 @@ class ClusterViews:
         self._views = [self.view(w) for w in workers]
         self._active = np.array([v.active_requests for v in self._views], dtype=np.int64)
         self._kv_blocks = np.array([v.active_kv_blocks for v in self._views], dtype=np.int64)
+        self._contexts = [v.decode_contexts for v in self._views]
         self._no_hits = np.zeros(len(workers), dtype=np.int64)
         self._no_hits.flags.writeable = False
         # built once each here, which also records every worker's KV capacity with the ingress (its session cap reads it)
@@ -235,9 +283,11 @@ class ClusterViews:
         self._nodes = list(nodes.values())
         self._placed = [None] * len(workers)
         self.log_max = 8 * len(workers) + 4096
+        self._node_of = [0] * len(workers)
         for n, (node, pools) in enumerate(self._nodes):
             for wid, pool in pools:
                 self._tier_at[id(pool)] = (n, wid)
+                self._node_of[wid] = n
             for store in (node.dram, node.ssd):
                 if store is not None:
                     self._tier_at[id(store)] = (n, -1)
@@ -264,6 +314,7 @@ class ClusterViews:
             v = self._views[wid] = self.view(w)
             self._active[wid] = v.active_requests
             self._kv_blocks[wid] = v.active_kv_blocks
+            self._contexts[wid] = v.decode_contexts
             if self.ingress is not None:  # built when read: most policies read none, or the chosen worker's
                 self._loads[wid] = None
         log = self._log
@@ -324,43 +375,39 @@ class ClusterViews:
                 hbm[wid] = m.hbm_blocks
             match, full = matches.get, _none
         else:
-            lead, over = self._parts(chain, owners)
-            hbm = self._hbm(lead, over)
-            base = lead.base
-
-            def match(wid: int) -> PrefixMatch | None:
-                return over[wid] if wid in over else base.get(wid)
-
-            full = self._full(lead, over)
-        cols = WorkerColumns(self._active.copy(), self._kv_blocks.copy(), hbm)
+            parts = self._parts(chain, owners)
+            hbm, match, full = self._hbm(parts), parts.match, self._full(parts)
+        cols = WorkerColumns(self._active.copy(), self._kv_blocks.copy(), hbm, self._contexts.copy())
         return RoutingSnapshot(now_s, request, RoutingViews(views, match, self._place, full, cols))  # type: ignore[arg-type]
 
-    def _hbm(self, lead: _Lead, over: Mapping[int, PrefixMatch | None]) -> np.ndarray:
-        """Every worker's HBM run: the lead's column, with the workers matching past it."""
+    def _hbm(self, parts: _Parts) -> np.ndarray:
+        """Every worker's HBM run: the lead's column, with the runs that go past it."""
+        lead = parts.lead
         if lead.hbm is None:
             lead.hbm = np.zeros(len(self.workers), dtype=np.int64)
             for wid, m in lead.base.items():
                 lead.hbm[wid] = m.hbm_blocks
             lead.hbm.flags.writeable = False
-        if not over:
+        if not parts.runs:
             return lead.hbm
         hbm = lead.hbm.copy()
-        for wid, m in over.items():
-            hbm[wid] = m.hbm_blocks if m is not None else 0
+        for wid, h in parts.runs.items():
+            hbm[wid] = h
         return hbm
 
-    def _full(self, lead: _Lead, over: Mapping[int, PrefixMatch | None]) -> Callable[[], list[WorkerView] | None]:
+    def _full(self, parts: _Parts) -> Callable[[], list[WorkerView] | None]:
         """Every view of a decision from the kept placements, while no view was rebuilt since it."""
         at = self._log_start + len(self._log)
 
         def full() -> list[WorkerView] | None:
             if self._log_start + len(self._log) != at:
                 return None
-            placed = self._placement(lead)
-            if over:
+            placed = self._placement(parts.lead)
+            holders = parts.holders()
+            if holders:
                 placed = placed.copy()
-                for wid, m in over.items():
-                    placed[wid] = self._place(wid, self._views[wid], m)
+                for wid in holders:
+                    placed[wid] = self._place(wid, self._views[wid], parts.match(wid))
             return placed
 
         return full
@@ -408,11 +455,13 @@ class ClusterViews:
             return {}
         if self.residency is None:
             return self._scan(chain, self._nodes)
-        lead, over = self._parts(chain, owners)
-        if not over:
-            return lead.base
-        out = dict(lead.base)
-        for wid, m in over.items():
+        parts = self._parts(chain, owners)
+        holders = parts.holders()
+        if not holders:
+            return parts.lead.base
+        out = dict(parts.lead.base)
+        for wid in holders:
+            m = parts.match(wid)
             if m is None:
                 out.pop(wid, None)
             else:
@@ -435,21 +484,21 @@ class ClusterViews:
             if res.changes != at:
                 raise AssertionError("a worker's prefix match read after the residency it was taken at changed")
             last = self._last_parts
-            if last is not None and last[0] is chain and last[1] == at:  # the routing snapshot found them all already
-                return last[3][wid] if wid in last[3] else last[2].base.get(wid)
+            if last is not None and last.chain is chain and last.changes == at:  # the routing snapshot's, kept
+                return last.match(wid)
             w = self.workers[wid]
             return self._match(w, chain, w.hbm.leading(chain) if chain[0] in w.hbm.resident else 0)
 
         return match
 
-    def _parts(self, chain: Sequence[int], owners: Iterable[int] | None) -> tuple[_Lead, dict[int, PrefixMatch | None]]:
-        """What is kept of the chain's leading run (scanned again when its owner's residency moved),
-        and the match of each worker that may match past it (``None``: it holds none of the prompt)."""
+    def _parts(self, chain: Sequence[int], owners: Iterable[int] | None) -> _Parts:
+        """The chain's matches now (``_Parts``): its leading run's kept (scanned again when its owner's
+        residency moved), and the workers that may match past it, with their HBM runs."""
         res = self.residency
         assert res is not None
         last = self._last_parts
-        if last is not None and last[0] is chain and last[1] == res.changes:  # the same prompt again, nothing moved since
-            return last[2], last[3]
+        if last is not None and last.chain is chain and last.changes == res.changes:  # the same prompt again, nothing moved since
+            return last
         first = chain[0]
         owner = first >> OWNER_SHIFT
         epoch = res.epochs.get(owner, 0)
@@ -469,20 +518,24 @@ class ClusterViews:
                 self._leading.clear()
             run = chain if k == n else chain[:k]
             lead = self._leading[first] = _Lead(epoch, k, chain[k - 1], self._scan(run, self._holding(res, (owner,))))
-        over: dict[int, PrefixMatch | None] = {}
+        runs: dict[int, int] = {}
+        nodes: set[int] = set()
         if k < n:
             later = {c >> OWNER_SHIFT for c in chain[k:]} if owners is None else {o for o in owners if o != owner}
-            base = lead.base
-            for node, pools in self._holding(res, later):
-                after: dict[int, PrefixMatch | None] = {}  # HBM run -> the match, the node's stores after it
-                for wid, pool in pools:
-                    m = base.get(wid)
-                    h = m.hbm_blocks if m is not None else 0
-                    if h == k:  # the pool holds the whole leading run: its run may go on past it
-                        h += leading_run(pool.resident, chain, k)
-                    over[wid] = after[h] if h in after else after.setdefault(h, self._match(node, chain, h))
-        self._last_parts = (chain, res.changes, lead, over)
-        return lead, over
+            base, tier_at = lead.base, self._tier_at
+            for o in later:
+                for tier in res.holders.get(o, ()):
+                    node, wid = tier_at[id(tier)]
+                    if wid < 0:
+                        nodes.add(node)
+                    elif wid not in runs:
+                        m = base.get(wid)
+                        h = m.hbm_blocks if m is not None else 0
+                        if h == k:  # the pool holds the whole leading run: its run may go on past it
+                            h += leading_run(self.workers[wid].hbm.resident, chain, k)
+                        runs[wid] = h
+        parts = self._last_parts = _Parts(self, chain, res.changes, lead, runs, nodes)
+        return parts
 
     def _holding(self, res: Residency, owners: Iterable[int]) -> list[tuple[Worker, list[tuple[int, HbmPool]]]]:
         """The workers whose pools or node stores hold a chunk of one of ``owners``, by node (in node
