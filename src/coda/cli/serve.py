@@ -58,7 +58,7 @@ def serve(
     ] = None,
     workers: Annotated[
         int,
-        typer.Option("--workers", help="gateway processes accepting on one socket, each a replica; they share --store, or "
+        typer.Option("--workers", help="gateway processes accepting on the one port, each a replica; they share --store, or "
                      "else a store the parent process serves them (default 1: one process)"),
     ] = 1,
 ) -> None:
