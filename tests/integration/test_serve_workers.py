@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,13 +46,13 @@ def engines():
 
 
 @contextlib.contextmanager
-def gateway(tmp: Path, engines, **cfg) -> Iterator[Proc]:
+def gateway(tmp: Path, engines, env: dict[str, str] | None = None, **cfg) -> Iterator[Proc]:
     """``coda serve --workers 2`` with an access log per worker (``access.0.jsonl``, ``access.1.jsonl``)."""
     path = tmp / "coda.yaml"
     path.write_text(yaml.safe_dump({"backends": [{"url": e.url, "name": label} for e, label in zip(engines, LABELS)],
                                     "access_log": {"path": str(tmp / "access.jsonl")},
                                     "telemetry": {"scrape_interval_s": 0.05, "health_interval_s": 0.2}, **cfg}))
-    with running("serve", "--config", str(path), "--port", "0", "--workers", str(WORKERS)) as gw:
+    with running("serve", "--config", str(path), "--port", "0", "--workers", str(WORKERS), env=env) as gw:
         yield gw
 
 
@@ -193,7 +194,9 @@ def test_a_worker_that_dies_stops_the_server(tmp_path, engines):
 
 
 def test_workers_whose_parent_is_killed_exit(tmp_path, engines):
-    with gateway(tmp_path, engines) as gw:
+    """A parent killed cannot remove its store's directory: it makes it in a TMPDIR the test removes
+    (under /tmp, as a Unix socket's path must be short)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as short, gateway(tmp_path, engines, env={"TMPDIR": short}) as gw:
         workers = children(gw)
         gw.popen.kill()
         gw.popen.wait(10)
