@@ -108,12 +108,11 @@ def burst(
     if vllm_cpu is not None:
         workers = vllm_cpu
     names = tuple(configs.split(",")) if configs else QUICK_CONFIGS if quick else DEFAULT_CONFIGS
+    dropped: dict[str, str] = {}
     if kind == "simulate":  # the simulator has no model of some (an unknown name stays, for Scenario to refuse)
         names = tuple(c for c in names if c in SIM_CONFIGS or c not in CONFIGS)
         if not configs:  # the default set runs only configurations whose mechanisms can act on this profile
             dropped = left_out(names, inert_on(sim_profile))
-            for name, why in dropped.items():
-                err_console.print(f"{name} left out: {why} (name it in --configs to run it anyway)", highlight=False, soft_wrap=True)
             names = tuple(c for c in names if c not in dropped)
     if kind in ("fake", "endpoints") and any(CONFIGS[c].in_engine for c in names if c in CONFIGS):
         raise CodaError("--endpoints/--fake: the engines are not started here, so only plain, vllm-router and the coda-gateway "
@@ -139,6 +138,8 @@ def burst(
         load_profile(str(alone_profile))
     if kind != "simulate":
         require("matplotlib")
+    for name, why in dropped.items():  # said once the command line is known to be good
+        err_console.print(f"{name} left out: {why} (name it in --configs to run it anyway)", highlight=False, soft_wrap=True)
     rung = Rung(kind=kind, profile=profile if kind == "simulate" else None, endpoints=tuple(endpoints.split(",")) if endpoints else (),
                 fake_speedup=fake_speedup, tokenizer=tokenizer, replay_in_sim=not no_sim,
                 alone_profile=str(alone_profile) if alone_profile else None, profile_repeats=profile_repeats or (1 if quick else 3),
