@@ -296,15 +296,13 @@ class HbmPool:
         res, lru = self.resident, self.lru
         n = min(n, len(lru))
         if n == 0 or (self.evictor is None and self.run_evictor is None):
-            out = [lru.popitem(last=False)[0] for _ in range(n)]
+            out = list(islice(lru, n))
         else:
             out = self.run_evictor(self.idle_runs, n) if self.run_evictor is not None else self.evictor(lru, n)  # type: ignore[arg-type,misc]
-            for c in out:
-                del lru[c]
+        consume(map(lru.__delitem__, out))
         if out and self.idle_runs is not None:
             self.idle_runs.remove(out)
-        for c in out:
-            del res[c]
+        consume(map(res.__delitem__, out))
         if out:
             self.versions.bump(out)
             self.prefix_runs.moved(out, -1)
@@ -320,18 +318,23 @@ class HbmPool:
     def insert(self, chunks: Sequence[int]) -> None:
         """Reference chunks being filled (room must have been made); ones already resident are shared."""
         res, lru = self.resident, self.lru
-        new = []
+        fresh = dict.fromkeys(chunks, 1)
+        new: list[int] = []
         woke = []
-        for c in chunks:
-            r = res.get(c)
-            if r is None:
-                res[c] = 1
-                new.append(c)
-            else:
-                if r == 0:
-                    del lru[c]
-                    woke.append(c)
-                res[c] = r + 1
+        if len(fresh) == len(chunks) and res.keys().isdisjoint(fresh):  # all new, as a prefill's own chunks are
+            res.update(fresh)
+            new = list(fresh)
+        else:
+            for c in chunks:
+                r = res.get(c)
+                if r is None:
+                    res[c] = 1
+                    new.append(c)
+                else:
+                    if r == 0:
+                        del lru[c]
+                        woke.append(c)
+                    res[c] = r + 1
         if chunks:
             self.versions.bump(chunks)
         if woke and self.idle_runs is not None:
@@ -417,9 +420,13 @@ class KVStore:
         if self.capacity <= 0:
             return
         chunks = self.chunks
-        new = [c for c in dict.fromkeys(chain) if c not in chunks]
-        chunks.update(dict.fromkeys(new))
-        if len(new) < len(chain):  # some were held already: the chain's chunks go last, in its order
+        fresh = dict.fromkeys(chain)
+        if len(fresh) == len(chain) and chunks.keys().isdisjoint(fresh):  # all new: a chain that ran here first
+            chunks.update(fresh)
+            new = list(fresh)
+        else:  # the new ones join, then the chain's chunks go last, in its order
+            new = [c for c in fresh if c not in chunks]
+            chunks.update(dict.fromkeys(new))
             consume(map(chunks.move_to_end, chain))
         if not new:
             return
