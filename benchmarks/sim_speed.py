@@ -7,7 +7,8 @@ Goal: >= 200x real time for the `vllm` system on one core.
 ``--scale``: wall time per simulated request at 4, 16, 64 and 256 workers in one run, the offered
 load scaled with the workers (100/64 req/s per worker, so 100 req/s at 64: 16 nodes of 4 workers
 sharing a DRAM store each), over the same simulated window at every size, with the ratio to the
-4-worker cost measured in the same run. Goal: at most 1.5x from 4 to 256 workers.
+4-worker cost measured in the same run: the median of 3 runs per size, the sizes taking turns.
+Goal: at most 1.5x from 4 to 256 workers.
 
 Run: make bench   (or: python benchmarks/sim_speed.py [--systems vllm,...] [--repeats 3])
      python benchmarks/sim_speed.py --scale [--systems coda,vllm] [--workers 4,16,64,256] [--duration-s 300] [--json]
@@ -82,13 +83,18 @@ def per_request_ms(system: str, workers: int, duration_s: float, seed: int) -> t
 
 def scale_rows(systems: list[str], sizes: list[int], duration_s: float, repeats: int) -> list[dict[str, Any]]:
     """One row per system and size: medians of wall and CPU ms per simulated request, and their
-    ratios to the first size's, measured in this run."""
+    ratios to the first size's, measured in this run. The sizes take turns (each repeat runs every
+    size once), so a change in the machine's load meets every size alike."""
     rows = []
     for system in systems:
         per_request_ms(system, sizes[0], 60.0, seed=1)  # warm-up: imports and compiled kernels stay out of the first row
+        by_size: dict[int, list[tuple[float, float, int]]] = {n: [] for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                by_size[n].append(per_request_ms(system, n, duration_s, seed=0))
         base: tuple[float, float] | None = None
         for n in sizes:
-            runs = [per_request_ms(system, n, duration_s, seed=0) for _ in range(repeats)]
+            runs = by_size[n]
             wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
             base = base or (wall, cpu)
             rows.append(
@@ -148,7 +154,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--systems", default=None, help="comma-separated presets (default: vllm; coda,vllm with --scale)")
     ap.add_argument("--workers", default=None, help="workers (default 4); with --scale a comma-separated list (default 4,16,64,256)")
-    ap.add_argument("--repeats", type=int, default=None, help="runs per row, the median reported (default 3; 1 with --scale)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per row, the median reported (default 3)")
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--scale", action="store_true", help="the per-request cost table over cluster sizes")
     ap.add_argument("--duration-s", type=float, default=300.0, help="arrival window of each --scale run")
@@ -159,7 +165,7 @@ def main() -> None:
     console = Console()
     if args.scale:
         sizes = [int(x) for x in (args.workers or "4,16,64,256").split(",")]
-        repeats = args.repeats or 1
+        repeats = args.repeats or 3
         rows = scale_rows((args.systems or "coda,vllm").split(","), sizes, args.duration_s, repeats)
         ratios = cost_ratios(rows, sizes[0], sizes[-1])
         if args.json:
