@@ -43,8 +43,8 @@ from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from coda.integrations.vllm.cohort_backend import cohort_backend
+from coda.machine import machine
 from coda.policy.execution import Cohort
-from coda.profiling.machine import machine
 
 SHORT, LONG = 256, 4096  # the agent burst's decode contexts span about this range
 COHORT = {f.name: f.default for f in dataclasses.fields(Cohort)}  # the policy's defaults (m_min, rho)

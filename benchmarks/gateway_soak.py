@@ -58,7 +58,7 @@ from coda.bench.replay import BenchConfig, Replay
 from coda.bench.report import knee
 from coda.bench.run import summary_of
 from coda.engines.launch import FakeEngineProcess
-from coda.profiling.machine import machine, this_process
+from coda.machine import machine, this_process
 from coda.serving.procs import Proc, spawn
 from coda.serving.redis_server import RedisServer, started
 from coda.workload.schema import Workload

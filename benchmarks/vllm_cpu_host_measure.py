@@ -22,9 +22,9 @@ from pathlib import Path
 from coda.bench.burst import EngineSettings
 from coda.cost.profile import Profile
 from coda.engines.vllm_cpu import KV_BYTES_PER_TOKEN, build_tiny_model, pin, vllm_servers, word_tokenizer
+from coda.machine import machine
 from coda.profiling.api_measure import PROBE_WORDS, Plan, Prober
 from coda.profiling.empirical_fit import fit_step_model, measured_profile, write_host_samples, write_samples
-from coda.profiling.machine import machine
 
 PLAN = Plan(
     prefill=((16, 0), (128, 0), (512, 0), (1024, 0), (2048, 0), (3072, 0), (64, 1024), (64, 2048), (512, 1024)),

@@ -609,7 +609,7 @@ def _engine_machine(url: str, engine_version: str | None) -> dict | None:
     import ipaddress
     from urllib.parse import urlsplit
 
-    from coda.profiling.machine import machine
+    from coda.machine import machine
 
     host = urlsplit(url).hostname or ""
     try:

@@ -422,7 +422,7 @@ class CohortGainSpec(StrictModel):
 
 
 class Machine(StrictModel):
-    """The machine a profile was measured on (``coda.profiling.machine``): its hardware and the
+    """The machine a profile was measured on (``coda.machine``): its hardware and the
     measured software, never its paths, host name or kernel build; ``None`` where not known."""
 
     cpu: str

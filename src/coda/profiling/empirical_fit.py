@@ -242,7 +242,7 @@ def measured_profile(
     note: str,
 ) -> dict[str, Any]:
     """A ``measured`` profile (JSON-ready) with the provenance of every constant. ``machine``: the
-    engine's machine (``coda.profiling.machine``) when it ran where it was measured from, else
+    engine's machine (``coda.machine``) when it ran where it was measured from, else
     ``None``. ``host``: probes of an engine whose host work shares the forward pass's core (its
     ``step_model.host`` section); none leaves the section out. The endpoint's address and the
     model's local path are not recorded."""

@@ -27,8 +27,8 @@ import numpy as np
 
 from coda.cost import kernels
 from coda.errors import CodaError
+from coda.machine import machine, this_process
 from coda.profiling import catalog
-from coda.profiling.machine import machine, this_process
 
 MODEL = "Qwen3-Coder-30B-A3B-Instruct-FP8"
 

@@ -17,7 +17,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from coda.cost.profile import profile_data
-from coda.profiling.machine import machine
+from coda.machine import machine
 from tests.integration.vllm.support import build_tiny_model, vllm_servers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

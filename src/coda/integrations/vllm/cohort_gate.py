@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coda.cost.profile import Profile
-from coda.profiling.machine import machine
+from coda.machine import machine
 
 logger = logging.getLogger("vllm.coda.scheduler")
 #: execution policies that plan without the profile's gain bounds (``split_always``: checks only)
