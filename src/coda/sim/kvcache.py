@@ -8,10 +8,9 @@ version so cached prefix matches of waiting requests are invalidated exactly whe
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from itertools import groupby, islice, repeat, takewhile
-from operator import rshift
+from itertools import islice, takewhile
 
 import numpy as np
 
@@ -30,17 +29,6 @@ def owner_of(chunk: int) -> int:
 def owners_of(chunks: np.ndarray) -> np.ndarray:
     """``owner_of`` over an array of chunk ids (what an eviction policy groups chunks by)."""
     return chunks >> OWNER_SHIFT
-
-
-def owner_runs(chunks: Iterable[int]) -> Iterator[tuple[int, Iterator[int]]]:
-    """``(owner, its ids)`` per run of one owner's chunks, in order (the ids consumed in C, not a
-    Python step per chunk: a released or stored chain is tens of chunks)."""
-    return groupby(map(rshift, chunks, repeat(OWNER_SHIFT)))
-
-
-def consume(calls: Iterable[object]) -> None:
-    """Run a lazy ``map`` of calls to the end in C (a per-chunk dictionary operation without a Python loop)."""
-    deque(calls, maxlen=0)
 
 
 def leading_run(held: Container[int], chain: Sequence[int], start: int = 0) -> int:
@@ -65,8 +53,12 @@ class Versions:
 
     def bump(self, chunks: Iterable[int]) -> None:
         v = self.v
-        for o, _ in owner_runs(chunks):
-            v[o] += 1
+        last = -1
+        for c in chunks:
+            o = c >> OWNER_SHIFT
+            if o != last:
+                v[o] += 1
+                last = o
 
 
 class Residency:
@@ -105,10 +97,19 @@ class PrefixRuns:
         """Chunks were added to (``sign`` 1) or removed from (-1) the tier: their owners' epochs move on."""
         ep = self.epochs
         res = self.residency
-        for o, ids in owner_runs(chunks):
-            ep[o] = ep.get(o, 0) + 1
-            if res is not None:
-                self._count(res, o, sign * len(list(ids)))
+        last = -1
+        n = 0
+        for c in chunks:
+            o = c >> OWNER_SHIFT
+            if o != last:
+                if n and res is not None:
+                    self._count(res, last, sign * n)
+                ep[o] = ep.get(o, 0) + 1
+                last = o
+                n = 0
+            n += 1
+        if n and res is not None:
+            self._count(res, last, sign * n)
 
     def _count(self, res: Residency, owner: int, delta: int) -> None:
         res.epochs[owner] = res.epochs.get(owner, 0) + 1
@@ -296,13 +297,15 @@ class HbmPool:
         res, lru = self.resident, self.lru
         n = min(n, len(lru))
         if n == 0 or (self.evictor is None and self.run_evictor is None):
-            out = list(islice(lru, n))
+            out = [lru.popitem(last=False)[0] for _ in range(n)]
         else:
             out = self.run_evictor(self.idle_runs, n) if self.run_evictor is not None else self.evictor(lru, n)  # type: ignore[arg-type,misc]
-        consume(map(lru.__delitem__, out))
+            for c in out:
+                del lru[c]
         if out and self.idle_runs is not None:
             self.idle_runs.remove(out)
-        consume(map(res.__delitem__, out))
+        for c in out:
+            del res[c]
         if out:
             self.versions.bump(out)
             self.prefix_runs.moved(out, -1)
@@ -318,23 +321,18 @@ class HbmPool:
     def insert(self, chunks: Sequence[int]) -> None:
         """Reference chunks being filled (room must have been made); ones already resident are shared."""
         res, lru = self.resident, self.lru
-        fresh = dict.fromkeys(chunks, 1)
-        new: list[int] = []
+        new = []
         woke = []
-        if len(fresh) == len(chunks) and res.keys().isdisjoint(fresh):  # all new, as a prefill's own chunks are
-            res.update(fresh)
-            new = list(fresh)
-        else:
-            for c in chunks:
-                r = res.get(c)
-                if r is None:
-                    res[c] = 1
-                    new.append(c)
-                else:
-                    if r == 0:
-                        del lru[c]
-                        woke.append(c)
-                    res[c] = r + 1
+        for c in chunks:
+            r = res.get(c)
+            if r is None:
+                res[c] = 1
+                new.append(c)
+            else:
+                if r == 0:
+                    del lru[c]
+                    woke.append(c)
+                res[c] = r + 1
         if chunks:
             self.versions.bump(chunks)
         if woke and self.idle_runs is not None:
@@ -413,21 +411,22 @@ class KVStore:
         return self.prefix_runs.leading(self.chunks, chain) if start == 0 else leading_run(self.chunks, chain, start)
 
     def touch(self, chain: Sequence[int]) -> None:
-        consume(map(self.chunks.move_to_end, chain))
+        move = self.chunks.move_to_end
+        for c in chain:
+            move(c)
 
     def put(self, chain: Sequence[int]) -> None:
         """Store chunks (already-present ones are refreshed); LRU chunks spill to the lower tier."""
         if self.capacity <= 0:
             return
         chunks = self.chunks
-        fresh = dict.fromkeys(chain)
-        if len(fresh) == len(chain) and chunks.keys().isdisjoint(fresh):  # all new: a chain that ran here first
-            chunks.update(fresh)
-            new = list(fresh)
-        else:  # the new ones join, then the chain's chunks go last, in its order
-            new = [c for c in fresh if c not in chunks]
-            chunks.update(dict.fromkeys(new))
-            consume(map(chunks.move_to_end, chain))
+        new = []
+        for c in chain:
+            if c in chunks:
+                chunks.move_to_end(c)
+            else:
+                chunks[c] = None
+                new.append(c)
         if not new:
             return
         self.versions.bump(new)
@@ -436,8 +435,7 @@ class KVStore:
             self.listener("stored", self.node, self.name, new)
         over = len(chunks) - self.capacity
         if over > 0:
-            evicted = list(islice(chunks, over))
-            consume(map(chunks.pop, evicted))
+            evicted = [chunks.popitem(last=False)[0] for _ in range(over)]
             self.versions.bump(evicted)
             self.prefix_runs.moved(evicted, -1)
             if self.listener:
