@@ -18,6 +18,7 @@ from coda.workload.spec import load_workload
 )
 def test_columns_match_the_views_and_a_snapshot_keeps_its_views(system, tiers):
     sim = Simulation(load_workload("synth:rate=6,duration=150,seed=4"), SimConfig(system=system, workers=9, **tiers))
+    sim.views.columns_from = 1  # columns at every size (by default from 32 workers)
     taken = sim.routing_snapshot
     kept = []
 
@@ -40,8 +41,16 @@ def test_columns_match_the_views_and_a_snapshot_keeps_its_views(system, tiers):
     assert all(snap.workers[i] == views[i] for snap, views in kept for i in range(len(views)))
 
 
+def test_small_clusters_get_a_tuple_of_views():
+    sim = Simulation(load_workload("synth:rate=6,duration=60,seed=1"), SimConfig(system="coda", workers=4))
+    sim.run()
+    req = sim.requests[-1]
+    assert type(sim.routing_snapshot(req).workers) is tuple
+
+
 def test_a_match_probed_after_the_residency_moved_is_refused():
     sim = Simulation(load_workload("synth:rate=6,duration=150,seed=4"), SimConfig(system="coda", workers=9))
+    sim.views.columns_from = 1
     sim.run()
     req = next(r for r in reversed(sim.requests) if r.chain and sim.views._parts(r.chain, r.owners).holders())
     snap = sim.routing_snapshot(req)

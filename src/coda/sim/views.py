@@ -85,10 +85,10 @@ class RoutingViews(Sequence[WorkerView]):
     """The workers as a routing decision sees them (``RoutingSnapshot.workers``): each worker's view
     with its match, placed when read, and the columns routers read of all of them
     (``coda.policy.routing.WorkerColumns``), so a router that reads the columns and a few views
-    costs that much rather than a step per worker. The views, matches and columns are the decision's
-    own (``views`` is a copy, ``match`` fixed), so it reads as the tuple a fresh build gives whenever
-    it is read; ``full`` gives every view at once from the kept placements while they are current
-    (``None`` once they moved on)."""
+    costs that much rather than a step per worker. The views and columns are copies and ``match``
+    gives the decision's matches (refusing one it would have to probe after the residency moved), so
+    it reads as the tuple a fresh build gives; ``full`` gives every view at once from the kept
+    placements while they are current (``None`` once they moved on)."""
 
     __slots__ = ("_views", "_match", "_place", "_full", "_all", "columns")
 
@@ -98,14 +98,13 @@ class RoutingViews(Sequence[WorkerView]):
         match: Callable[[int], PrefixMatch | None],
         place: Callable[[int, WorkerView, PrefixMatch | None], WorkerView],
         full: Callable[[], list[WorkerView] | None],
-        columns: WorkerColumns,
     ) -> None:
         self._views = views
         self._match = match
         self._place = place
         self._full = full
         self._all: tuple[WorkerView, ...] | None = None
-        self.columns = columns
+        self.columns: WorkerColumns | None = None  # set where the decision is handed them
 
     def __len__(self) -> int:
         return len(self._views)
@@ -262,6 +261,9 @@ class ClusterViews:
         self._log: list[int] = []
         self._log_start = 0
         self.log_max = 4096
+        # from this many workers a decision is handed the columns (``RoutingViews``): below it, a
+        # router reads a tuple of views faster than numpy reads the arrays (a few us a call)
+        self.columns_from = 32
         # the last chain's parts and the residency changes they were found at
         self._last_parts: _Parts | None = None
 
@@ -366,19 +368,29 @@ class ClusterViews:
         self.refresh()
         views = self._views.copy()
         match: Callable[[int], PrefixMatch | None]
+        parts: _Parts | None = None
+        matches: Mapping[int, PrefixMatch] = {}
         if "match" not in self.worker_fields:
-            hbm, match, full = self._no_hits, _no_match, views.copy
+            match, full = _no_match, views.copy
         elif self.indexer is not None or self.residency is None or not chain:
             matches = self.matches(chain, owners)
-            hbm = np.zeros(len(views), dtype=np.int64)
-            for wid, m in matches.items():
-                hbm[wid] = m.hbm_blocks
             match, full = matches.get, _none
         else:
             parts = self._parts(chain, owners)
-            hbm, match, full = self._hbm(parts), parts.match, self._full(parts)
-        cols = WorkerColumns(self._active.copy(), self._kv_blocks.copy(), hbm, self._contexts.copy())
-        return RoutingSnapshot(now_s, request, RoutingViews(views, match, self._place, full, cols))  # type: ignore[arg-type]
+            match, full = parts.match, self._full(parts)
+        placed = RoutingViews(views, match, self._place, full)
+        if len(views) < self.columns_from:
+            return RoutingSnapshot(now_s, request, placed.every())
+        hbm = self._hbm(parts) if parts is not None else self._hits(matches) if matches else self._no_hits
+        placed.columns = WorkerColumns(self._active.copy(), self._kv_blocks.copy(), hbm, self._contexts.copy())
+        return RoutingSnapshot(now_s, request, placed)  # type: ignore[arg-type]
+
+    def _hits(self, matches: Mapping[int, PrefixMatch]) -> np.ndarray:
+        """Every worker's HBM run from a map of matches."""
+        hbm = np.zeros(len(self.workers), dtype=np.int64)
+        for wid, m in matches.items():
+            hbm[wid] = m.hbm_blocks
+        return hbm
 
     def _hbm(self, parts: _Parts) -> np.ndarray:
         """Every worker's HBM run: the lead's column, with the runs that go past it."""
