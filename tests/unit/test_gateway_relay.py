@@ -13,7 +13,8 @@ import pytest
 from coda.gateway.admission import JsonlLog
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.proxy import Exchange, Relay
-from tests.unit.test_gateway_state import Clock, make_state, ticket
+from tests.conftest import ManualClock
+from tests.unit.test_gateway_state import make_state, ticket
 
 EVENT = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
 
@@ -21,7 +22,7 @@ EVENT = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
 async def relay_stream(status: int, chunks: int) -> tuple[float, list[float], bool]:
     """Relay ``chunks`` SSE events, one clock second apart; returns the worker's ``answered_s``,
     the clock at each chunk, and whether the relay reports a completed answer."""
-    clock = Clock()
+    clock = ManualClock()
     state = make_state(clock)
     t = ticket(state, "a", "s", 256)
     w = state.workers[0]

@@ -13,7 +13,8 @@ from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.watch import IdleWatch
 from coda.serving.errors import ApiError
-from tests.unit.test_gateway_state import Clock, make_state, ticket
+from tests.conftest import ManualClock
+from tests.unit.test_gateway_state import make_state, ticket
 
 steps = st.lists(st.tuples(st.floats(0.0, 10.0, allow_nan=False), st.booleans(), st.booleans()), max_size=40)
 
@@ -42,7 +43,7 @@ def held_request(in_flight_on: list[int]) -> tuple[GatewayMetrics, float]:
     after the hold. The door's metrics and the time counted idle while held."""
 
     async def run() -> tuple[GatewayMetrics, float]:
-        clock = Clock()
+        clock = ManualClock()
         s = make_state(clock, policies={"ingress": {"name": "queue_limit", "params": {"max_waiting": 1}, "defer": {"max_wait_s": 0.2}}})
         for i in in_flight_on:
             s.begin(ticket(s, "a", None, 640), s.workers[i])

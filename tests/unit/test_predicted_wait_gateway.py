@@ -11,12 +11,13 @@ import pytest
 from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.prometheus import GatewayMetrics
 from coda.serving.errors import ApiError
-from tests.unit.test_gateway_state import Clock, make_state, ticket
+from tests.conftest import ManualClock
+from tests.unit.test_gateway_state import make_state, ticket
 
 
 def test_a_refusal_costs_no_hold_when_the_predicted_wait_exceeds_the_budget():
     async def run() -> None:
-        clock = Clock()
+        clock = ManualClock()
         # one seat; held requests would wait up to 30 s, far longer than the budget of 0.5 s
         s = make_state(clock, backends=[{"url": "http://a:1", "max_num_seqs": 1}], policies={"ingress": {
             "name": "predicted_wait", "params": {"ttft_slo_s": 0.5, "defer_budget_s": 0.5, "adaptive_cap": False},
