@@ -4,10 +4,11 @@ Scripted cases: single-round sessions with prompts no two share (so a running re
 exactly what its preemption frees), arriving over a few seconds on one worker whose HBM holds any one
 of them. Properties:
 
-- after every step's scheduling, an overdue oldest waiting request is still waiting only if the
-  requests running that arrived after it do not hold what it lacks (or, lacking only a seat, none
-  arrived after it), or the step preempted for it, or vLLM's own preemption for decode growth (the
-  newest admitted goes) just put it back: nothing younger keeps it out for longer than a step;
+- after every step's scheduling, the request that was the oldest waiting when the step began, if
+  overdue and still waiting, is waiting only if the requests running that arrived after it do not
+  hold what it lacks (or, lacking only a seat, none arrived after it), or the step preempted for
+  it, or vLLM's own preemption for decode growth (the newest admitted goes) just put it back:
+  nothing younger keeps it out for longer than a step;
 - no request waits beyond W_max, or beyond the end of the requests older than it, by more than a
   few steps;
 - every request completes, and no preemption is made for W_max without ``preempt``.
@@ -42,10 +43,12 @@ def run(reqs, hbm_chunks: int, seats: int, preempt: bool):
 
     def checked() -> None:
         made, preempted = w.w_max_preemptions, {r.rid: r.preemptions for r in w.running}
+        # the request W_max preemption serves this step: the oldest waiting when the step begins (one
+        # that becomes the oldest during it, as a tie admitted first leaves its twin, is served next step)
+        oldest = min(w.waiting, key=lambda r: r.arrived_s) if w.waiting else None
         schedule()
-        if not w.waiting:
+        if oldest is None or oldest not in w.waiting:
             return
-        oldest = min(w.waiting, key=lambda r: r.arrived_s)
         if sim.loop.now - oldest.arrived_s < W_MAX or not preempt:
             return
         if w.w_max_preemptions > made or oldest.preemptions > preempted.get(oldest.rid, oldest.preemptions):
