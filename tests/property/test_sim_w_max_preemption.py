@@ -7,8 +7,8 @@ of them. Properties:
 - after every step's scheduling, the request that was the oldest waiting when the step began, if
   overdue and still waiting, is waiting only if the requests running that arrived after it do not
   hold what it lacks (or, lacking only a seat, none arrived after it), or the step preempted for
-  it, or vLLM's own preemption for decode growth (the newest admitted goes) just put it back:
-  nothing younger keeps it out for longer than a step;
+  it, or vLLM's own preemption for decode growth (the newest admitted goes) put a request back
+  after the step's W_max decision: nothing younger keeps it out for longer than a step;
 - no request waits beyond W_max, or beyond the end of the requests older than it, by more than a
   few steps;
 - every request completes, and no preemption is made for W_max without ``preempt``.
@@ -51,8 +51,10 @@ def run(reqs, hbm_chunks: int, seats: int, preempt: bool):
             return
         if sim.loop.now - oldest.arrived_s < W_MAX or not preempt:
             return
-        if w.w_max_preemptions > made or oldest.preemptions > preempted.get(oldest.rid, oldest.preemptions):
-            return  # progress this step, or vLLM's own preemption (decode growth) just put it back: the next step serves it
+        if w.w_max_preemptions > made or any(r.preemptions > preempted[r.rid] for r in w.waiting if r.rid in preempted):
+            # progress this step, or vLLM's own preemption (decode growth) put a request back after the
+            # step's W_max decision, changing what the oldest lacks: the next step decides on it
+            return
         _, idle, _, _, extra = w._plan_hits(oldest)
         lack = extra - (w.hbm.reclaimable - idle)
         younger = [r for r in w.running if r.arrived_s > oldest.arrived_s]
