@@ -59,10 +59,7 @@ def fit_contended(burst: Path, one_core: Path) -> tuple[float, float, float]:
 
 def engine_cores() -> tuple[float, list[dict[str, float]]]:
     """The median over ``SHAPES`` of one engine's CPU seconds per wall second while it serves one request at a time."""
-    eng = EngineSettings()
-    args = ["--block-size", str(eng.block_tokens), "--num-gpu-blocks-override", str(eng.kv_blocks), "--max-model-len",
-            str(eng.max_model_len), "--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
-            "--enable-prefix-caching"]
+    args = EngineSettings().vllm_args()
     words = [f"w{i % 500}" for i in range(2000)]  # words of the tiny model's word tokenizer, each one token
     rows = []
     with tempfile.TemporaryDirectory(prefix="contention-") as d:

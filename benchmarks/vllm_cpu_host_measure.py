@@ -41,10 +41,7 @@ PLACEMENTS = ("burst", "one-core")
 
 
 def main(out: Path, placement: str) -> None:
-    eng = EngineSettings()
-    args = ["--block-size", str(eng.block_tokens), "--num-gpu-blocks-override", str(eng.kv_blocks), "--max-model-len",
-            str(eng.max_model_len), "--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
-            "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    args = EngineSettings().vllm_args()
     where = ("API server and EngineCore pinned to core 0 with the forward pass" if placement == "one-core" else
              "API server and EngineCore unpinned, as the burst runs them")
     note = (f"vLLM-CPU flags: {' '.join(args)}; env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 (the agent burst's engine 0); "

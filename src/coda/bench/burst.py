@@ -74,6 +74,12 @@ class EngineSettings:
         return (f"{self.kv_blocks} KV blocks of {self.block_tokens} tokens, {self.max_num_seqs} sequences, "
                 f"{self.max_num_batched_tokens}-token budget")
 
+    def vllm_args(self) -> list[str]:
+        """The vLLM server flags of an engine with these settings (prefix caching and per-request cache hits on)."""
+        return ["--block-size", str(self.block_tokens), "--num-gpu-blocks-override", str(self.kv_blocks), "--max-model-len",
+                str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens",
+                str(self.max_num_batched_tokens), "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+
 
 # --- configurations --------------------------------------------------------------------------
 TA_ONLY = {"system": "coda", "tiers": False, "policies": {"state": "tiered_aging", "execution": "full", "eviction": "lru"}}

@@ -201,9 +201,7 @@ def start_engines(setup: Setup, b: Bench, model: Path | None, tag: str) -> Itera
 
     assert model is not None
     ports = [(free_port(), free_port()) for _ in range(eng.workers)]
-    base = ["--block-size", str(eng.block_tokens), "--num-gpu-blocks-override", str(eng.kv_blocks), "--max-model-len",
-            str(eng.max_model_len), "--max-num-seqs", str(eng.max_num_seqs), "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
-            "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    base = eng.vllm_args()
     if setup.scheduler is not None:
         base += ["--scheduler-cls", SCHEDULER_CLS]
     if setup.tiers:
