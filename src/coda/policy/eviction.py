@@ -63,6 +63,16 @@ class ToolAware(EvictionPolicy):
         status = out(owner)
         return 0.0 if status is None else self.predictor.remaining(*status)
 
+    def _scores(self, owners: Iterable[int], out: OutStatus) -> dict[int, float]:
+        """``score`` of each owner, once each (a window holds several runs of some owners)."""
+        remaining = self.predictor.remaining
+        scores: dict[int, float] = {}
+        for o in owners:
+            if o not in scores:
+                status = out(o)
+                scores[o] = 0.0 if status is None else remaining(*status)
+        return scores
+
     def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus, owners: Owners) -> list[int]:
         w = min(max(self.window_chunks, n), len(lru))
         chunks = np.fromiter(islice(lru, w), dtype=np.int64, count=w)
@@ -71,10 +81,7 @@ class ToolAware(EvictionPolicy):
         owners = owners(chunks)
         starts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
         run_owner = owners[np.concatenate(([0], starts))].tolist()
-        scores: dict[int, float] = {}
-        for o in run_owner:
-            if o not in scores:
-                scores[o] = self.score(o, out)
+        scores = self._scores(run_owner, out)
         if not any(v > 0 for v in scores.values()):
             return chunks[:n].tolist()
         score = np.repeat([scores[o] for o in run_owner], np.diff(starts, prepend=0, append=w))
@@ -96,10 +103,7 @@ class ToolAware(EvictionPolicy):
             take = min(len(chunks), left)  # type: ignore[arg-type]
             window.append((owner, chunks, take))
             left -= take
-        scores: dict[int, float] = {}
-        for o, _, _ in window:
-            if o not in scores:
-                scores[o] = self.score(o, out)
+        scores = self._scores([o for o, _, _ in window], out)
         if any(v > 0 for v in scores.values()):
             window.sort(key=lambda r: -scores[r[0]])  # stable: LRU order among equals
         chosen: list[int] = []

@@ -7,6 +7,7 @@ says which rule chose and the scores it compared, for decision logs and analyses
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -209,10 +210,18 @@ class DynamoKV(Router):
         return RouteChoice(rng.choices([w.worker_id for w in ws], weights=weights)[0], "sampled by cost", scores)
 
 
+@functools.lru_cache(maxsize=4096)
+def _log_contexts(contexts: tuple[int, ...]) -> np.ndarray:
+    """log2 of each context (at least 1), kept per tuple: between two decisions only the workers
+    that stepped have new contexts, and a large cluster compares tens of the others each time."""
+    logs = np.log2(np.maximum(np.asarray(contexts, dtype=np.float64), 1.0))
+    logs.flags.writeable = False
+    return logs
+
+
 def context_distance(contexts: Sequence[int], arrival_tokens: int) -> float:
     """Mean |log2(l / L)| over a worker's active decoders: how far its contexts are from the arrival's."""
-    logs = np.log2(np.maximum(np.asarray(contexts, dtype=np.float64), 1.0))
-    return float(np.abs(logs - math.log2(max(arrival_tokens, 1))).mean())
+    return float(np.abs(_log_contexts(tuple(contexts)) - math.log2(max(arrival_tokens, 1))).mean())
 
 
 @dataclass(frozen=True, slots=True)

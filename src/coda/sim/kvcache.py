@@ -297,15 +297,18 @@ class HbmPool:
         res, lru = self.resident, self.lru
         n = min(n, len(lru))
         if n == 0 or (self.evictor is None and self.run_evictor is None):
-            out = [lru.popitem(last=False)[0] for _ in range(n)]
+            out = []
+            for _ in range(n):
+                c = lru.popitem(last=False)[0]
+                del res[c]
+                out.append(c)
         else:
             out = self.run_evictor(self.idle_runs, n) if self.run_evictor is not None else self.evictor(lru, n)  # type: ignore[arg-type,misc]
             for c in out:
                 del lru[c]
+                del res[c]
         if out and self.idle_runs is not None:
             self.idle_runs.remove(out)
-        for c in out:
-            del res[c]
         if out:
             self.versions.bump(out)
             self.prefix_runs.moved(out, -1)
