@@ -195,6 +195,9 @@ def test_parse_vllm_metrics():
     apply_metrics(w, values, 5.0)
     assert (w.queue_depth, w.running, w.kv_usage, w.scraped_at, w.kv_capacity_tokens) == (2, 4, 0.375, 5.0, 48_000)
     assert w.supplies("queue_depth") and w.supplies("kv_usage") and w.supplies("tenant_share")
+    assert parse_metrics('vllm:num_requests_running{engine="0"} 5.0\n') == {"vllm:num_requests_running": 5.0}  # on the first line
+    # an engine restarted with another cache configuration: its capacity is read again, not remembered
+    assert parse_metrics(METRICS.replace('num_gpu_blocks="500"', 'num_gpu_blocks="100"'))["kv_capacity_tokens"] == 32 * 1100
     legacy = parse_metrics('# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n')
     apply_metrics(w, legacy, 6.0)
     assert w.kv_usage == 0.9 and w.supplies("kv_usage") and not w.supplies("queue_depth")

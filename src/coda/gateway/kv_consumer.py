@@ -142,20 +142,22 @@ class KVEventConsumer:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, cfg.kv_events_topic.encode())
         sub.connect(cfg.kv_events)
+        # one waiter for a resync lives across messages (a message arrives every few engine steps)
+        resync = asyncio.ensure_future(self._resync.wait())
         try:
             await self._replay(0)  # what the engine published before the gateway started
             while True:
                 recv = asyncio.ensure_future(sub.recv_multipart())
-                resync = asyncio.ensure_future(self._resync.wait())
                 done, _ = await asyncio.wait({recv, resync}, return_when=asyncio.FIRST_COMPLETED)
                 if resync in done:
                     self._resync.clear()
                     recv.cancel()
+                    resync = asyncio.ensure_future(self._resync.wait())
                     await self._replay((self.last_seq or -1) + 1)
                     continue
-                resync.cancel()
                 await self._message(recv.result())
         finally:
+            resync.cancel()
             sub.close(linger=0)
 
     async def _message(self, frames: list[bytes]) -> None:

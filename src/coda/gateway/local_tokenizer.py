@@ -19,12 +19,11 @@ checkpoints and ids are bounded by ``cache_bytes`` (least recently seen dropped 
 
 from __future__ import annotations
 
-import bisect
 import json
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from coda.errors import CodaError
 
@@ -119,7 +118,7 @@ class LocalTokenizer:
             ids = old.ids[: cp.token]
             ids.extend(enc.ids)
             kept, start = [c for c in old.checkpoints if c.char <= cp.char], cp
-        entry = _Cached(ids, kept + _checkpoints(suffix, enc.offsets, start, len(ids) - len(enc.ids), self.checkpoint_chars))
+        entry = _Cached(ids, kept + _checkpoints(suffix, _token_starting_at(enc), start, cp.token if cp else 0, self.checkpoint_chars))
         self._cache[session] = entry
         self._bytes += entry.nbytes
         while len(self._cache) > 1 and self._bytes > self.cache_bytes:
@@ -164,18 +163,30 @@ def _reusable(old: _Cached, data: bytes) -> _Checkpoint | None:
     return best
 
 
-def _checkpoints(suffix: str, offsets: Sequence[tuple[int, int]], start: _Checkpoint, base_token: int, every: int) -> list[_Checkpoint]:
-    """Checkpoints in ``suffix`` (the text after ``start``, encoded with ``offsets``), about one
-    ``every`` characters: at a token that starts right after a newline and not with whitespace, where
-    byte-level BPE pre-tokenizers (GPT-2, Llama 3, Qwen, ...) always start a new piece."""
+def _token_starting_at(enc: Encoding) -> Callable[[int], int | None]:
+    """The index of ``enc``'s token that starts at a character, or ``None``: asked of the few
+    characters a checkpoint might take, where converting every token's offsets to Python tuples
+    cost more than the encoding (and their allocations set off the garbage collector)."""
+
+    def at(char: int) -> int | None:
+        k = enc.char_to_token(char)
+        return k if k is not None and enc.token_to_chars(k)[0] == char else None
+
+    return at
+
+
+def _checkpoints(suffix: str, token_at: Callable[[int], int | None], start: _Checkpoint, base_token: int, every: int) -> list[_Checkpoint]:
+    """Checkpoints in ``suffix`` (the text after ``start``, whose tokens ``token_at`` finds), about
+    one ``every`` characters: at a token that starts right after a newline and not with whitespace,
+    where byte-level BPE pre-tokenizers (GPT-2, Llama 3, Qwen, ...) always start a new piece."""
     out: list[_Checkpoint] = []
     crc, byte, last = start.crc, start.char, 0
     want = every
     while (j := suffix.find("\n", want)) >= 0 and j + 1 < len(suffix):
         c = j + 1
         want = c + 1
-        k = bisect.bisect_left(offsets, (c, -1))
-        if suffix[c].isspace() or k >= len(offsets) or offsets[k][0] != c:
+        k = None if suffix[c].isspace() else token_at(c)
+        if k is None:
             continue
         chunk = suffix[last:c].encode()
         crc, byte, last = zlib.crc32(chunk, crc), byte + len(chunk), c

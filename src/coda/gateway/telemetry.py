@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -48,29 +49,39 @@ COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 CACHE_INFO = "vllm:cache_config_info"
 #: the KV capacity in tokens, computed from CACHE_INFO's labels
 KV_CAPACITY = "kv_capacity_tokens"
-# one sample line of a wanted metric (any labels), anchored at a line start: a C-speed scan of the
-# exposition, whose histograms of every request latency make up most of its size
-_NAMES = "|".join(map(re.escape, GAUGES + COUNTERS))
-_SAMPLE = re.compile("^(" + _NAMES + r")(?:_total)?(?:\{[^}\n]*\})? (\S+)", re.M)
-_CACHE_INFO_LINE = re.compile("^" + re.escape(CACHE_INFO) + r"\{[^}\n]*\} \S+$", re.M)
+# one sample line of a wanted metric (any labels) at a line start: one pattern per name, each
+# starting with literal text, which the regex engine looks for at C speed through an exposition
+# whose histograms of every request latency make up most of its 50 KB (an alternation of the names
+# anchored at every line start took 2.3x as long on vLLM-CPU's)
+_SAMPLES = tuple(re.compile("\n(" + re.escape(name) + r")(?:_total)?(?:\{[^}\n]*\})? (\S+)") for name in GAUGES + COUNTERS)
+_CACHE_INFO_LINE = re.compile("\n(" + re.escape(CACHE_INFO) + r"\{[^}\n]*\} \S+)")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The vLLM metrics the gateway reads on every scrape: counts summed over engines
     (data-parallel ranks), usage fractions averaged; and, when the exposition has vLLM's cache
     config, the KV capacity (``num_gpu_blocks`` x ``block_size`` of each rank, summed)."""
+    text = "\n" + text  # every sample line then follows a newline
     values: dict[str, list[float]] = {}
-    for m in _SAMPLE.finditer(text):
-        with contextlib.suppress(ValueError):
-            values.setdefault(m.group(1), []).append(float(m.group(2)))
+    for pattern in _SAMPLES:
+        for m in pattern.finditer(text):
+            with contextlib.suppress(ValueError):
+                values.setdefault(m.group(1), []).append(float(m.group(2)))
     out = {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in values.items()}
-    info = "\n".join(m.group(0) for m in _CACHE_INFO_LINE.finditer(text))
-    if info:  # an info gauge with every CacheConfig field as a label: parsed by prometheus_client, only its lines
-        caps = [int(b) * int(z) for fam in text_string_to_metric_families(info + "\n") for smp in fam.samples
-                if (b := smp.labels.get("num_gpu_blocks", "")).isdigit() and (z := smp.labels.get("block_size", "")).isdigit()]
-        if caps:
-            out[KV_CAPACITY] = sum(caps)
+    info = "\n".join(_CACHE_INFO_LINE.findall(text))
+    capacity = _kv_capacity(info) if info else 0
+    if capacity:
+        out[KV_CAPACITY] = capacity
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _kv_capacity(info: str) -> int:
+    """The KV capacity in tokens from the cache-config info lines (every CacheConfig field a label),
+    parsed by prometheus_client once per distinct text: it changes only when an engine restarts
+    with another cache configuration; 0 when no line names its blocks."""
+    return sum(int(b) * int(z) for fam in text_string_to_metric_families(info + "\n") for smp in fam.samples
+               if (b := smp.labels.get("num_gpu_blocks", "")).isdigit() and (z := smp.labels.get("block_size", "")).isdigit())
 
 
 def apply_metrics(w: Worker, values: dict[str, float], now: float) -> None:
