@@ -65,12 +65,10 @@ class ToolAware(EvictionPolicy):
 
     def _scores(self, owners: Iterable[int], out: OutStatus) -> dict[int, float]:
         """``score`` of each owner, once each (a window holds several runs of some owners)."""
-        remaining = self.predictor.remaining
         scores: dict[int, float] = {}
         for o in owners:
             if o not in scores:
-                status = out(o)
-                scores[o] = 0.0 if status is None else remaining(*status)
+                scores[o] = self.score(o, out)
         return scores
 
     def victims(self, lru: OrderedDict[int, None], n: int, out: OutStatus, owners: Owners) -> list[int]:
