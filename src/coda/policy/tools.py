@@ -17,14 +17,14 @@ USER = "<user>"  # pseudo-tool: the session waits on its user (think time)
 
 
 class _Samples:
-    """Observed durations in sorted blocks, each with its sum and size.
+    """Observed durations in sorted blocks, each with its sum.
 
     A cluster's predictor holds every call its workers saw (tens of thousands at hundreds of
     workers), and each reclaim asks for the mean over a suffix. One sorted array would be copied
     on every new sample and summed again on the next query; in blocks, a new sample is a step in
     one block, and a suffix sum is one block's tail summed plus the later blocks' sums."""
 
-    __slots__ = ("_blocks", "_maxes", "_sums", "_sizes", "_after", "n", "split")
+    __slots__ = ("_blocks", "_maxes", "_sums", "_after", "n", "split")
 
     def __init__(self, split: int = 128) -> None:
         #: a block splits in two halves beyond this many samples: 128 was the fastest of 64-1,024
@@ -33,7 +33,6 @@ class _Samples:
         self._blocks: list[list[float]] = []
         self._maxes: list[float] = []  # each block's largest sample, to find the block of a value
         self._sums: list[float] = []
-        self._sizes: list[int] = []
         # (sum, count) of the samples in the blocks from each block on, recomputed after a change
         self._after: tuple[list[float], list[int]] | None = None
         self.n = 0
@@ -45,7 +44,6 @@ class _Samples:
             self._blocks.append([d])
             self._maxes.append(d)
             self._sums.append(d)
-            self._sizes.append(1)
             return
         b = min(bisect.bisect_left(self._maxes, d), len(self._blocks) - 1)
         block = self._blocks[b]
@@ -56,11 +54,9 @@ class _Samples:
             self._blocks[b : b + 1] = [low, high]
             self._maxes[b : b + 1] = [low[-1], high[-1]]
             self._sums[b : b + 1] = [sum(low), sum(high)]
-            self._sizes[b : b + 1] = [len(low), len(high)]
         else:
             self._maxes[b] = block[-1]
             self._sums[b] = sum(block)
-            self._sizes[b] += 1
 
     def _above(self, elapsed: float) -> tuple[int, int]:
         """(block, index in it) of the first sample greater than ``elapsed``; (blocks, 0) if none."""
@@ -83,7 +79,7 @@ class _Samples:
             return None
         if self._after is None:
             sums = list(itertools.accumulate(reversed(self._sums), initial=0.0))
-            sizes = list(itertools.accumulate(reversed(self._sizes), initial=0))
+            sizes = list(itertools.accumulate(map(len, reversed(self._blocks)), initial=0))
             sums.reverse()
             sizes.reverse()
             self._after = sums, sizes
