@@ -49,11 +49,19 @@ def test_a_refusal_costs_no_hold_when_the_predicted_wait_exceeds_the_budget():
 
 
 def test_the_cap_refuses_new_sessions_at_once_and_lets_continuations_and_sessionless_requests_by():
-    full = snap(0, 1_000.0, active_sessions=4, session_cap=4)
+    full = snap(1_000, 1_000.0, active_sessions=4, session_cap=4)  # a 1-s wait, within its share of the SLO
     assert (DOOR.decide(full).action, DOOR.decide(full).status, DOOR.decide(full).reason) == ("reject", 503, "session_slots_full")
     assert DOOR.decide(dataclasses.replace(full, session_active=True)).action == "admit"
     assert DOOR.decide(dataclasses.replace(full, session_id=None)).action == "admit"
     assert DOOR.decide(dataclasses.replace(full, session_cap=5)).action == "admit"
+
+
+def test_the_adaptive_cap_binds_only_while_no_worker_could_start_the_request_and_max_sessions_always():
+    room = snap(0, 1_000.0, active_sessions=4, session_cap=4)  # the worker could start it now
+    assert DOOR.decide(room).action == "admit"
+    hard = dataclasses.replace(DOOR, max_sessions=4)
+    assert (hard.decide(room).action, hard.decide(room).reason) == ("reject", "session_slots_full")
+    assert hard.decide(dataclasses.replace(room, active_sessions=3)).action == "admit"
 
 
 def test_the_cap_moves_by_aimd_and_cuts_once_per_round_trip():

@@ -134,6 +134,9 @@ CONFIGS: dict[str, Setup] = {
     "coda-gateway+session": Setup("coda", ingress="session", seats=True),
     "coda-gateway+kv_threshold": Setup("coda", ingress="admitperf_kv_threshold", seats=True),
     "coda-gateway+queue_limit": Setup("coda", ingress="queue_limit", seats=True),
+    "coda-gateway+queue_depth": Setup("coda", ingress="admitperf_queue_depth", seats=True),
+    # admission by the predicted wait, told the run's TTFT SLO as its user would (``SLO_DOORS``)
+    "coda-gateway+predicted_wait": Setup("coda", ingress="predicted_wait", seats=True),
     # the peer's own admission: vllm-router's concurrency limit at the engines' seats, its queue in front
     "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
@@ -142,8 +145,10 @@ CONFIGS: dict[str, Setup] = {
                        mechanisms=("w_max", "tiers", "cohorts", "retention")),
 }
 #: what runs without ``configs``: the door, engine and mechanism ablation; these controls run when named
-NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit", "vllm-router+limit",
-              "coda+hold")
+NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit",
+              "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold")
+#: ingress policies that admit by a predicted TTFT: the door is given the run's TTFT SLO
+SLO_DOORS = frozenset({"predicted_wait"})
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")

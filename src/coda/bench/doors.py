@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -129,11 +130,11 @@ def coda_serve(
     tmp: Path,
     model: Path | None,
     log: Path | None = None,
-    ingress: str | None = None,
+    ingress: str | dict[str, Any] | None = None,
     max_num_seqs: int | None = None,
 ) -> Iterator[Proxy]:
     """``coda serve`` in front of ``engines`` (with their KV events and tokenizer where given), with
-    an ``ingress`` policy (default: the gateway's) and the engines' seats (``max_num_seqs``) where
+    an ``ingress`` policy (a name or ``{name, params}``; default: the gateway's) and the engines' seats (``max_num_seqs``) where
     given; with ``log``, its stderr (warnings and errors) is kept there when it stops."""
     cfg: dict = {"backends": [{"url": u} for u in engines]}
     if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it

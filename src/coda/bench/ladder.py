@@ -31,7 +31,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from coda.bench.burst import BASELINES, CONFIGS, PEER, SIM_CONFIGS, SIM_PROFILE, Scenario, Setup, burst_workload, is_cold, load_seed
+from coda.bench.burst import (
+    BASELINES,
+    CONFIGS,
+    PEER,
+    SIM_CONFIGS,
+    SIM_PROFILE,
+    SLO_DOORS,
+    Scenario,
+    Setup,
+    burst_workload,
+    is_cold,
+    load_seed,
+)
 from coda.bench.doors import (
     PEER_VERSION,
     coda_serve,
@@ -239,7 +251,10 @@ def door(setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Pa
         (tmp / tag).mkdir(exist_ok=True)
         # an ingress policy's default thresholds come from the engines' seats, which vLLM does not publish
         log = b.logs / f"{tag}-coda-serve.log"
-        with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=setup.ingress,
+        ingress: str | dict[str, Any] | None = setup.ingress
+        if setup.ingress in SLO_DOORS:
+            ingress = {"name": setup.ingress, "params": {"ttft_slo_s": b.scenario.slo.ttft_s}}
+        with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=ingress,
                         max_num_seqs=seats if setup.seats else None) as proxy:
             yield [proxy.url], proxy.pid
 
