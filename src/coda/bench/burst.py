@@ -149,6 +149,14 @@ NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_thr
               "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold")
 #: ingress policies that admit by a predicted TTFT: the door is given the run's TTFT SLO
 SLO_DOORS = frozenset({"predicted_wait"})
+
+
+def ingress_of(setup: Setup, ttft_slo_s: float) -> str | dict[str, Any] | None:
+    """The ingress policy `coda serve` is given for ``setup``: a door that admits by a predicted
+    TTFT is told the run's SLO, as its user would set it; any other by its name alone."""
+    if setup.ingress in SLO_DOORS:
+        return {"name": setup.ingress, "params": {"ttft_slo_s": ttft_slo_s}}
+    return setup.ingress
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")

@@ -37,10 +37,10 @@ from coda.bench.burst import (
     PEER,
     SIM_CONFIGS,
     SIM_PROFILE,
-    SLO_DOORS,
     Scenario,
     Setup,
     burst_workload,
+    ingress_of,
     is_cold,
     load_seed,
 )
@@ -251,10 +251,7 @@ def door(setup: Setup, engines: Engines, tmp: Path, model: Path | None, peer: Pa
         (tmp / tag).mkdir(exist_ok=True)
         # an ingress policy's default thresholds come from the engines' seats, which vLLM does not publish
         log = b.logs / f"{tag}-coda-serve.log"
-        ingress: str | dict[str, Any] | None = setup.ingress
-        if setup.ingress in SLO_DOORS:
-            ingress = {"name": setup.ingress, "params": {"ttft_slo_s": b.scenario.slo.ttft_s}}
-        with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=ingress,
+        with coda_serve(engines.urls, engines.events, tmp / tag, model, log, ingress=ingress_of(setup, b.scenario.slo.ttft_s),
                         max_num_seqs=seats if setup.seats else None) as proxy:
             yield [proxy.url], proxy.pid
 

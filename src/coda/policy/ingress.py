@@ -302,10 +302,11 @@ class PredictedWait(IngressPolicy):
     """Admit by the wait a request would see, held only where holding pays. A request of a session
     that holds a slot always passes (continuations first: they hold KV and finish sessions). A new
     one is refused at once (503, no hold) while the adaptive session cap is reached (``CapRule``)
-    and no worker could start it now, or while ``max_sessions`` hold slots. Otherwise the door predicts, per worker, how long it would wait
-    before it could start (``predicted_wait_s``: the KV tokens and seats the requests sent there
-    must free first, at the rates they free them) and admits when the least such wait is within
-    ``wait_share`` of the TTFT SLO, the rest left to its prefill and to what the prediction misses.
+    and no worker could start it now, or while ``max_sessions`` hold slots. Otherwise the door
+    predicts, per worker, how long it would wait before it could start (``predicted_wait_s``: the
+    KV tokens and seats the requests sent there must free first, at the rates they free them) and
+    admits when the least such wait is within ``wait_share`` of the TTFT SLO, the rest left to its
+    prefill and to what the prediction misses.
     A longer wait is held (defer) only when it fits what is left of the session's deferral budget
     ``defer_budget_s``; else it is refused at once, 503 with a Retry-After of the wait until it
     would be admitted, and 529 once the budget is spent. A session whose slot went unused for its
