@@ -56,26 +56,24 @@ def test_the_cap_refuses_new_sessions_at_once_and_lets_continuations_and_session
     assert DOOR.decide(dataclasses.replace(full, session_cap=5)).action == "admit"
 
 
-def test_the_adaptive_cap_binds_only_while_no_worker_could_start_the_request_and_max_sessions_always():
-    room = snap(0, 1_000.0, active_sessions=4, session_cap=4)  # the worker could start it now
-    assert DOOR.decide(room).action == "admit"
-    hard = dataclasses.replace(DOOR, max_sessions=4)
-    assert (hard.decide(room).action, hard.decide(room).reason) == ("reject", "session_slots_full")
-    assert hard.decide(dataclasses.replace(room, active_sessions=3)).action == "admit"
-
-
-def test_the_cap_moves_by_aimd_and_cuts_once_per_round_trip():
-    cap = SessionCap(CapRule(ttft_slo_s=2.0, initial=10, least=2, most=12, decrease=0.5))
-    cap.observe(1.0, sent_s=0.0, pressure=0.5, now_s=1.0)
-    assert cap.cap == pytest.approx(10.1)  # on time: + 1 / cap
-    cap.observe(3.0, sent_s=0.5, pressure=0.5, now_s=2.0)
-    assert cap.cap == pytest.approx(5.05)  # late: cut
-    cap.observe(3.0, sent_s=1.5, pressure=0.5, now_s=2.5)
-    assert cap.cap == pytest.approx(5.05)  # sent before that cut: the cut answered it already
-    cap.observe(1.0, sent_s=2.6, pressure=1.2, now_s=3.0)
-    assert cap.cap == pytest.approx(2.525) and cap.limit == 2  # on time, but its worker was sent more KV than it holds
+def test_the_cap_opens_in_slow_start_halves_at_the_first_cut_then_moves_by_aimd_once_per_round_trip():
+    cap = SessionCap(CapRule(ttft_slo_s=2.0, initial=10, least=2, most=40, decrease=0.5))
+    cap.observe(1.0, sent_s=0.0, pressure=0.5, now_s=1.0, in_use=10)
+    assert cap.cap == pytest.approx(11.0)  # slow start: + 1 a sample
+    cap.observe(1.0, sent_s=0.0, pressure=0.5, now_s=1.1, in_use=5)
+    assert cap.cap == pytest.approx(11.0)  # not in use (11 >= 2 x 5): a light load does not open it
+    cap.observe(3.0, sent_s=0.5, pressure=0.5, now_s=2.0, in_use=11)
+    assert cap.cap == pytest.approx(5.5) and not cap.slow_start  # the first cut halves it and ends slow start
+    cap.observe(1.0, sent_s=2.1, pressure=0.5, now_s=2.2, in_use=5)
+    assert cap.cap == pytest.approx(5.5 + 1 / 5.5)  # on time, in use: + 1 / cap
+    cap.observe(3.0, sent_s=2.3, pressure=0.5, now_s=2.5, in_use=5)
+    assert cap.cap == pytest.approx((5.5 + 1 / 5.5) * 0.5)  # late: cut by decrease
+    cap.observe(3.0, sent_s=2.4, pressure=0.5, now_s=2.6, in_use=5)
+    assert cap.cap == pytest.approx((5.5 + 1 / 5.5) * 0.5)  # sent before that cut: the cut answered it already
+    cap.observe(1.0, sent_s=2.7, pressure=1.2, now_s=3.0, in_use=3)
+    assert cap.limit == 2  # on time, but its worker was sent more KV than it holds
     for t in range(4, 10):
-        cap.observe(9.0, sent_s=float(t), pressure=0.0, now_s=float(t))
+        cap.observe(9.0, sent_s=float(t), pressure=0.0, now_s=float(t), in_use=2)
     assert cap.cap == 2.0  # never below least
 
 

@@ -543,7 +543,7 @@ class GatewayState:
         if ttft_s is not None and self.cap is not None:
             capacity = w.kv_capacity_tokens
             pressure = (w.inflight_new_tokens + self.other("new", w.label)) / capacity if capacity else 0.0
-            self.cap.observe(ttft_s, t.sent_s, pressure, self.last_active_s)
+            self.cap.observe(ttft_s, t.sent_s, pressure, self.last_active_s, self.ledger.count(self.last_active_s))
         w.drain.ended(t.new_tokens, self.last_active_s)
         if t.session_id is not None and self.ledger.ended(t.session_id, self.last_active_s):
             self.session_idle(t.session_id)

@@ -283,7 +283,8 @@ class CapRule:
     window: each first token of an admitted request is a sample; one late for the TTFT SLO, or one
     from a worker sent more KV than it holds (``pressure`` above 1: the shell's in-flight tokens over
     its capacity), cuts the cap by ``decrease``; an on-time one adds ``1 / cap``, about one session
-    per cap's worth of samples. The shell keeps the cap (``coda.shell.sessions.SessionCap``)."""
+    per cap's worth of samples, and a whole session before the first cut (slow start). The shell
+    keeps the cap (``coda.shell.sessions.SessionCap``)."""
 
     ttft_slo_s: float
     initial: int
@@ -291,22 +292,23 @@ class CapRule:
     most: int  # 0: no upper bound
     decrease: float
 
-    def step(self, cap: float, ttft_s: float, pressure: float) -> float:
+    def step(self, cap: float, ttft_s: float, pressure: float, slow_start: bool = False) -> float:
+        """The cap after one sample; in ``slow_start`` (before the first cut, as TCP opens its window)
+        an on-time sample adds a whole session, so the cap doubles per cap's worth of samples."""
         if ttft_s > self.ttft_slo_s or pressure > 1.0:
             return max(float(self.least), cap * self.decrease)
-        return min(cap + 1.0 / cap, float(self.most) if self.most else math.inf)
+        return min(cap + (1.0 if slow_start else 1.0 / cap), float(self.most) if self.most else math.inf)
 
 
 @dataclass(frozen=True, slots=True)
 class PredictedWait(IngressPolicy):
     """Admit by the wait a request would see, held only where holding pays. A request of a session
     that holds a slot always passes (continuations first: they hold KV and finish sessions). A new
-    one is refused at once (503, no hold) while the adaptive session cap is reached (``CapRule``)
-    and no worker could start it now, or while ``max_sessions`` hold slots. Otherwise the door
-    predicts, per worker, how long it would wait before it could start (``predicted_wait_s``: the
-    KV tokens and seats the requests sent there must free first, at the rates they free them) and
-    admits when the least such wait is within ``wait_share`` of the TTFT SLO, the rest left to its
-    prefill and to what the prediction misses.
+    one is refused at once (503, no hold) while the adaptive session cap is reached (``CapRule``;
+    ``max_sessions`` bounds it). Otherwise the door predicts, per worker, how long it would wait
+    before it could start (``predicted_wait_s``: the KV tokens and seats the requests sent there
+    must free first, at the rates they free them) and admits when the least such wait is within
+    ``wait_share`` of the TTFT SLO, the rest left to its prefill and to what the prediction misses.
     A longer wait is held (defer) only when it fits what is left of the session's deferral budget
     ``defer_budget_s``; else it is refused at once, 503 with a Retry-After of the wait until it
     would be admitted, and 529 once the budget is spent. A session whose slot went unused for its
@@ -355,29 +357,18 @@ class PredictedWait(IngressPolicy):
     def admit_wait_s(self) -> float:
         return self.wait_share * self.ttft_slo_s
 
-    def _slots_full(self, snap: IngressSnapshot, wait_s: float) -> bool:
-        """Whether a new session finds every slot taken: ``max_sessions`` bounds always; the
-        adaptive cap only while no worker could start the request now (``wait_s`` above zero). The
-        cap grows by one session per cap's worth of on-time samples, slower than agent sessions
-        arrive, so a cap that bound with room on the engines would refuse sessions they could
-        serve (measured: 782 of 1,237 requests refused on two fake engines that never held more
-        than 4 requests each)."""
-        active = snap.active_sessions
-        if self.max_sessions and active >= self.max_sessions:
-            return True
-        return bool(snap.session_cap) and active >= snap.session_cap and wait_s > 0.0
-
     def decide(self, snap: IngressSnapshot) -> Decision:
         if snap.session_active:
             return Decision("admit", self.name, "session_continues")
         left = self.defer_budget_s - snap.session_deferred_s
         key = f"{snap.session_id}|{snap.now_s!r}"
-        wait = least_wait_s(snap)
-        if snap.session_id is not None and self._slots_full(snap, wait):
+        cap = min((c for c in (self.max_sessions, snap.session_cap) if c), default=0)
+        if snap.session_id is not None and cap and snap.active_sessions >= cap:
             if left <= 0:
                 return Decision("reject", self.name, "defer_budget_spent", 529, self.retry_after_s, "session_slots")
             return Decision("reject", self.name, "session_slots_full", 503, jittered(self.retry_after_s, self.retry_jitter, key),
                             "session_slots")
+        wait = least_wait_s(snap)
         if wait <= self.admit_wait_s():
             return Decision("admit", self.name)
         signal = binding(snap, {"inflight_tokens": lambda w: tokens_short(w) > 0, "inflight_requests": lambda w: seats_short(w) > 0})

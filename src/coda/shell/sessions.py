@@ -41,14 +41,22 @@ class SessionCap:
     """The adaptive cap on sessions holding a slot, moved by a policy's ``CapRule`` on each first
     token of an admitted request. A late sample cuts the cap only when its request was sent after
     the last cut: the requests in flight at a cut were sent under the larger cap, and counting
-    each of them would cut once per request instead of once per round trip."""
+    each of them would cut once per request instead of once per round trip. Until the first cut
+    the cap grows in slow start (``CapRule.step``): agent sessions arrive faster than one per
+    cap's worth of samples, and a cap opening that slowly refused sessions that idle engines
+    could serve (782 of 1,237 requests on two fake engines holding at most 4 each). The first cut
+    halves the cap, as TCP leaves slow start, since the cap may have doubled past what the engines
+    hold while the first late samples were on their way. Either way a sample grows the cap only
+    while it is in use (fewer than twice as many sessions hold slots: Linux's test of a window
+    that limits), so a light load does not open it without bound for the overload after."""
 
-    __slots__ = ("rule", "cap", "cut_s")
+    __slots__ = ("rule", "cap", "cut_s", "slow_start")
 
     def __init__(self, rule: CapRule) -> None:
         self.rule = rule
         self.cap = float(rule.initial)
         self.cut_s = -math.inf
+        self.slow_start = True
 
     @classmethod
     def of(cls, policy: IngressPolicy) -> SessionCap | None:
@@ -60,14 +68,19 @@ class SessionCap:
     def limit(self) -> int:
         return max(int(self.cap), 1)
 
-    def observe(self, ttft_s: float, sent_s: float, pressure: float, now_s: float) -> None:
+    def observe(self, ttft_s: float, sent_s: float, pressure: float, now_s: float, in_use: int) -> None:
         """A first token ``ttft_s`` after its request was sent at ``sent_s``, from a worker whose
-        in-flight KV tokens were ``pressure`` times its capacity."""
-        cap = self.rule.step(self.cap, ttft_s, pressure)
+        in-flight KV tokens were ``pressure`` times its capacity, while ``in_use`` sessions held slots."""
+        cap = self.rule.step(self.cap, ttft_s, pressure, self.slow_start)
         if cap < self.cap:
             if sent_s < self.cut_s:
                 return
             self.cut_s = now_s
+            if self.slow_start:
+                self.slow_start = False
+                cap = max(float(self.rule.least), self.cap / 2)
+        elif self.cap >= 2 * in_use:
+            return
         self.cap = cap
 
 

@@ -153,7 +153,7 @@ class SimIngress:
         if sent is not None and self.cap is not None:
             capacity = self.capacity.get(req.worker, 0)
             pressure = self.inflight_tokens.get(req.worker, 0) / capacity if capacity else 0.0
-            self.cap.observe(now - sent, sent, pressure, now)
+            self.cap.observe(now - sent, sent, pressure, now, self.ledger.count(now))
 
     def finished(self, req: SimRequest, tenant: str) -> None:
         """It ended (at ``req.finish_s``)."""
