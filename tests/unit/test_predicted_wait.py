@@ -56,23 +56,23 @@ def test_the_cap_refuses_new_sessions_at_once_and_lets_continuations_and_session
     assert DOOR.decide(dataclasses.replace(full, session_cap=5)).action == "admit"
 
 
-def test_the_cap_opens_in_slow_start_halves_at_the_first_cut_then_moves_by_aimd_once_per_round_trip():
-    cap = SessionCap(CapRule(ttft_slo_s=2.0, initial=10, least=2, most=40, decrease=0.5))
+def test_the_cap_opens_in_slow_start_until_the_first_cut_then_moves_by_aimd_once_per_round_trip():
+    cap = SessionCap(CapRule(ttft_slo_s=2.0, initial=10, least=2, most=40, decrease=0.8))
     cap.observe(1.0, sent_s=0.0, pressure=0.5, now_s=1.0, in_use=10)
     assert cap.cap == pytest.approx(11.0)  # slow start: + 1 a sample
     cap.observe(1.0, sent_s=0.0, pressure=0.5, now_s=1.1, in_use=5)
     assert cap.cap == pytest.approx(11.0)  # not in use (11 >= 2 x 5): a light load does not open it
     cap.observe(3.0, sent_s=0.5, pressure=0.5, now_s=2.0, in_use=11)
-    assert cap.cap == pytest.approx(5.5) and not cap.slow_start  # the first cut halves it and ends slow start
+    assert cap.cap == pytest.approx(8.8) and not cap.slow_start  # the first cut, by decrease, ends slow start
     cap.observe(1.0, sent_s=2.1, pressure=0.5, now_s=2.2, in_use=5)
-    assert cap.cap == pytest.approx(5.5 + 1 / 5.5)  # on time, in use: + 1 / cap
+    assert cap.cap == pytest.approx(8.8 + 1 / 8.8)  # on time, in use: + 1 / cap
     cap.observe(3.0, sent_s=2.3, pressure=0.5, now_s=2.5, in_use=5)
-    assert cap.cap == pytest.approx((5.5 + 1 / 5.5) * 0.5)  # late: cut by decrease
+    assert cap.cap == pytest.approx((8.8 + 1 / 8.8) * 0.8)  # late: cut
     cap.observe(3.0, sent_s=2.4, pressure=0.5, now_s=2.6, in_use=5)
-    assert cap.cap == pytest.approx((5.5 + 1 / 5.5) * 0.5)  # sent before that cut: the cut answered it already
+    assert cap.cap == pytest.approx((8.8 + 1 / 8.8) * 0.8)  # sent before that cut: the cut answered it already
     cap.observe(1.0, sent_s=2.7, pressure=1.2, now_s=3.0, in_use=3)
-    assert cap.limit == 2  # on time, but its worker was sent more KV than it holds
-    for t in range(4, 10):
+    assert cap.cap == pytest.approx((8.8 + 1 / 8.8) * 0.64)  # on time, but its worker was sent more KV than it holds
+    for t in range(4, 20):
         cap.observe(9.0, sent_s=float(t), pressure=0.0, now_s=float(t), in_use=2)
     assert cap.cap == 2.0  # never below least
 

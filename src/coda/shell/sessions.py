@@ -45,8 +45,7 @@ class SessionCap:
     the cap grows in slow start (``CapRule.step``): agent sessions arrive faster than one per
     cap's worth of samples, and a cap opening that slowly refused sessions that idle engines
     could serve (782 of 1,237 requests on two fake engines holding at most 4 each). The first cut
-    halves the cap, as TCP leaves slow start, since the cap may have doubled past what the engines
-    hold while the first late samples were on their way. Either way a sample grows the cap only
+    is by the rule's ``decrease``, as every other. Either way a sample grows the cap only
     while it is in use (fewer than twice as many sessions hold slots: Linux's test of a window
     that limits), so a light load does not open it without bound for the overload after."""
 
@@ -76,9 +75,7 @@ class SessionCap:
             if sent_s < self.cut_s:
                 return
             self.cut_s = now_s
-            if self.slow_start:
-                self.slow_start = False
-                cap = max(float(self.rule.least), self.cap / 2)
+            self.slow_start = False
         elif self.cap >= 2 * in_use:
             return
         self.cap = cap
