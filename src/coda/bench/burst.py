@@ -149,14 +149,6 @@ NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_thr
               "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold")
 #: ingress policies that admit by a predicted TTFT: the door is given the run's TTFT SLO
 SLO_DOORS = frozenset({"predicted_wait"})
-
-
-def ingress_of(setup: Setup, ttft_slo_s: float) -> str | dict[str, Any] | None:
-    """The ingress policy `coda serve` is given for ``setup``: a door that admits by a predicted
-    TTFT is told the run's SLO, as its user would set it; any other by its name alone."""
-    if setup.ingress in SLO_DOORS:
-        return {"name": setup.ingress, "params": {"ttft_slo_s": ttft_slo_s}}
-    return setup.ingress
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
 BASELINES = (PEER, "plain")
@@ -166,6 +158,14 @@ SIM_PROFILE = "vllm-cpu-tiny-contended"
 SIM_SWEEP: tuple[float, ...] = (0.25, 0.5, 0.75, 1, 1.5, 2)
 #: the configurations the simulator replays
 SIM_CONFIGS = tuple(c for c, s in CONFIGS.items() if s.sim is not None)
+
+
+def ingress_of(setup: Setup, ttft_slo_s: float) -> str | dict[str, Any] | None:
+    """The ingress policy `coda serve` is given for ``setup``: a door that admits by a predicted
+    TTFT is told the run's SLO, as its user would set it; any other by its name alone."""
+    if setup.ingress in SLO_DOORS:
+        return {"name": setup.ingress, "params": {"ttft_slo_s": ttft_slo_s}}
+    return setup.ingress
 
 
 def inert_on(profile: Profile) -> dict[str, str]:

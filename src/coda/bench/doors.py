@@ -134,8 +134,9 @@ def coda_serve(
     max_num_seqs: int | None = None,
 ) -> Iterator[Proxy]:
     """``coda serve`` in front of ``engines`` (with their KV events and tokenizer where given), with
-    an ``ingress`` policy (a name or ``{name, params}``; default: the gateway's) and the engines' seats (``max_num_seqs``) where
-    given; with ``log``, its stderr (warnings and errors) is kept there when it stops."""
+    an ``ingress`` policy (a name or ``{name, params}``; default: the gateway's) and the engines'
+    seats (``max_num_seqs``) where given; with ``log``, its stderr (warnings and errors) is kept
+    there when it stops."""
     cfg: dict = {"backends": [{"url": u} for u in engines]}
     if events:  # real vLLM: KV events and the engine's own tokenizer, in the gateway, as a deployment runs it
         cfg["backends"] = [{"url": u, "kv_events": f"tcp://127.0.0.1:{pub}", "kv_events_replay": f"tcp://127.0.0.1:{rep}"}
