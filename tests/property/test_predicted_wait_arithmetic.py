@@ -1,7 +1,8 @@
 """Hypothesis properties of the predicted-wait arithmetic: a worker predicts no wait exactly when
 the arriving request could start there at once; otherwise the wait is the tokens and seats it
 lacks over the rates they are freed at, growing with what is in flight and shrinking as the rates
-rise; the door reads the least wait over the workers it may use; and the drain rate a shell feeds
+rise; the door reads the least wait over the workers it may use, sending only what could start at
+once under a short engine queue; and the drain rate a shell feeds
 it is, for a steady stream of ends, the stream's rate within the discretisation of its average."""
 
 from __future__ import annotations
@@ -50,16 +51,21 @@ def test_more_in_flight_waits_no_less_and_faster_draining_no_more(w, tokens, req
     assert predicted_wait_s(faster) <= predicted_wait_s(w)
 
 
-@given(st.lists(loads_st, max_size=4), st.floats(0, 60))
-def test_the_door_reads_the_least_wait_of_the_workers_it_may_use_and_admits_within_its_share(loads, deferred):
-    snap = IngressSnapshot(now_s=1.0, tenant="t", prompt_tokens=100, workers=tuple(loads), session_id="s", session_deferred_s=deferred)
+@given(st.lists(loads_st, max_size=4), st.floats(0, 60), st.booleans(), st.integers(0, 3), st.booleans())
+def test_the_door_reads_the_least_wait_of_the_workers_it_may_use_and_admits_within_its_bound(loads, deferred, short, held, active):
+    snap = IngressSnapshot(now_s=1.0, tenant="t", prompt_tokens=100, workers=tuple(loads), session_id="s", session_deferred_s=deferred,
+                           held_continuations=held, session_active=active)
     usable = [predicted_wait_s(w) for w in loads if w.healthy and not w.stale]
-    assert least_wait_s(snap) == min(usable, default=math.inf)
-    p = PredictedWait(adaptive_cap=False)
+    wait = least_wait_s(snap)
+    assert wait == min(usable, default=math.inf)
+    p = PredictedWait(adaptive_cap=False, short_engine_queue=short)
     d = p.decide(snap)
-    assert (d.action == "admit") == (least_wait_s(snap) <= p.wait_share * p.ttft_slo_s)
-    if d.action == "defer":  # held only when the wait fits what is left of the budget
-        assert least_wait_s(snap) <= p.defer_budget_s - deferred
+    if short:  # sent only where it could start at once; a new session's request also waits for held continuations
+        assert (d.action == "admit") == (wait == 0 and (active or held == 0))
+    else:  # continuations always; a new request within its share of the SLO
+        assert (d.action == "admit") == (active or wait <= p.wait_share * p.ttft_slo_s)
+    if d.action == "defer" and not active:  # a new session's request is held only when the wait fits what is left of the budget
+        assert wait <= p.defer_budget_s - deferred
 
 
 @given(st.floats(0.2, 50), st.integers(1, 4096), st.integers(2, 400), st.floats(0, 100))

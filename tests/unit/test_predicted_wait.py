@@ -1,9 +1,12 @@
-"""The predicted-wait door: continuations pass; a new request is admitted when its predicted wait
-is within its share of the SLO, held only when that wait fits what is left of its session's
-deferral budget, and otherwise refused at once (503 with the wait as Retry-After, no hold; 529 once
-the budget is spent); the adaptive cap refuses new sessions at once; the cap moves by AIMD; and a
-session's slot lapses after its own pause plus a margin, so that in a long run sessions that start
-late are admitted once the early ones are done."""
+"""The predicted-wait door. With a short engine queue (the default) an engine is sent only what it
+could start at once: a continuation waits in the hold until one can, and a new session's request
+is not sent while a continuation is held. Without it, continuations pass and a new request is
+admitted when its predicted wait is within its share of the SLO. Either way a request not sent is
+held only when its wait fits what is left of its session's deferral budget, and otherwise refused
+at once (503 with the wait as Retry-After, no hold; 529 once the budget is spent); the adaptive cap
+refuses new sessions at once; the cap moves by AIMD; and a session's slot lapses after its own
+pause plus a margin, so that in a long run sessions that start late are admitted once the early
+ones are done."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from coda.sim.cluster import Simulation
 from coda.sim.config import SimConfig
 from coda.workload.schema import Round, Session, Workload
 
-DOOR = PredictedWait(ttft_slo_s=4.0, wait_share=0.5, defer_budget_s=10.0, retry_jitter=0.0, adaptive_cap=False)
+DOOR = PredictedWait(ttft_slo_s=4.0, wait_share=0.5, defer_budget_s=10.0, retry_jitter=0.0, adaptive_cap=False, short_engine_queue=False)
+SHORT = dataclasses.replace(DOOR, short_engine_queue=True)
 
 
 def snap(short_tokens: int, freed_per_s: float, deferred_s: float = 0.0, **kw: object) -> IngressSnapshot:
@@ -32,6 +36,20 @@ def snap(short_tokens: int, freed_per_s: float, deferred_s: float = 0.0, **kw: o
 def test_admitted_when_the_wait_is_within_its_share_of_the_slo_and_continuations_always():
     assert DOOR.decide(snap(2_000, 1_000.0)).action == "admit"  # 2 s <= half of 4 s
     assert DOOR.decide(snap(10**6, 0.0, session_active=True)).reason == "session_continues"
+
+
+def test_with_a_short_engine_queue_an_engine_is_sent_only_what_it_can_start_and_held_continuations_go_first():
+    held = SHORT.decide(snap(500, 1_000.0, session_active=True))  # a continuation 500 tokens short: 0.5 s
+    assert (held.action, held.status, held.reason, held.signal) == ("defer", 503, "engine_queue_full", "inflight_tokens")
+    assert held.retry_after_s == pytest.approx(0.5)
+    assert SHORT.decide(snap(0, 1_000.0, session_active=True)).reason == "session_continues"  # it fits: sent
+    assert SHORT.decide(snap(0, 1_000.0)).action == "admit"  # a new request that fits, nothing held
+    first = SHORT.decide(snap(0, 1_000.0, held_continuations=1))  # it fits, but a continuation waits for room: it goes first
+    assert (first.action, first.reason, first.signal) == ("defer", "predicted_wait", "held_continuations")
+    short = SHORT.decide(snap(2_000, 1_000.0))  # a 2 s wait, within the SLO's share: held here, not queued on the engine
+    assert (short.action, short.retry_after_s) == ("defer", pytest.approx(2.0))
+    over = SHORT.decide(snap(12_000, 1_000.0))  # a 12 s wait, over the 10 s budget: refused at once, no hold
+    assert (over.action, over.status, over.reason) == ("reject", 503, "wait_over_budget")
 
 
 def test_held_only_when_the_wait_fits_what_is_left_of_the_budget():

@@ -39,6 +39,7 @@ MESSAGES = {
     "deadline_unmeetable": "the predicted time to first token exceeds the request's deadline",
     "predicted_wait": "the engines are predicted to have room for this request within this session's deferral budget",
     "wait_over_budget": "the engines are predicted to have no room for this request within this session's deferral budget",
+    "engine_queue_full": "no engine could start this request of an admitted session at once, and none freed room while it was held",
     "gateway_queue_full": "the gateway's queue of deferred requests is full",
     "store_unreachable": "the store the gateway replicas share is unreachable and store.on_unreachable is closed",
     "store_contended": "the other gateway replicas' counts kept changing while this request was being placed",
@@ -188,7 +189,9 @@ class Admission:
             if state.queued >= self.defer.max_queue:
                 d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
             else:
+                held_continuation = snap.session_active
                 state.queued += 1
+                state.held_continuations += held_continuation
                 state.watch()
                 try:
                     deadline = start + self.defer.max_wait_s
@@ -204,6 +207,7 @@ class Admission:
                         self._observe(t, d, snap, gates)
                 finally:
                     state.queued -= 1
+                    state.held_continuations -= held_continuation
                     state.watch()
         waited = time.monotonic() - start
         rec = record(t, d, snap, shadow, waited, deferred, gates)

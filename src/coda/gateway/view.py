@@ -185,6 +185,7 @@ class GatewayState:
         self.session_bytes = 0  # held by the sessions' hashers, bounded by indexer.session_cache_mib
         self.tenant_inflight: dict[str, int] = {}
         self.queued = 0
+        self.held_continuations = 0  # of those, requests of sessions holding a slot (``IngressSnapshot.held_continuations``)
         #: time a healthy worker had nothing in flight while requests were held here (``watch``)
         self.idle_watch = IdleWatch()
         #: replicas share a store: each one's own view (the approximate index) would diverge, so
@@ -325,8 +326,9 @@ class GatewayState:
         their prompt tokens, ``new|`` the KV tokens they newly occupy (``WorkerLoad.inflight_tokens``),
         ``kv|`` prompt tokens plus the output relayed, ``ttft|`` the TTFT estimate (``ttftn|`` 1
         beside it, so summing gives a mean); per tenant ``t|`` the KV tokens it newly occupies; ``q``
-        deferred requests. The request being decided is counted on the worker it would go to."""
-        out: dict[str, float] = {"q": self.queued}
+        deferred requests, ``qc`` those of sessions holding a slot. The request being decided is
+        counted on the worker it would go to."""
+        out: dict[str, float] = {"q": self.queued, "qc": self.held_continuations}
         for w in self.workers:
             out[f"n|{w.label}"] = len(w.inflight)
             out[f"tok|{w.label}"] = w.inflight_tokens
@@ -417,6 +419,7 @@ class GatewayState:
             tenant_spec=self.config.tenant,
             deadline_slack_s=slack,
             queued=self.queued + round(self.others.get("q", 0.0)),
+            held_continuations=self.held_continuations + round(self.others.get("qc", 0.0)),
             slots=(sessions.active, sessions.count) if sessions is not None else None,
             cap=self.cap,
         )

@@ -271,6 +271,8 @@ class IngressSnapshot:
     deadline_slack_s: float = math.inf
     #: requests the shell holds deferred right now
     queued: int = 0
+    #: of those, requests of sessions that hold a slot (continuations held for room on an engine)
+    held_continuations: int = 0
     #: the shell's adaptive limit on sessions holding a slot (``coda.shell.sessions.SessionCap``,
     #: under the rule the policy gives); 0 where the policy gives none
     session_cap: int = 0
@@ -317,4 +319,5 @@ class IngressSnapshot:
             "queue_age_s": max((w.queue_age_s for w in live), default=0.0),
             "active_sessions": self.active_sessions,
             "queued": self.queued,
+            "held_continuations": self.held_continuations,
         }

@@ -25,6 +25,7 @@ def ingress_snapshot(
     tenant_spec: Callable[[str], TenantSpec],
     deadline_slack_s: float,
     queued: int,
+    held_continuations: int = 0,
     slots: tuple[bool, int] | None = None,
     cap: SessionCap | None = None,
 ) -> IngressSnapshot:
@@ -48,5 +49,6 @@ def ingress_snapshot(
         active_weight=sum(tenant_spec(name).weight for name in busy),
         deadline_slack_s=deadline_slack_s,
         queued=queued,
+        held_continuations=held_continuations,
         session_cap=cap.limit if cap is not None else 0,
     )

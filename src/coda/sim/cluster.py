@@ -311,7 +311,7 @@ class Simulation:
             if req.deferred_since >= 0:
                 return  # held already: its deadline event stands
             req.deferred_since = self.loop.now
-            if not ing.hold(req):
+            if not ing.hold(req, snap.session_active):
                 ing.liveness.done(req.rid)
                 self._reject(req, "gateway_queue_full")
                 return

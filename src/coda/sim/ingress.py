@@ -53,6 +53,7 @@ class SimIngress:
         self.decisions: dict[str, int] = {}
         self.liveness = Liveness.of(policy)
         self.deferred: OrderedDict[int, SimRequest] = OrderedDict()
+        self.held_continuations: set[int] = set()  # of those, requests of sessions holding a slot when held
 
     def tenant(self, name: str) -> TenantSpec:
         return self.tenants.get(name) or TenantSpec()
@@ -79,6 +80,7 @@ class SimIngress:
             tenant_spec=self.tenant,
             deadline_slack_s=deadline_slack_s(deadline_ms / 1000 if deadline_ms is not None else None, predicted_ttft_s),
             queued=len(self.deferred),
+            held_continuations=len(self.held_continuations),
             cap=self.cap,
         )
 
@@ -117,17 +119,21 @@ class SimIngress:
         waiting = self.unanswered.get(worker)
         return now - next(iter(waiting.values())) if waiting else 0.0
 
-    def hold(self, req: SimRequest) -> bool:
-        """Queue a deferred request; ``False`` when the queue is full (it is answered 503 at once)."""
+    def hold(self, req: SimRequest, continuation: bool) -> bool:
+        """Queue a deferred request (``continuation``: its session holds a slot); ``False`` when the
+        queue is full (it is answered 503 at once)."""
         if req.rid in self.deferred:
             return True
         if len(self.deferred) >= self.defer.max_queue:
             return False
         self.deferred[req.rid] = req
+        if continuation:
+            self.held_continuations.add(req.rid)
         return True
 
     def release(self, req: SimRequest) -> bool:
         """Take a request out of the queue; ``False`` when it was not (or no longer) there."""
+        self.held_continuations.discard(req.rid)
         return self.deferred.pop(req.rid, None) is not None
 
     def retry_all(self, now: float, decide_again: Callable[[SimRequest], Any]) -> None:
