@@ -29,7 +29,7 @@ def invalid(source: str, err: ValidationError, fix: str = "", show_input: bool =
     (``at``: the path of the validated part within the whole input)."""
     first = err.errors()[0]
     # a key with a line break or other unprintable character is shown as its repr, so the message stays one line
-    loc = ".".join(str(x) if str(x).isprintable() else repr(x) for x in (*([at] if at else []), *first["loc"])) or "(top level)"
+    loc = ".".join(s if (s := str(x)).isprintable() else repr(x) for x in (*([at] if at else []), *first["loc"])) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     got = f" (got {first.get('input')!r})" if show_input and first["type"] != "value_error" else ""
     return CodaError(f"{source}: {loc}: {msg}{got}{'; ' + fix if fix else ''}")

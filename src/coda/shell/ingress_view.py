@@ -25,7 +25,7 @@ def ingress_snapshot(
     tenant_spec: Callable[[str], TenantSpec],
     deadline_slack_s: float,
     queued: int,
-    held_continuations: int = 0,
+    held_continuations: int,
     slots: tuple[bool, int] | None = None,
     cap: SessionCap | None = None,
 ) -> IngressSnapshot:
