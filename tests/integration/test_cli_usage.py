@@ -49,9 +49,11 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, code: int, *needles
         (["burst", "--simulate", "nosuch"], ["--simulate nosuch", "unknown profile"]),
         (["burst", "--fake", "--configs", "coda"], ["--endpoints/--fake", "pass --configs"]),
         (["burst", "--vllm-cpu", "2", "--jobs", "2"], ["--jobs/--ray", "one at a time"]),
+        (["burst", "--variant", "nope"], ["--variant nope: unknown", "valid: tool-pauses"]),
     ],
     ids=["unknown-flag", "bad-type", "missing-option", "unknown-command", "zero-seeds", "no-systems", "too-many-workers", "bad-host",
-         "burst-two-rungs", "burst-loads", "burst-config", "burst-profile", "burst-fake-engine-config", "burst-jobs-on-engines"],
+         "burst-two-rungs", "burst-loads", "burst-config", "burst-profile", "burst-fake-engine-config", "burst-jobs-on-engines",
+         "burst-variant"],
 )
 def test_a_usage_error_is_one_line_with_the_fix_and_exit_2(args, needles):
     proc = coda(*args)

@@ -42,6 +42,8 @@ class Sessions:
     burst_period_s: float = 10.0
     burst_duty: float = 0.3
     window_s: float = 30.0
+    #: a round followed by tool calls has the engine write them (``BenchConfig.tool_calls``)
+    tool_calls: bool = False
 
     def __post_init__(self) -> None:
         checks = (
@@ -57,6 +59,23 @@ class Sessions:
         bad = [msg for ok, msg in checks if not ok]
         if bad:
             raise CodaError("; ".join(bad))
+
+
+#: named variants of the sessions, each a set of ``Sessions`` fields over the defaults (``coda burst --variant``):
+#: ``tool-pauses``: the published tool and think times unscaled (a tool call's median 0.45 s, p90 12 s, the
+#: think time's median 12 s, against 0.02 s, 0.6 s and 0.6 s by default), so a paused session's blocks
+#: outlive their place in the LRU order of a busy cache, and every call written by the engine, so the
+#: scheduler's retention, which reads calls from the output, sees them (by default outputs are random
+#: text of the trace's length and no call is ever seen)
+VARIANTS: dict[str, dict[str, Any]] = {"tool-pauses": {"tool_scale": 1.0, "tool_calls": True}}
+
+
+def sessions_of(variant: str | None, **given: Any) -> Sessions:
+    """The sessions of ``variant`` (None: the defaults) with ``given`` fields over it (None: not given)."""
+    if variant is not None and variant not in VARIANTS:
+        raise CodaError(f"--variant {variant}: unknown; valid: {', '.join(VARIANTS)}")
+    fields = {**(VARIANTS[variant] if variant else {}), **{k: v for k, v in given.items() if v is not None}}
+    return Sessions(**fields)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,16 @@ and a one-line reason (unreachable endpoint, a non-OpenAI response, a stream cut
 The stream is parsed by httpx-sse. Token counts per chunk use the shared word tokenizer (one
 word = one token; a non-empty chunk is at least one token), and the final ``usage`` block, when
 the server sends one, is kept.
+
+A round followed by tool calls can ask the engine to emit them (``Endpoint.body``'s ``tools``): structured
+output forces the Hermes-style calls an agent's model writes, and the answer ends on the
+grammar's end rather than at a length, as a model's turn that calls tools does, so an engine
+that reads tool calls from its own output (the vLLM scheduler's retention) sees them.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +37,21 @@ _encode = msgspec.json.Encoder()
 
 class EndpointDown(Exception):
     """The endpoint did not answer at all: nothing listening, an unknown host, TLS, a timeout."""
+
+
+def tool_call_text(name: str) -> str:
+    """One call in the Hermes format (``<tool_call>{"name": ...}</tool_call>``) with no arguments."""
+    return f'<tool_call>{{"name": "{name}"}}</tool_call>'
+
+
+#: regex metacharacters; a space stays as it is (``re.escape`` puts a backslash before it, an escape
+#: not every structured-output engine's regex dialect reads)
+_META = re.compile(r"([\\.^$|?*+()\[\]{}])")
+
+
+def tool_call_regex(names: Sequence[str]) -> str:
+    """The structured-output regex whose only match is the calls of ``names``, in order."""
+    return "".join(_META.sub(r"\\\1", tool_call_text(n)) for n in names)
 
 
 #: why an answer whose stream ended properly but carried no text fails
@@ -130,11 +151,17 @@ class Endpoint:
         except (ValueError, KeyError, TypeError):
             return []
 
-    def body(self, messages: Sequence[Message], max_tokens: int) -> bytes:
+    def body(self, messages: Sequence[Message], max_tokens: int, tools: Sequence[str] = ()) -> bytes:
+        """A streamed request for ``max_tokens`` tokens; with ``tools``, for those calls instead
+        (structured output, ended by the grammar: ``ignore_eos`` would run past it)."""
         req: dict[str, Any] = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
         if self.model is not None:
             req["model"] = self.model
-        if self.ignore_eos:
+        if tools:
+            # no tokenization is longer than the text's bytes (the end of sequence aside)
+            req["max_tokens"] = max(max_tokens, sum(len(tool_call_text(n).encode()) for n in tools) + 1)
+            req["structured_outputs"] = {"regex": tool_call_regex(tools)}
+        elif self.ignore_eos:
             req["ignore_eos"] = True
         if self.api == "chat":
             req["messages"] = [m.as_json() for m in messages]

@@ -274,6 +274,7 @@ def bench_config(b: Bench, targets: list[str], engine_urls: list[str], model: Pa
         max_concurrency=max_concurrency,
         profile=profile,
         slo=sc.slo,
+        tool_calls=sc.sessions.tool_calls,
     )
 
 

@@ -68,6 +68,11 @@ class BenchConfig(BaseModel):
     metrics_endpoints: tuple[str, ...] | None = Field(None, description="engines whose /metrics to sample (default: the endpoint)")
     scrape_interval_s: PositiveFloat = Field(1.0, description="seconds between /metrics samples")
     ignore_eos: bool = Field(True, description="send ignore_eos so output lengths follow the trace")
+    tool_calls: bool = Field(
+        False,
+        description="a round followed by tool calls asks the engine to write them (structured output) and ends where they "
+        "end, so an engine that reads tool calls from its output sees them; its output length is the calls' own",
+    )
     tokenizer: str | None = Field(
         None, description="Hugging Face tokenizer.json (or its directory) to size prompts in the endpoint's tokens"
     )
@@ -226,7 +231,9 @@ class Replay:
             if ready > self.duration_s:
                 return  # rounds that become ready after the window are not offered
             # The prompt is built before the round is ready: the client's own work is not the user's latency.
-            body = endpoint.body(conv.prompt(k), sess.rounds[k].output_tokens)
+            rnd = sess.rounds[k]
+            tools = [t.name for t in rnd.tools] if self.config.tool_calls else ()
+            body = endpoint.body(conv.prompt(k), rnd.output_tokens, tools)
             await self._sleep_until(ready)
             if self._stop.is_set():
                 return

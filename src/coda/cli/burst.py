@@ -48,13 +48,19 @@ def burst(
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", help="the engines' token budget per step")] = 2048,
     window_s: Annotated[float | None, typer.Option("--window-s", help="arrival window of each run, s (default 30)")] = None,
     drain_s: Annotated[float | None, typer.Option("--drain-s", help="time after the window for its requests, s")] = None,
-    token_scale: Annotated[float, typer.Option("--token-scale", help="share of every token count of the synthetic sessions")] = 0.05,
-    tool_scale: Annotated[float, typer.Option("--tool-scale", help="share of every tool and think time")] = 0.05,
-    max_rounds: Annotated[int, typer.Option("--max-rounds", help="rounds a session at most")] = 8,
-    cold_share: Annotated[float, typer.Option("--cold-share", help="share of requests that are cold long prompts")] = 0.05,
-    cold_tokens: Annotated[int, typer.Option("--cold-tokens", help="a cold prompt's tokens")] = 2048,
-    burst_period_s: Annotated[float, typer.Option("--burst-period-s", help="arrivals come in bursts once per this period")] = 10.0,
-    burst_duty: Annotated[float, typer.Option("--burst-duty", help="share of each period the burst's arrivals span")] = 0.3,
+    variant: Annotated[str | None, typer.Option("--variant", help="named sessions: tool-pauses (the published tool times unscaled, "
+                                                "every tool call written by the engine); the options below go over it")] = None,
+    token_scale: Annotated[float | None, typer.Option("--token-scale", help="share of every token count of the synthetic sessions "
+                                                      "(default 0.05)")] = None,
+    tool_scale: Annotated[float | None, typer.Option("--tool-scale", help="share of every tool and think time (default 0.05)")] = None,
+    max_rounds: Annotated[int | None, typer.Option("--max-rounds", help="rounds a session at most (default 8)")] = None,
+    cold_share: Annotated[float | None, typer.Option("--cold-share", help="share of requests that are cold long prompts "
+                                                     "(default 0.05)")] = None,
+    cold_tokens: Annotated[int | None, typer.Option("--cold-tokens", help="a cold prompt's tokens (default 2048)")] = None,
+    burst_period_s: Annotated[float | None, typer.Option("--burst-period-s", help="arrivals come in bursts once per this period "
+                                                         "(default 10)")] = None,
+    burst_duty: Annotated[float | None, typer.Option("--burst-duty", help="share of each period the burst's arrivals span "
+                                                     "(default 0.3)")] = None,
     slo_ttft_s: Annotated[float, typer.Option("--slo-ttft-s", help="TTFT SLO (assumed: an agent step's interactive bound)")] = 2.0,
     slo_tbt_s: Annotated[float, typer.Option("--slo-tbt-s", help="mean inter-token gap SLO")] = 0.2,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="--endpoints: the engines' tokenizer.json, to size prompts")] = None,
@@ -83,9 +89,9 @@ def burst(
         SIM_SWEEP,
         EngineSettings,
         Scenario,
-        Sessions,
         inert_on,
         left_out,
+        sessions_of,
     )
     from coda.bench.burst_report import finish
     from coda.bench.ladder import Bench, Rung, run
@@ -119,9 +125,9 @@ def burst(
                         "configurations run; pass --configs")
     default_loads = "0.5,2" if kind == "simulate" else "1,4" if quick else "0.5,1,2,4"
     scenario = Scenario(
-        sessions=Sessions(token_scale=token_scale, tool_scale=tool_scale, max_rounds=max_rounds, cold_share=cold_share,
-                          cold_tokens=cold_tokens, burst_period_s=burst_period_s, burst_duty=burst_duty,
-                          window_s=window_s or (20.0 if quick else 30.0)),
+        sessions=sessions_of(variant, token_scale=token_scale, tool_scale=tool_scale, max_rounds=max_rounds, cold_share=cold_share,
+                             cold_tokens=cold_tokens, burst_period_s=burst_period_s, burst_duty=burst_duty,
+                             window_s=window_s or (20.0 if quick else 30.0)),
         engine=EngineSettings(workers=workers, kv_blocks=kv_blocks, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens),
         configs=names,

@@ -60,7 +60,8 @@ def build_tiny_model(dest: Path, python: str | None = None) -> Path:
 def word_tokenizer(model: Path) -> Path:
     """Give the tiny model a tokenizer in which Coda's words and chat markers are one token each
     (the model's own tokenizer knows too few words), so that prompts sized in Coda's words are
-    exactly as long in the engine's tokens. Same 1,000 ids, no byte tokens: every id decodes to text."""
+    exactly as long in the engine's tokens. Same 1,000 ids, every one decoding to text; printable
+    ASCII is its alphabet, so any ASCII text spells (a tool call a structured output forces, JSON)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from coda.protocol.tokenizer import VOCAB
@@ -68,7 +69,8 @@ def word_tokenizer(model: Path) -> Path:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000 - len(MARKERS), special_tokens=["<unk>", "<s>", "</s>"])
+    ascii_alphabet = [chr(c) for c in range(33, 127)] + ["\u0120"]  # the byte-level pre-tokenizer writes a space as U+0120
+    trainer = trainers.BpeTrainer(vocab_size=1000 - len(MARKERS), special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=ascii_alphabet)
     tok.train_from_iterator([" ".join(VOCAB[:: len(VOCAB) // 1500][:1500].tolist())] * 20, trainer)
     tok.add_tokens([AddedToken(m, lstrip=True, normalized=False) for m in MARKERS])
     if tok.get_vocab_size() != 1000:

@@ -27,6 +27,9 @@ from typing import Any, NamedTuple
 import pytest
 from openai import AsyncOpenAI
 
+from coda.bench.client import tool_call_text
+from coda.bench.replay import BenchConfig, Replay
+from coda.workload.schema import Round, Session, ToolCall, Workload
 from tests.integration.vllm.support import (
     DEV_MODE,
     LOG_REQUESTS,
@@ -71,6 +74,7 @@ class Engine(NamedTuple):
 class Engines(NamedTuple):
     on: Engine
     off: Engine
+    model: Path
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -89,7 +93,7 @@ def engines(tmp_path_factory):
         {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})},
     ]
     with vllm_servers(model, [ARGS, ARGS], env=DEV_MODE, envs=envs, logs=logs) as (on_url, off_url):
-        yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]))
+        yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]), model)
 
 
 # --- reading the engines --------------------------------------------------------------------------
@@ -316,3 +320,26 @@ def test_held_blocks_yield_to_a_request_that_needs_them_without_a_preemption(eng
     # the hold gave the allocation the blocks it lacked, from its tail, and kept its leading run
     (release,) = [e for e in events if e["event"] == "release" and e["request"] == held]
     assert release["rule"].startswith("pressure") and release["blocks"] + release["kept"] == n and release["kept"] < n
+
+
+def test_the_burst_client_has_the_engine_write_a_round_s_tool_calls_and_retention_holds_for_them(engines):
+    """The agent burst's ``tool-pauses`` variant end to end: the replay asks for a round's calls,
+    the engine writes them, and its retention reads them, holds the blocks and sees the session return."""
+    eng = engines.on
+    mark = lines(eng.trace)
+    session = Session("tool-pause-0", 0.0, [
+        Round(new_input_tokens=60, output_tokens=4, kind="user", tools=[ToolCall("Grep", 0.3)], tool_duration_s=0.3),
+        Round(new_input_tokens=20, output_tokens=4),
+    ])
+    cfg = BenchConfig(endpoint=eng.url, model="tiny", api="completions", duration_s=5.0, drain_s=120.0, tool_calls=True)
+    replay = Replay(Workload(sessions=[session]), cfg)
+    asyncio.run(replay.run())
+    first, second = replay.records
+    assert first["state"] == second["state"] == "completed"
+    # the first round's output is the call (its own length, not the trace's); the second is sized as before
+    assert first["output_tokens"] >= len(tool_call_text("Grep")) // 4 and second["output_tokens"] == 4
+    events = [e for s in records(eng.trace, mark) for e in s["retention"]]
+    (hold,) = [e for e in events if e["event"] == "hold"]
+    (ret,) = [e for e in events if e["event"] == "return"]
+    assert hold["tools"] == ["Grep"] and hold["blocks"] > 0
+    assert (ret["continues"], ret["held"], ret["tools"]) == (hold["request"], True, ["Grep"])
