@@ -117,6 +117,8 @@ def bench(
     ] = None,
     scrape_interval_s: Annotated[float | None, typer.Option("--scrape-interval-s", help="seconds between samples (default 1)")] = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="send ignore_eos (default on)")] = None,
+    tool_calls: Annotated[bool | None, typer.Option("--tool-calls", help="a round followed by tool calls has the engine write them "
+                                                     "(structured output), so an engine reading its output sees them")] = None,
     tokenizer: Annotated[
         str | None, typer.Option("--tokenizer", help="the endpoint's tokenizer.json (or its directory) to size prompts")
     ] = None,
@@ -159,6 +161,7 @@ def bench(
         metrics_endpoints=tuple(metrics_endpoint) if metrics_endpoint else None,
         scrape_interval_s=scrape_interval_s,
         ignore_eos=ignore_eos,
+        tool_calls=tool_calls,
         tokenizer=tokenizer,
         timeout_s=timeout_s,
         seed=seed,
