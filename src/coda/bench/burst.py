@@ -139,6 +139,7 @@ def _sim_ta(dram: bool = False, **policies: Any) -> dict[str, Any]:
 
 
 HOLD = {"name": "tiered_aging", "params": {"hold_queue": True}}
+PREEMPT = {"name": "tiered_aging", "params": {"preempt": True}}
 CONFIGS: dict[str, Setup] = {
     "plain": Setup("none", sim={"system": "vllm", "dram": False}),
     PEER: Setup(PEER),
@@ -160,17 +161,22 @@ CONFIGS: dict[str, Setup] = {
     "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
     "coda+hold": Setup("coda", _ta(state=HOLD), sim=_sim_ta(state=HOLD), mechanisms=("w_max",)),
+    # W_max bounds every request: running requests are preempted for an overdue one that does not fit
+    "coda+preempt": Setup("coda", _ta(state=PREEMPT), sim=_sim_ta(state=PREEMPT), mechanisms=("w_max",)),
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True, sim={"system": "coda-tail", "dram": True},
                        mechanisms=("w_max", "tiers", "cohorts", "retention")),
 }
 #: what runs without ``configs``: the door, engine and mechanism ablation; these controls run when named
 NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit",
-              "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold")
+              "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold",
+              "coda+preempt")
 #: ingress policies that admit by a predicted TTFT: the door is given the run's TTFT SLO
 SLO_DOORS = frozenset({"predicted_wait"})
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
 QUICK_CONFIGS = ("plain", PEER, "coda-tail")
-BASELINES = (PEER, "plain")
+#: what every row is compared with, as ratios of medians: the peer, no door at all, and Tiered-Aging alone
+#: (``coda``, to which each engine mechanism's configuration adds one mechanism)
+BASELINES = (PEER, "plain", "coda")
 #: the simulator's default profile: the vLLM-CPU engine of the ladder's real rung, measured with its
 #: contention on a 2-core machine (docs/fidelity.md), and the session arrival rates of its knee sweep
 SIM_PROFILE = "vllm-cpu-tiny-contended"
