@@ -140,6 +140,9 @@ def _sim_ta(dram: bool = False, **policies: Any) -> dict[str, Any]:
 
 HOLD = {"name": "tiered_aging", "params": {"hold_queue": True}}
 PREEMPT = {"name": "tiered_aging", "params": {"preempt": True}}
+#: Tiered-Aging as the coda-tail preset sets it (``coda.policy.presets``), and its W_max alone
+TAIL_ORDER = {"name": "tiered_aging", "params": {"tau_s": 60.0, "w_max_s": 1800.0, "admission": "every_slot"}}
+LONG_W_MAX = {"name": "tiered_aging", "params": {"w_max_s": 1800.0}}
 CONFIGS: dict[str, Setup] = {
     "plain": Setup("none", sim={"system": "vllm", "dram": False}),
     PEER: Setup(PEER),
@@ -163,13 +166,16 @@ CONFIGS: dict[str, Setup] = {
     "coda+hold": Setup("coda", _ta(state=HOLD), sim=_sim_ta(state=HOLD), mechanisms=("w_max",)),
     # W_max bounds every request: running requests are preempted for an overdue one that does not fit
     "coda+preempt": Setup("coda", _ta(state=PREEMPT), sim=_sim_ta(state=PREEMPT), mechanisms=("w_max",)),
+    # what coda-tail changes beside its mechanisms: its Tiered-Aging parameters, all of them and W_max alone
+    "coda+tail-order": Setup("coda", _ta(state=TAIL_ORDER), sim=_sim_ta(state=TAIL_ORDER), mechanisms=("w_max",)),
+    "coda+w_max-1800s": Setup("coda", _ta(state=LONG_W_MAX), sim=_sim_ta(state=LONG_W_MAX), mechanisms=("w_max",)),
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True, sim={"system": "coda-tail", "dram": True},
                        mechanisms=("w_max", "tiers", "cohorts", "retention")),
 }
 #: what runs without ``configs``: the door, engine and mechanism ablation; these controls run when named
 NAMED_ONLY = ("coda-gateway+tiers", "coda-gateway+session", "coda-gateway+kv_threshold", "coda-gateway+queue_limit",
               "coda-gateway+queue_depth", "coda-gateway+predicted_wait", "vllm-router+limit", "coda+hold",
-              "coda+preempt")
+              "coda+preempt", "coda+tail-order", "coda+w_max-1800s")
 #: ingress policies that admit by a predicted TTFT: the door is given the run's TTFT SLO
 SLO_DOORS = frozenset({"predicted_wait"})
 DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c not in NAMED_ONLY)
