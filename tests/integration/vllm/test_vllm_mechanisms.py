@@ -74,7 +74,6 @@ class Engine(NamedTuple):
 class Engines(NamedTuple):
     on: Engine
     off: Engine
-    model: Path
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -93,7 +92,7 @@ def engines(tmp_path_factory):
         {"CODA_SCHEDULER_CONFIG": json.dumps({**OFF, "trace": str(off)})},
     ]
     with vllm_servers(model, [ARGS, ARGS], env=DEV_MODE, envs=envs, logs=logs) as (on_url, off_url):
-        yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]), model)
+        yield Engines(Engine(on_url, on, logs[0]), Engine(off_url, off, logs[1]))
 
 
 # --- reading the engines --------------------------------------------------------------------------
