@@ -219,23 +219,27 @@ def test_a_prefix_restored_from_the_host_store_gives_the_tokens_and_log_probabil
 
 
 # --- cohorts --------------------------------------------------------------------------------------
-async def mixed_batch(url: str) -> list[Any]:
-    c = client(url)
-    out = await asyncio.gather(
-        *[
-            c.completions.create(
+async def mixed_batch(eng: Engine) -> list[Any]:
+    """Four requests of skewed contexts decoding together: they wait together while the scheduler
+    is paused, so a short one cannot finish before a long one is added (a busy machine's race)."""
+    c = client(eng.url)
+    async with scheduler_paused(eng.url):
+        mark = added_requests(eng.log)
+        sent = [
+            asyncio.create_task(c.completions.create(
                 model="tiny", prompt=ids(n, 40 + i), max_tokens=24, temperature=0, logprobs=5, extra_body={"ignore_eos": True}
-            )
+            ))
             for i, n in enumerate([40, 90, 600, 1200])
         ]
-    )
+        await until_added(eng.log, mark + len(sent))
+    out = await asyncio.gather(*sent)
     await c.close()
     return out
 
 
 def test_a_forced_cohort_split_changes_no_greedy_token_and_log_probabilities_agree(engines):
     marks = lines(engines.on.trace), lines(engines.off.trace)
-    split, whole = asyncio.run(mixed_batch(engines.on.url)), asyncio.run(mixed_batch(engines.off.url))
+    split, whole = asyncio.run(mixed_batch(engines.on)), asyncio.run(mixed_batch(engines.off))
     worst = max(
         abs(x - y) for a, b in zip(split, whole) for x, y in zip(a.choices[0].logprobs.token_logprobs, b.choices[0].logprobs.token_logprobs)
     )
