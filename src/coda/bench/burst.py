@@ -24,6 +24,7 @@ import numpy as np
 from coda.bench.doors import PEER
 from coda.cost.profile import Profile
 from coda.errors import CodaError
+from coda.policy.presets import SYSTEMS
 from coda.sim.config import SloConfig
 from coda.workload.schema import Round, Session, Workload
 from coda.workload.synth import TRACELAB_ROUNDS_PER_SESSION, SynthSpec, synthesize
@@ -138,11 +139,14 @@ def _sim_ta(dram: bool = False, **policies: Any) -> dict[str, Any]:
     return {**SIM_TA, "policies": {**SIM_TA["policies"], **policies}, "dram": dram}
 
 
-HOLD = {"name": "tiered_aging", "params": {"hold_queue": True}}
-PREEMPT = {"name": "tiered_aging", "params": {"preempt": True}}
-#: Tiered-Aging as the coda-tail preset sets it (``coda.policy.presets``), and its W_max alone
-TAIL_ORDER = {"name": "tiered_aging", "params": {"tau_s": 60.0, "w_max_s": 1800.0, "admission": "every_slot"}}
-LONG_W_MAX = {"name": "tiered_aging", "params": {"w_max_s": 1800.0}}
+def _ta_with(**params: Any) -> Setup:
+    """``coda`` with Tiered-Aging's ``params`` changed and nothing else, on the engines and in the simulator."""
+    state = {"name": "tiered_aging", "params": params}
+    return Setup("coda", _ta(state=state), sim=_sim_ta(state=state), mechanisms=("w_max",))
+
+
+#: Tiered-Aging's parameters as the coda-tail preset sets them
+TAIL_PARAMS: dict[str, Any] = SYSTEMS["coda-tail"].policies["state"]["params"]
 CONFIGS: dict[str, Setup] = {
     "plain": Setup("none", sim={"system": "vllm", "dram": False}),
     PEER: Setup(PEER),
@@ -163,12 +167,12 @@ CONFIGS: dict[str, Setup] = {
     # the peer's own admission: vllm-router's concurrency limit at the engines' seats, its queue in front
     "vllm-router+limit": Setup(PEER, seats=True),
     # W_max binds a request that does not fit too: memory drains for it (beyond the Coda paper's rule)
-    "coda+hold": Setup("coda", _ta(state=HOLD), sim=_sim_ta(state=HOLD), mechanisms=("w_max",)),
+    "coda+hold": _ta_with(hold_queue=True),
     # W_max bounds every request: running requests are preempted for an overdue one that does not fit
-    "coda+preempt": Setup("coda", _ta(state=PREEMPT), sim=_sim_ta(state=PREEMPT), mechanisms=("w_max",)),
+    "coda+preempt": _ta_with(preempt=True),
     # what coda-tail changes beside its mechanisms: its Tiered-Aging parameters, all of them and W_max alone
-    "coda+tail-order": Setup("coda", _ta(state=TAIL_ORDER), sim=_sim_ta(state=TAIL_ORDER), mechanisms=("w_max",)),
-    "coda+w_max-1800s": Setup("coda", _ta(state=LONG_W_MAX), sim=_sim_ta(state=LONG_W_MAX), mechanisms=("w_max",)),
+    "coda+tail-order": _ta_with(**TAIL_PARAMS),
+    "coda+w_max-1800s": _ta_with(w_max_s=TAIL_PARAMS["w_max_s"]),
     "coda-tail": Setup("coda", {"system": "coda-tail"}, tiers=True, cohorts=True, sim={"system": "coda-tail", "dram": True},
                        mechanisms=("w_max", "tiers", "cohorts", "retention")),
 }
