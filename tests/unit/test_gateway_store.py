@@ -104,8 +104,14 @@ def test_session_slots_are_claimed_settled_and_restored(backend):
         assert (await s.sync("c", 1, {}, None)).sessions.count == 2
         await s.settle("s2", other.stamp, False)  # refused too: s2 takes no slot
         assert (await s.sync("c", 2, {}, None)).sessions.count == 1
+        first3 = (await s.sync("a", 3, {}, "s3")).sessions
+        later3 = (await s.sync("b", 3, {}, "s3")).sessions
+        await s.settle("s3", later3.stamp, False)  # the later claim's refusal leaves the earlier one counting
+        assert (await s.sync("c", 3, {}, None)).sessions.count == 2
+        await s.settle("s3", first3.stamp, False)
+        assert (await s.sync("c", 4, {}, None)).sessions.count == 1
         await s.restore_sessions([("s9", 1.0)])  # a slot a replica gave while the store was away
-        back = (await s.sync("a", 3, {}, "s9")).sessions
+        back = (await s.sync("a", 4, {}, "s9")).sessions
         assert back.active and back.count == 2
 
     run(backend, body)
@@ -127,7 +133,7 @@ tables_st = st.dictionaries(st.sampled_from(["n|w0", "n|w1", "t|x", "q"]), st.in
 steps_st = st.lists(st.one_of(
     st.tuples(st.just("sync"), st.sampled_from("abc"), st.integers(-1, 2), tables_st, st.sampled_from([None, "s1", "s2"])),
     st.tuples(st.just("drop"), st.sampled_from("abc")),
-    st.tuples(st.just("settle"), st.sampled_from(["s1", "s2"]), st.booleans()),
+    st.tuples(st.just("settle"), st.sampled_from(["s1", "s2"]), st.booleans(), st.integers(0, 3)),
 ), max_size=25)
 
 
@@ -142,13 +148,13 @@ def test_local_and_redis_stores_answer_any_sequence_of_steps_alike(redis_server,
         local = LocalStore(SessionLedger(SESSION_TTL_S), ManualClock(1000.0), 1000.0)
         remote = RedisStore(redis_server.url, "prop", 1000.0, SESSION_TTL_S)
         seqs = {r: 10 for r in "abc"}
-        claims: dict[tuple[int, str], float] = {}  # (store, session) -> its last claim's stamp, in that store's clock
+        claims: dict[tuple[int, str], list[float]] = {}  # (store, session) -> its open claims' stamps, in that store's clock
         try:
             for step in steps:
-                if step[0] == "settle":
+                if step[0] == "settle":  # any open claim of the session, not only its last
                     for i, store in enumerate((local, remote)):
-                        if (i, step[1]) in claims:
-                            await store.settle(step[1], claims.pop((i, step[1])), step[2])
+                        if stamps := claims.get((i, step[1])):
+                            await store.settle(step[1], stamps.pop(step[3] % len(stamps)), step[2])
                     continue
                 if step[0] == "drop":
                     await local.drop(step[1])
@@ -161,7 +167,8 @@ def test_local_and_redis_stores_answer_any_sequence_of_steps_alike(redis_server,
                 assert a.others == b.others
                 assert (a.sessions.active, a.sessions.count) == (b.sessions.active, b.sessions.count)
                 if session is not None and not a.sessions.active:
-                    claims[(0, session)], claims[(1, session)] = a.sessions.stamp, b.sessions.stamp
+                    claims.setdefault((0, session), []).append(a.sessions.stamp)
+                    claims.setdefault((1, session), []).append(b.sessions.stamp)
         finally:
             await remote.close()
 

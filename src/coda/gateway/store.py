@@ -13,8 +13,9 @@ reads whether the session holds a slot and how many are taken, atomically with t
 a session without a slot takes a *tentative* one (a third table, with a short TTL), which counts
 as taken for every other claim but does not make the session active, so no request is admitted as
 a continuation of a session whose first request may yet be refused. ``settle`` ends the tentative
-claim: the slot is taken when its request was admitted, dropped when not (unless a later claim of
-the same session came since: each claim's stamp is later than the one before it).
+claim: the slot is taken when its request was admitted, dropped when not. Each claim is its own
+(its session and its stamp), so settling one never ends another: a session whose first requests
+are decided through two replicas at once counts as claimed until both are settled.
 
 Under a policy with a pause rule (``SessionLedger``'s ``pause``) the slots follow it too: a replica
 says when none of its requests of a session is in flight any more (``ended``), and the slot lapses
@@ -36,8 +37,8 @@ from typing import Any, Protocol
 
 from coda.shell.sessions import SessionLedger
 
-#: how far a claim's time moves past the session's previous claim made at the same instant, so
-#: each claim has its own stamp and settling one never ends another (the scripts' 1 ms)
+#: how far a claim's stamp moves past another open claim of the same session made at the same
+#: instant, so each claim is named by its session and stamp (the scripts' 1 ms)
 CLAIM_STEP_S = 0.001
 #: a tentative claim not settled within this long (its replica died deciding) stops counting
 #: (assumed: decisions take milliseconds)
@@ -98,6 +99,47 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+class Claims:
+    """The open tentative claims, each (session, stamp); a session counts once while any of its
+    claims is open. Claims expire ``ttl_s`` after their stamp (their replica died deciding)."""
+
+    __slots__ = ("ttl_s", "_open", "_per_session")
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._open: dict[tuple[str, float], None] = {}  # in claim order, so the oldest expire first
+        self._per_session: dict[str, int] = {}
+
+    def count(self, now: float) -> int:
+        """Sessions with an open claim."""
+        while self._open:
+            oldest = next(iter(self._open))
+            if now - oldest[1] <= self.ttl_s:
+                break
+            self.settle(*oldest)
+        return len(self._per_session)
+
+    def claim(self, session: str, now: float) -> float:
+        """Open a claim of ``session``; its stamp (``now``, moved past any open claim made at the same instant)."""
+        stamp = now
+        while (session, stamp) in self._open:
+            stamp += CLAIM_STEP_S
+        self._open[(session, stamp)] = None
+        self._per_session[session] = self._per_session.get(session, 0) + 1
+        return stamp
+
+    def settle(self, session: str, stamp: float) -> None:
+        """Close the claim made at ``stamp`` (gone already when it expired)."""
+        if (session, stamp) not in self._open:
+            return
+        del self._open[(session, stamp)]
+        left = self._per_session[session] - 1
+        if left:
+            self._per_session[session] = left
+        else:
+            del self._per_session[session]
+
+
 def summed(tables: Sequence[Mapping[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for table in tables:
@@ -113,7 +155,7 @@ class LocalStore:
 
     def __init__(self, ledger: SessionLedger, clock: Callable[[], float], replica_ttl_s: float) -> None:
         self.ledger = ledger
-        self.claims = SessionLedger(CLAIM_TTL_S, ledger.limit)
+        self.claims = Claims(CLAIM_TTL_S)
         self.clock = clock
         self.replica_ttl_s = replica_ttl_s
         self._tables: dict[str, tuple[int, float, dict[str, float]]] = {}  # replica -> (seq, expires, counts)
@@ -138,12 +180,11 @@ class LocalStore:
         if active:
             self.ledger.touch(session, now)
         elif session is not None:
-            stamp = max(now, self.claims.last_seen(session) + CLAIM_STEP_S)
-            self.claims.touch(session, stamp)
+            stamp = self.claims.claim(session, now)
         return Synced(others, Sessions(active, count, stamp))
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
-        self.claims.release(session, stamp)
+        self.claims.settle(session, stamp)
         if admitted:
             self.ledger.touch(session, self.clock())
 
@@ -196,9 +237,19 @@ local function touch(sid, ttl)
   keep(ttl)
 end
 """
-# KEYS[5]: replicas (zset: replica -> expiry ms), KEYS[6]: claims (zset: session -> tentative claim ms)
+# The open tentative claims: KEYS[6] (zset: 'session|stamp' -> stamp ms, one member per claim) and KEYS[7] (hash: session -> its
+# open claims); a claim is closed once (settled or expired), so the hash counts exactly the sessions claimed.
+_CLAIMS = """
+local function settle_claim(claim)
+  if redis.call('ZREM', KEYS[6], claim) == 1 then
+    local sid = string.match(claim, '^(.*)|')
+    if redis.call('HINCRBY', KEYS[7], sid, -1) <= 0 then redis.call('HDEL', KEYS[7], sid) end
+  end
+end
+"""
+# KEYS[5]: replicas (zset: replica -> expiry ms)
 # ARGV: prefix, replica, seq, table ttl ms, session ('' for none), session ttl ms, claim ttl ms, then name, value pairs
-_SYNC = _SLOTS + """
+_SYNC = _SLOTS + _CLAIMS + """
 local prefix, me, seq, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local mine = prefix .. ':replica:' .. me
 local held = redis.call('HGET', mine, '_seq')
@@ -226,27 +277,29 @@ for _, r in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
 end
 local sid, sttl, cttl = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 expire(sttl)
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (now - cttl))
+for _, claim in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. (now - cttl))) do
+  settle_claim(claim)
+end
 local active, stamp = 0, 0
 if sid ~= '' and redis.call('ZSCORE', KEYS[1], sid) then active = 1 end
-local count = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[6])
+local count = redis.call('ZCARD', KEYS[1]) + redis.call('HLEN', KEYS[7])
 if active == 1 then
   touch(sid, sttl)
 elseif sid ~= '' then
-  local prev = redis.call('ZSCORE', KEYS[6], sid)
   stamp = now
-  if prev and tonumber(prev) >= now then stamp = tonumber(prev) + 1 end
-  redis.call('ZADD', KEYS[6], stamp, sid)
+  while redis.call('ZSCORE', KEYS[6], sid .. '|' .. stamp) do stamp = stamp + 1 end
+  redis.call('ZADD', KEYS[6], stamp, sid .. '|' .. stamp)
+  redis.call('HINCRBY', KEYS[7], sid, 1)
   redis.call('PEXPIRE', KEYS[6], cttl)
+  redis.call('PEXPIRE', KEYS[7], cttl)
 end
 local out = {active, count, tostring(stamp)}
 for _, k in ipairs(names) do out[#out + 1] = k; out[#out + 1] = tostring(sums[k]) end
 return out
 """
-# KEYS[5]: claims; ARGV: session, claim stamp ms, 1 when admitted, session ttl ms
-_SETTLE = _SLOTS + """
-local seen = redis.call('ZSCORE', KEYS[5], ARGV[1])
-if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[5], ARGV[1]) end
+# KEYS[5] unused (the claims' keys are 6 and 7, as in _SYNC); ARGV: session, claim stamp ms, 1 when admitted, session ttl ms
+_SETTLE = _SLOTS + _CLAIMS + """
+settle_claim(ARGV[1] .. '|' .. ARGV[2])
 if ARGV[3] == '1' then touch(ARGV[1], tonumber(ARGV[4])) end
 return 0
 """
@@ -271,7 +324,7 @@ return 0
 class RedisStore:
     """The store on a Redis server (redis-py's asyncio client): each step is one Lua script, so it
     is atomic among every replica's steps. Times are the server's (``TIME``), so replicas' clocks
-    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``, ``PREFIX:claims``, and the
+    need not agree. Keys: ``PREFIX:replicas``, ``PREFIX:replica:ID``, ``PREFIX:sessions``, ``PREFIX:claims``, ``PREFIX:claimed``, and the
     pause rule's ``PREFIX:lapses``, ``PREFIX:ended``, ``PREFIX:pauses``. ``pause``: the session ledger's (``SessionLedger``),
     in the same units; Redis keeps times in whole milliseconds."""
 
@@ -286,7 +339,9 @@ class RedisStore:
         self.r = aioredis.from_url(url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S,
                                    retry=Retry(NoBackoff(), 0))
         self.prefix = prefix
-        self.replicas_key, self.claims_key = f"{prefix}:replicas", f"{prefix}:claims"
+        self.replicas_key = f"{prefix}:replicas"
+        #: _CLAIMS's KEYS[6..7]
+        self.claim_keys = [f"{prefix}:claims", f"{prefix}:claimed"]
         #: _SLOTS's KEYS[1..4]
         self.slot_keys = [f"{prefix}:{k}" for k in ("sessions", "lapses", "ended", "pauses")]
         self.replica_ttl_ms = max(1, round(replica_ttl_s * 1000))
@@ -310,13 +365,14 @@ class RedisStore:
         for k, v in counts.items():
             if v:
                 args += [k, repr(float(v))]
-        out = await self._call(self._sync, [*self.slot_keys, self.replicas_key, self.claims_key], args)
+        out = await self._call(self._sync, [*self.slot_keys, self.replicas_key, *self.claim_keys], args)
         others = {out[i]: float(out[i + 1]) for i in range(3, len(out), 2)}
         return Synced(others, Sessions(bool(out[0]), int(out[1]), float(out[2]) / 1000))
 
     async def settle(self, session: str, stamp: float, admitted: bool) -> None:
         await self._call(
-            self._settle, [*self.slot_keys, self.claims_key], [session, round(stamp * 1000), int(admitted), self.session_ttl_ms]
+            self._settle, [*self.slot_keys, self.replicas_key, *self.claim_keys],
+            [session, round(stamp * 1000), int(admitted), self.session_ttl_ms],
         )
 
     async def ended(self, session: str) -> None:

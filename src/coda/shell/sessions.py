@@ -199,16 +199,6 @@ class SessionLedger:
         entry = self._deferred.get(session_id) if session_id is not None else None
         return now_s - entry[0] if entry is not None else 0.0
 
-    def last_seen(self, session_id: str) -> float:
-        """When the session last took its slot (``-inf`` when it holds none)."""
-        return self._seen.get(session_id, -math.inf)
-
-    def release(self, session_id: str, seen_s: float) -> None:
-        """Undo the touch at ``seen_s`` (its request was not admitted); a later touch stands."""
-        if self._seen.get(session_id) == seen_s:
-            del self._seen[session_id]
-            self._drop(session_id)
-
     def merge(self, seen: Sequence[tuple[str, float]]) -> None:
         """Slots given elsewhere, as (session, last admitted): for each session the later time stands."""
         for sid, t in seen:
