@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coda.engines.launch import FakeEngineProcess
@@ -103,6 +103,12 @@ def test_any_request_gets_no_5xx_from_the_gateway_and_an_error_body_on_every_4xx
 
     @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(req=request)
+    # well-formed requests always run, since a draw may hold none (the 200 side of the surface)
+    @example(req=("POST", "/v1/chat/completions", {}, json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 2}).encode()))
+    @example(req=("POST", "/v1/completions", {"x-session-id": "s"}, json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                                                                "stream": True}).encode()))
+    @example(req=("GET", "/health", {}, b""))
     def one(req: tuple[str, str, dict[str, str], bytes]) -> None:
         method, path, hdrs, content = req
         with client.stream(method, path, headers=hdrs, content=content) as resp:
