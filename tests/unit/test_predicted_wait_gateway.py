@@ -1,7 +1,8 @@
 """The predicted-wait door in the gateway: a request whose predicted wait exceeds what is left of
 its session's deferral budget is answered 503 at once, never held, and the 503 spends the budget,
 so the session's next request is answered 529; with a short engine queue, a continuation waits in
-the hold for a seat and is sent before a new session's request held beside it."""
+the hold for a seat and is sent before a new session's request held beside it; a held request
+whose client leaves leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def test_a_held_continuation_is_sent_before_a_new_session_held_beside_it():
             await asyncio.sleep(0)
         assert [name for name, _ in sent] == ["old", "busy", "old"]
         assert held[0].done() and not held[1].done() and (s.queued, s.held_continuations) == (1, 0)
-        held[1].cancel()
+        assert adm.liveness.undecided == 1
+        held[1].cancel()  # its client leaves while it is held: nothing of it is kept
+        with pytest.raises(asyncio.CancelledError):
+            await held[1]
+        assert (s.queued, s.held_continuations, adm.liveness.undecided) == (0, 0, 0)
 
     asyncio.run(run())

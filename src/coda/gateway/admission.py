@@ -175,6 +175,36 @@ class Admission:
             self.metrics.gate_fires.labels(g.policy, g.action, g.signal or g.reason).inc()
             gates[g.policy] = {"action": g.action, "reason": g.reason, "signal": g.signal}
 
+    async def _hold(self, t: Ticket, d: Decision, snap: IngressSnapshot, shadow: Decision | None, gates: dict[str, dict[str, str]],
+                    start: float) -> tuple[Decision, IngressSnapshot, Decision | None]:
+        """Hold a deferred request until a decision admits or refuses it, or ``defer.max_wait_s`` passes."""
+        state = self.state
+        self.metrics.deferred.inc()
+        if state.queued >= self.defer.max_queue:
+            d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
+        else:
+            held_continuation = snap.session_active
+            state.queued += 1
+            state.held_continuations += held_continuation
+            state.watch()
+            try:
+                deadline = start + self.defer.max_wait_s
+                while d.action == "defer" and (left := deadline - time.monotonic()) > 0:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), left)
+                    except TimeoutError:
+                        pass
+                    t.matches = state.match(t.hashes, t.candidates)  # what it would newly occupy may have shrunk while it waited
+                    if not state.ledger.active(t.session_id, state.clock()):
+                        await asyncio.sleep(0)  # held continuations of admitted sessions, woken together with it, decide first
+                    d, snap, shadow = await self.decide(t)
+                    self._observe(t, d, snap, gates)
+            finally:
+                state.queued -= 1
+                state.held_continuations -= held_continuation
+                state.watch()
+        return d, snap, shadow
+
     async def admit(self, t: Ticket) -> dict[str, Any]:
         """The decision record of an admitted request (the caller adds routing and writes it);
         raises ``ApiError`` (503 / 429 / 529 with Retry-After) for a request that is not admitted."""
@@ -184,31 +214,12 @@ class Admission:
         self._observe(t, d, snap, gates)
         start = time.monotonic()
         deferred = d.action == "defer"
-        if deferred:
-            self.metrics.deferred.inc()
-            if state.queued >= self.defer.max_queue:
-                d = Decision("defer", d.policy, "gateway_queue_full", 503, d.retry_after_s)
-            else:
-                held_continuation = snap.session_active
-                state.queued += 1
-                state.held_continuations += held_continuation
-                state.watch()
-                try:
-                    deadline = start + self.defer.max_wait_s
-                    while d.action == "defer" and (left := deadline - time.monotonic()) > 0:
-                        try:
-                            await asyncio.wait_for(self._changed.wait(), left)
-                        except TimeoutError:
-                            pass
-                        t.matches = state.match(t.hashes, t.candidates)  # what it would newly occupy may have shrunk while it waited
-                        if not state.ledger.active(t.session_id, state.clock()):
-                            await asyncio.sleep(0)  # held continuations of admitted sessions, woken together with it, decide first
-                        d, snap, shadow = await self.decide(t)
-                        self._observe(t, d, snap, gates)
-                finally:
-                    state.queued -= 1
-                    state.held_continuations -= held_continuation
-                    state.watch()
+        try:
+            if deferred:
+                d, snap, shadow = await self._hold(t, d, snap, shadow, gates, start)
+        except BaseException:  # the exchange was cancelled (its client left) while the request was held
+            self.liveness.forget(t.rid)
+            raise
         waited = time.monotonic() - start
         rec = record(t, d, snap, shadow, waited, deferred, gates)
         self.metrics.requests_decided.inc()

@@ -72,6 +72,16 @@ class Liveness:
             self.gates[name].touched += 1
         return touched
 
+    @property
+    def undecided(self) -> int:
+        """Requests observed and not yet decided for good (held now)."""
+        return len(self._open)
+
+    def forget(self, request: Any) -> None:
+        """``request`` left before it was decided for good (its client gave up while it was held):
+        counted nowhere, and nothing of it kept."""
+        self._open.pop(request, None)
+
     def report(self) -> dict[str, Any]:
         return {"requests": self.requests, "gates": {
             name: {"fired": g.fired, "by_action": dict(g.by_action), "by_signal": dict(g.by_signal), "requests_touched": g.touched,
