@@ -14,7 +14,7 @@ from coda.gateway.admission import Admission, JsonlLog
 from coda.gateway.config import build_config
 from coda.gateway.prometheus import GatewayMetrics
 from coda.gateway.prompt import CharTokenizer
-from coda.gateway.view import GatewayState, Ticket
+from coda.gateway.view import APPROX_BLOCKS_UNKNOWN, GatewayState, Ticket
 from coda.serving.errors import ApiError
 from coda.shell.sessions import SessionLedger
 from tests.conftest import ManualClock
@@ -91,6 +91,28 @@ def test_approx_index_is_bounded_and_routes_a_session_back():
     assert s.indexer.blocks(w.tiers.hbm) <= 10
     assert s.route(t2, {w.id})[0] is not w  # a retry excludes the failed worker
     assert s.route(t2, {0, 1, 2})[0] is None
+
+
+def test_without_a_configured_bound_the_approx_index_keeps_what_the_engine_holds():
+    """An engine that says it holds 5 blocks is remembered with its 5 most recent blocks; one whose
+    capacity is unknown keeps the assumed bound, and a configured bound stands over the engine's."""
+    s = make_state(indexer={"block_tokens": 64})
+    w, unknown = s.workers[0], s.workers[1]
+    w.kv_capacity_tokens = 5 * 64
+    assert (s.approx_blocks(w), s.approx_blocks(unknown)) == (5, APPROX_BLOCKS_UNKNOWN)
+    cands = s.serving("m")
+    prompts = [[1000 * i + u for u in range(4)] for i in range(3)]  # three prompts of 4 blocks each, none shared
+    for i, units in enumerate(prompts):
+        hashes = s.block_hashes(f"s{i}", units)
+        t = Ticket(s.next_rid(), "/v1/chat/completions", "a", f"s{i}", "m", 64 * 4, 16, hashes, cands, s.match(hashes, cands))
+        s.begin(t, w)
+        s.end(t, completed=True)
+    assert s.indexer.blocks(w.tiers.hbm) == 5
+    last = s.block_hashes("s2", prompts[2])
+    assert s.match(last, cands)[w.id].hbm_blocks == 4  # the last prompt is still there
+    configured = make_state(indexer={"block_tokens": 64, "approx_blocks_per_worker": 7})
+    configured.workers[0].kv_capacity_tokens = 5 * 64
+    assert configured.approx_blocks(configured.workers[0]) == 7
 
 
 def test_session_hash_state_stays_within_its_memory_budget_and_dropping_it_changes_no_hash():

@@ -106,7 +106,12 @@ class IndexerConfig(StrictModel):
     block_tokens: PositiveInt = Field(
         256, description="block size of the gateway's own prefix hashes (the engine's block size with KV events)"
     )
-    approx_blocks_per_worker: PositiveInt = Field(65536, description="without KV events: blocks remembered per worker (LRU)")
+    approx_blocks_per_worker: PositiveInt | None = Field(
+        None,
+        description="without KV events: blocks remembered per worker (LRU); default: as many as the worker's engine holds (its "
+        "KV capacity from /metrics or kv_capacity_tokens, in the gateway's blocks), 65536 while that is unknown; set it for an "
+        "engine that also keeps KV in host memory",
+    )
     max_sessions: PositiveInt = Field(100_000, description="sessions whose block hashes are kept (least recently seen dropped first)")
     session_cache_mib: PositiveInt = Field(
         64,

@@ -132,22 +132,27 @@ class Ticket:
         return best / max(len(self.hashes), 1)
 
 
+#: blocks the approximate index remembers for a worker whose KV capacity is unknown (assumed: 16.8M
+#: tokens in 256-token blocks, more than one engine holds, so no prefix an engine still has is forgotten)
+APPROX_BLOCKS_UNKNOWN = 65536
+
+
 class ApproxIndex:
     """Without KV events: the blocks the gateway itself sent to each worker, LRU-bounded, fed to
     the indexer as if the engine had stored them (and evicted them in LRU order)."""
 
-    def __init__(self, indexer: KVIndexer, capacity: int) -> None:
+    def __init__(self, indexer: KVIndexer) -> None:
         self.indexer = indexer
-        self.capacity = capacity
         self._lru: dict[str, OrderedDict[int, None]] = {}
 
-    def sent(self, loc: str, hashes: Sequence[int]) -> None:
+    def sent(self, loc: str, hashes: Sequence[int], capacity: int) -> None:
+        """``hashes`` sent to ``loc``, which keeps the ``capacity`` most recently sent blocks."""
         lru = self._lru.setdefault(loc, OrderedDict())
         for h in hashes:
             lru[h] = None
             lru.move_to_end(h)
         self.indexer.stored(loc, hashes)
-        over = len(lru) - self.capacity
+        over = len(lru) - capacity
         if over > 0:
             self.indexer.removed(loc, [lru.popitem(last=False)[0] for _ in range(over)])
 
@@ -173,7 +178,7 @@ class GatewayState:
             for i, b in enumerate(config.backends)
         ]
         self.indexer = KVIndexer(max_locations=max(62, 3 * len(self.workers)))
-        self.approx = ApproxIndex(self.indexer, config.indexer.approx_blocks_per_worker)
+        self.approx = ApproxIndex(self.indexer)
         self.policies = build_policies(config.policy_spec, kinds=("ingress", "router"))
         self.defer = self.policies.spec.ingress.defer
         self.ingress: IngressPolicy = self.policies.ingress
@@ -529,10 +534,19 @@ class GatewayState:
             if s is not None:
                 s.last_worker = w.id
         if not self.uses_events(w) and not self.shared:
-            self.approx.sent(w.tiers.hbm, t.hashes)
+            self.approx.sent(w.tiers.hbm, t.hashes, self.approx_blocks(w))
         w.inflight_peak = max(w.inflight_peak, self.inflight_of(w))
         self.watch()
         self.changed()
+
+    def approx_blocks(self, w: Worker) -> int:
+        """Blocks the approximate index remembers for ``w``: as configured, else as many as its
+        engine holds, so the gateway does not route to a prefix the engine has long evicted (nor
+        keep memory for it)."""
+        configured = self.config.indexer.approx_blocks_per_worker
+        if configured is not None:
+            return configured
+        return max(1, w.kv_capacity_tokens // self.block_tokens) if w.kv_capacity_tokens else APPROX_BLOCKS_UNKNOWN
 
     def end(self, t: Ticket, ttft_s: float | None = None, completed: bool = False) -> None:
         """The attempt is over (``completed``: the response ended normally; else it failed or was
