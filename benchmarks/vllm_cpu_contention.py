@@ -3,16 +3,18 @@ a profile's ``step_model.host.contended`` section (``coda.cost.profile.Contended
 
 Two profiles of the same engine, measured with ``benchmarks/vllm_cpu_host_measure.py`` on the
 same grid: one placed as the agent burst places an engine on an idle machine (``--placement
-burst``: its forward pass on core 0, its API server free to use the other core) and one with the
-whole engine squeezed onto one core (``--placement one-core``), where its API server, its
-EngineCore and its forward pass wait for each other as they do once every core is taken. The
+burst``: its forward pass on core 0, its API server free to use the other core) and one contended,
+either with the whole engine squeezed onto one core (``--placement one-core``), where its API
+server, its EngineCore and its forward pass wait for each other as they do once every core is
+taken, or measured while a second engine placed as the burst places it serves the same grid
+(``--placement pair``: the regime itself, both engines serving on the machine's two cores). The
 contended step is fitted as ``base_s + scale x`` the uncontended one over their paired shapes
 (least squares), and the cores one engine keeps busy while it serves alone (its CPU over wall
 time) are measured here, by sending requests of the burst's kinds one at a time to a fresh engine
 and reading its processes' CPU from /proc. Nothing is fitted on the burst itself.
 
     CODA_VLLM_PYTHON=.venv-vllm/bin/python python benchmarks/vllm_cpu_contention.py \\
-        BURST.json ONE_CORE.json OUT.json
+        BURST.json CONTENDED.json OUT.json
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -42,16 +45,21 @@ PER_SHAPE = 30
 
 
 def samples(profile: Path) -> list[float]:
-    """The seconds of every shape a measured profile timed, in the samples file's order."""
+    """The seconds of every shape a measured profile timed (the median of its repeats), in the samples file's order."""
+    shapes: dict[tuple[str, ...], list[float]] = {}
     with profile.with_name(profile.stem + ".samples.csv").open() as fh:
-        return [float(row["seconds"]) for row in csv.DictReader(fh) if row["kind"] in ("prefill", "decode")]
+        for row in csv.DictReader(fh):
+            if row["kind"] in ("prefill", "decode"):
+                shape = tuple(v for k, v in row.items() if k not in ("repeat", "seconds"))
+                shapes.setdefault(shape, []).append(float(row["seconds"]))
+    return [statistics.median(times) for times in shapes.values()]
 
 
-def fit_contended(burst: Path, one_core: Path) -> tuple[float, float, float]:
-    """base_s, scale and the median relative error of ``one_core = base_s + scale x burst`` over the paired shapes."""
-    x, y = np.array(samples(burst)), np.array(samples(one_core))
+def fit_contended(burst: Path, contended: Path) -> tuple[float, float, float]:
+    """base_s, scale and the median relative error of ``contended = base_s + scale x burst`` over the paired shapes."""
+    x, y = np.array(samples(burst)), np.array(samples(contended))
     if len(x) != len(y) or len(x) < 3:
-        raise SystemExit(f"error: {burst} and {one_core} must time the same shapes (got {len(x)} and {len(y)}); measure both on one grid")
+        raise SystemExit(f"error: {burst} and {contended} must time the same shapes (got {len(x)} and {len(y)}); measure both on one grid")
     (base, scale), *_ = np.linalg.lstsq(np.vstack([np.ones_like(x), x]).T, y, rcond=None)
     base, scale = max(0.0, float(base)), max(1.0, float(scale))
     return base, scale, float(np.median(np.abs((base + scale * x) / y - 1)))
@@ -91,14 +99,21 @@ def send(client: httpx.Client, url: str, text: str, out: int) -> None:
             pass
 
 
-def main(burst: Path, one_core: Path, out: Path) -> None:
-    base, scale, err = fit_contended(burst, one_core)
+def placement(profile: Path) -> str:
+    """The ``--placement`` a profile of ``vllm_cpu_host_measure.py`` was measured with (its note says)."""
+    m = re.search(r"--placement ([a-z-]+)", profile.read_text())
+    return m.group(1) if m else "unknown"
+
+
+def main(burst: Path, contended: Path, out: Path) -> None:
+    base, scale, err = fit_contended(burst, contended)
     cores, rows = engine_cores()
     data = json.loads(burst.read_text())
     machine_cores = os.cpu_count() or 1
     data["step_model"]["host"]["contended"] = {"base_s": base, "scale": scale, "engine_cores": cores, "cores": machine_cores,
                                                "fit_median_err": err}
-    how = f"benchmarks/vllm_cpu_contention.py on {burst.name} (burst placement) and {one_core.name} (one core)"
+    how = (f"benchmarks/vllm_cpu_contention.py on {burst.name} ({placement(burst)} placement) and {contended.name} "
+           f"({placement(contended)} placement)")
     data["provenance"].update({
         "step_model.host.contended.base_s": f"fitted: {how}, least squares over their {len(samples(burst))} paired shapes",
         "step_model.host.contended.scale": f"fitted: {how}, least squares over their paired shapes",
@@ -115,5 +130,5 @@ def main(burst: Path, one_core: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 4:
-        raise SystemExit("usage: python benchmarks/vllm_cpu_contention.py BURST.json ONE_CORE.json OUT.json")
+        raise SystemExit("usage: python benchmarks/vllm_cpu_contention.py BURST.json CONTENDED.json OUT.json")
     main(*(Path(a) for a in sys.argv[1:]))
